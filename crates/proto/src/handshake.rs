@@ -1,0 +1,111 @@
+//! The attach handshake on the Unix control socket (SOCK_SEQPACKET).
+//!
+//! ```text
+//! host   → server  Hello   { magic, version, pid }
+//! server → host    Welcome { magic, version, status, region_size, message }
+//!                  + SCM_RIGHTS [region memfd, doorbell eventfd] when status == 0
+//! ```
+//!
+//! A refused attach (admission control, version mismatch) has a non-zero
+//! `status` (an errno) and a human-readable `message`. After a successful
+//! attach the control socket stays open and carries nothing: its hang-up is
+//! how each side learns that the other died.
+
+use crate::{MAGIC, VERSION};
+
+pub const HELLO_LEN: usize = 16;
+pub const MESSAGE_LEN: usize = 200;
+pub const WELCOME_LEN: usize = 24 + MESSAGE_LEN;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: u64,
+    pub version: u32,
+    pub pid: u32,
+}
+
+impl Hello {
+    pub fn new(pid: u32) -> Hello {
+        Hello { magic: MAGIC, version: VERSION, pid }
+    }
+
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..8].copy_from_slice(&self.magic.to_le_bytes());
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&self.pid.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Hello> {
+        if b.len() != HELLO_LEN {
+            return None;
+        }
+        Some(Hello {
+            magic: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            version: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            pid: u32::from_le_bytes(b[12..16].try_into().ok()?),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    pub magic: u64,
+    pub version: u32,
+    /// 0: attached; otherwise the errno of the refusal.
+    pub status: i32,
+    pub region_size: u64,
+    pub message: String,
+}
+
+impl Welcome {
+    pub fn accepted(region_size: u64) -> Welcome {
+        Welcome { magic: MAGIC, version: VERSION, status: 0, region_size, message: String::new() }
+    }
+
+    pub fn refused(errno: i32, message: impl Into<String>) -> Welcome {
+        Welcome { magic: MAGIC, version: VERSION, status: errno, region_size: 0, message: message.into() }
+    }
+
+    pub fn encode(&self) -> [u8; WELCOME_LEN] {
+        let mut b = [0u8; WELCOME_LEN];
+        b[0..8].copy_from_slice(&self.magic.to_le_bytes());
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&self.status.to_le_bytes());
+        b[16..24].copy_from_slice(&self.region_size.to_le_bytes());
+        let m = self.message.as_bytes();
+        let n = m.len().min(MESSAGE_LEN);
+        b[24..24 + n].copy_from_slice(&m[..n]);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Welcome> {
+        if b.len() != WELCOME_LEN {
+            return None;
+        }
+        let msg = &b[24..];
+        let end = msg.iter().position(|&c| c == 0).unwrap_or(msg.len());
+        Some(Welcome {
+            magic: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            version: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            status: i32::from_le_bytes(b[12..16].try_into().ok()?),
+            region_size: u64::from_le_bytes(b[16..24].try_into().ok()?),
+            message: String::from_utf8_lossy(&msg[..end]).into_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_and_welcome_round_trip() {
+        let h = Hello::new(42);
+        assert_eq!(Hello::decode(&h.encode()), Some(h));
+        let w = Welcome::refused(libc::EAGAIN, "too many hosts");
+        assert_eq!(Welcome::decode(&w.encode()), Some(w));
+        assert_eq!(Hello::decode(&[0u8; 3]), None);
+    }
+}

@@ -1,0 +1,179 @@
+//! Geometry of the shared region: a header page followed by `n_channels`
+//! channels, each a control block, a request ring, a completion ring and a
+//! data arena.
+//!
+//! ```text
+//! offset 0            RegionHeader (one page)
+//! header_size + i*stride:
+//!   +0                ChannelCtl   (two cache lines: host-written, server-written)
+//!   +CTL_SIZE         Request   [ring_entries]   (64 B each)
+//!   +...              Completion[ring_entries]   (32 B each)
+//!   +arena_offset     arena [arena_size]         (page aligned)
+//! ```
+//!
+//! The server creates the region and writes the header; the host reads the
+//! geometry from it. The server never trusts the header afterwards: it keeps
+//! its own [`Layout`], because the host can write anywhere in the region.
+
+use crate::msg::{Completion, Request};
+use std::sync::atomic::AtomicU32;
+
+pub const PAGE: usize = 4096;
+pub const HEADER_SIZE: usize = PAGE;
+/// Bytes of a channel's control block.
+pub const CTL_SIZE: usize = 128;
+
+/// Default number of channels per host region (one per concurrently calling host thread).
+pub const DEFAULT_CHANNELS: u32 = 64;
+/// Default entries per ring (a power of two).
+pub const DEFAULT_RING_ENTRIES: u32 = 64;
+/// Default bytes of data arena per channel; the largest single transfer.
+pub const DEFAULT_ARENA_SIZE: u32 = 256 * 1024;
+
+/// The first page of the region. Fields a host may write are atomics; the
+/// geometry is written once by the server before the region is handed out.
+#[repr(C, align(64))]
+pub struct RegionHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub header_size: u32,
+    pub n_channels: u32,
+    pub ring_entries: u32,
+    pub arena_size: u32,
+    pub channel_stride: u32,
+    pub region_size: u64,
+    _pad0: [u8; 24],
+    /// Server-written: non-zero while the server may be asleep; a host that
+    /// publishes a request must then ring the doorbell eventfd.
+    pub server_sleeping: AtomicU32,
+    /// Server-written: 1 while the server runs, 0 once it shut down cleanly.
+    pub server_alive: AtomicU32,
+    _pad1: [u8; 56],
+    /// Host-written: one past the highest channel index the host has used, so
+    /// the server need not scan the whole pool. Clamped by the server.
+    pub channels_used: AtomicU32,
+}
+
+/// A channel's indices. Cache line 0 is written by the host, line 1 by the server.
+#[repr(C, align(64))]
+pub struct ChannelCtl {
+    /// Host-written: requests published (free-running).
+    pub req_tail: AtomicU32,
+    /// Host-written: completions consumed (free-running).
+    pub cq_head: AtomicU32,
+    /// Host-written: 1 while a host thread sleeps on `cq_tail` (futex).
+    pub host_waiting: AtomicU32,
+    _pad0: [u8; 52],
+    /// Server-written: requests consumed (free-running).
+    pub req_head: AtomicU32,
+    /// Server-written: completions published (free-running); the host's futex word.
+    pub cq_tail: AtomicU32,
+    _pad1: [u8; 56],
+}
+
+const _: () = assert!(std::mem::size_of::<ChannelCtl>() == CTL_SIZE);
+const _: () = assert!(std::mem::size_of::<RegionHeader>() <= HEADER_SIZE);
+
+/// Why a geometry is unusable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutError(pub &'static str);
+
+impl std::fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Offsets of everything in a region, derived from three numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub n_channels: u32,
+    pub ring_entries: u32,
+    pub arena_size: u32,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            n_channels: DEFAULT_CHANNELS,
+            ring_entries: DEFAULT_RING_ENTRIES,
+            arena_size: DEFAULT_ARENA_SIZE,
+        }
+    }
+}
+
+impl Layout {
+    /// Checks that the geometry is sane and small enough to map.
+    pub fn validate(&self) -> Result<(), LayoutError> {
+        if self.n_channels == 0 || self.n_channels > 4096 {
+            return Err(LayoutError("n_channels must be 1..=4096"));
+        }
+        if !self.ring_entries.is_power_of_two() || !(2..=65536).contains(&self.ring_entries) {
+            return Err(LayoutError("ring_entries must be a power of two in 2..=65536"));
+        }
+        if self.arena_size < PAGE as u32 || self.arena_size % PAGE as u32 != 0 {
+            return Err(LayoutError("arena_size must be a non-zero multiple of 4096"));
+        }
+        if self.arena_size > 64 << 20 {
+            return Err(LayoutError("arena_size must be at most 64 MiB"));
+        }
+        if self.region_size() > 1 << 36 {
+            return Err(LayoutError("region larger than 64 GiB"));
+        }
+        Ok(())
+    }
+
+    pub fn requests_offset(&self) -> usize {
+        CTL_SIZE
+    }
+
+    pub fn completions_offset(&self) -> usize {
+        self.requests_offset() + self.ring_entries as usize * std::mem::size_of::<Request>()
+    }
+
+    /// Offset of the arena inside a channel (page aligned).
+    pub fn arena_offset(&self) -> usize {
+        let end = self.completions_offset() + self.ring_entries as usize * std::mem::size_of::<Completion>();
+        end.next_multiple_of(PAGE)
+    }
+
+    pub fn channel_stride(&self) -> usize {
+        self.arena_offset() + self.arena_size as usize
+    }
+
+    pub fn channel_offset(&self, index: u32) -> usize {
+        HEADER_SIZE + index as usize * self.channel_stride()
+    }
+
+    pub fn region_size(&self) -> usize {
+        HEADER_SIZE + self.n_channels as usize * self.channel_stride()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_layout_is_valid_and_page_aligned() {
+        let l = Layout::default();
+        l.validate().unwrap();
+        assert_eq!(l.arena_offset() % PAGE, 0);
+        assert_eq!(l.channel_stride() % PAGE, 0);
+        assert!(l.completions_offset() >= l.requests_offset() + 64 * 64);
+        assert_eq!(l.region_size(), HEADER_SIZE + 64 * l.channel_stride());
+    }
+
+    #[test]
+    fn bad_geometry_is_refused() {
+        let mut l = Layout::default();
+        l.ring_entries = 3;
+        assert!(l.validate().is_err());
+        let mut l = Layout::default();
+        l.arena_size = 100;
+        assert!(l.validate().is_err());
+        let mut l = Layout::default();
+        l.n_channels = 0;
+        assert!(l.validate().is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! The tcps channel: what a host and a TCP server share, and nothing else.
+//!
+//! A host attaches over a Unix control socket ([`handshake`]) and receives a
+//! shared-memory region ([`layout`]) that holds a pool of channels. Each
+//! channel is a request ring, a completion ring and a data arena ([`ring`]).
+//! Requests and completions are fixed-size records ([`msg`]); every field a
+//! host writes is checked by [`msg::Call::decode`] before the server acts on
+//! it. Socket addresses travel as raw `sockaddr` bytes ([`addr`]).
+//!
+//! This crate does no I/O. The one OS primitive the protocol needs, the futex
+//! a waiting host sleeps on, lives in [`futex`].
+
+pub mod addr;
+pub mod futex;
+pub mod handshake;
+pub mod layout;
+pub mod msg;
+pub mod region;
+pub mod ring;
+
+pub use layout::Layout;
+pub use msg::{Call, Completion, Op, Request};
+pub use region::Region;
+
+/// Identifies a tcps channel region and control message ("TCPSCHN1").
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
+/// Protocol version; bumped on any change to the shared layout or messages.
+pub const VERSION: u32 = 1;

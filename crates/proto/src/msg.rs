@@ -1,0 +1,289 @@
+//! Requests (host → server) and completions (server → host).
+//!
+//! A request names a call ([`Op`], the thesis' `CallType`), the socket it is
+//! for and its arguments; bulk arguments (data, addresses, option values,
+//! poll sets) live in the channel's arena at `buf_off..buf_off+buf_len`. A
+//! completion carries the call, its result and the server-side errno (the
+//! thesis' `CallReturn {call, error, errno}`).
+//!
+//! Everything in a [`Request`] is host-written and untrusted. The server
+//! copies the record out of shared memory and turns it into a [`Call`] with
+//! [`Call::decode`], which checks every field; a request that fails is
+//! answered with `EINVAL` and affects nobody else.
+
+/// A request record: 64 bytes, one ring slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// Opaque host tag, echoed in the completion.
+    pub user_data: u64,
+    /// An [`Op`] code.
+    pub op: u16,
+    /// Reserved, must be zero.
+    pub flags: u16,
+    /// The socket id the call is for (ignored by `Socket`, `Poll`, `Nop`).
+    pub sock: u32,
+    /// Arena range holding in- or out-arguments.
+    pub buf_off: u32,
+    pub buf_len: u32,
+    /// Op-specific scalar arguments (see [`Call`]).
+    pub args: [u64; 5],
+}
+
+/// A completion record: 32 bytes, one ring slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub user_data: u64,
+    /// The [`Op`] code of the request this answers.
+    pub op: u16,
+    pub _pad: u16,
+    /// 0 on success, else the errno the call got at the server.
+    pub errno: i32,
+    /// The call's return value (bytes, a socket id, a count); -1 on error.
+    pub result: i64,
+    /// Op-specific second result (an address or option length).
+    pub aux: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Request>() == 64);
+const _: () = assert!(std::mem::size_of::<Completion>() == 32);
+
+macro_rules! ops {
+    ($($name:ident = $val:literal),* $(,)?) => {
+        /// Call types. Zero is deliberately not a valid op, so a zeroed slot is an error.
+        #[repr(u16)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Op { $($name = $val),* }
+
+        impl Op {
+            pub const ALL: &'static [Op] = &[$(Op::$name),*];
+
+            pub fn from_u16(v: u16) -> Option<Op> {
+                match v { $($val => Some(Op::$name),)* _ => None }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$name => stringify!($name)),* }
+            }
+        }
+    };
+}
+
+ops! {
+    Nop = 1, Socket = 2, Bind = 3, Listen = 4, Accept = 5, Connect = 6, Send = 7,
+    Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
+    GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
+}
+
+/// A byte range of the channel arena, checked to lie inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaRange {
+    pub off: u32,
+    pub len: u32,
+}
+
+impl ArenaRange {
+    pub fn end(&self) -> usize {
+        self.off as usize + self.len as usize
+    }
+}
+
+/// One entry of a `Poll` request's arena array (like `struct pollfd`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollEntry {
+    pub sock: u32,
+    pub events: i16,
+    pub revents: i16,
+}
+
+/// Largest number of entries one `Poll` call may carry.
+pub const MAX_POLL_ENTRIES: u32 = 4096;
+/// Largest `sockaddr` accepted in an arena (`sockaddr_storage`).
+pub const MAX_ADDR_LEN: u32 = 128;
+/// Largest socket option value accepted.
+pub const MAX_OPT_LEN: u32 = 256;
+
+/// A request after validation. Ranges are inside the arena, enums are known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Nop,
+    Socket { domain: i32, ty: i32, protocol: i32 },
+    Bind { sock: u32, addr: ArenaRange },
+    Listen { sock: u32, backlog: i32 },
+    /// `addr` receives the peer address (len 0: not wanted); `flags` may hold SOCK_NONBLOCK.
+    Accept { sock: u32, addr: ArenaRange, flags: i32 },
+    Connect { sock: u32, addr: ArenaRange },
+    Send { sock: u32, data: ArenaRange, flags: i32 },
+    Recv { sock: u32, data: ArenaRange, flags: i32 },
+    Shutdown { sock: u32, how: i32 },
+    Close { sock: u32 },
+    SetSockOpt { sock: u32, level: i32, name: i32, value: ArenaRange },
+    GetSockOpt { sock: u32, level: i32, name: i32, value: ArenaRange },
+    GetSockName { sock: u32, addr: ArenaRange },
+    GetPeerName { sock: u32, addr: ArenaRange },
+    /// `entries` is an array of `n` [`PollEntry`]; `timeout_ms < 0` waits forever.
+    Poll { entries: ArenaRange, n: u32, timeout_ms: i64 },
+    Fcntl { sock: u32, cmd: i32, arg: i64 },
+}
+
+/// Why a request was refused before execution (answered with `EINVAL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalid {
+    UnknownOp(u16),
+    ReservedFlags,
+    RangeOutsideArena,
+    TooLong,
+    BadArgument(&'static str),
+}
+
+impl Call {
+    /// Checks a request copied out of shared memory against an arena of
+    /// `arena_size` bytes. Total: never panics, whatever the input.
+    pub fn decode(r: &Request, arena_size: u32) -> Result<Call, Invalid> {
+        let op = Op::from_u16(r.op).ok_or(Invalid::UnknownOp(r.op))?;
+        if r.flags != 0 {
+            return Err(Invalid::ReservedFlags);
+        }
+        let range = |max: u32| -> Result<ArenaRange, Invalid> {
+            if r.buf_len > max {
+                return Err(Invalid::TooLong);
+            }
+            let end = r.buf_off as u64 + r.buf_len as u64;
+            if end > arena_size as u64 {
+                return Err(Invalid::RangeOutsideArena);
+            }
+            Ok(ArenaRange { off: r.buf_off, len: r.buf_len })
+        };
+        let int = |i: usize| -> Result<i32, Invalid> {
+            i32::try_from(r.args[i] as i64).map_err(|_| Invalid::BadArgument("integer argument out of range"))
+        };
+        let sock = r.sock;
+        Ok(match op {
+            Op::Nop => Call::Nop,
+            Op::Socket => Call::Socket { domain: int(0)?, ty: int(1)?, protocol: int(2)? },
+            Op::Bind => Call::Bind { sock, addr: range(MAX_ADDR_LEN)? },
+            Op::Listen => Call::Listen { sock, backlog: int(0)? },
+            Op::Accept => Call::Accept { sock, addr: range(MAX_ADDR_LEN)?, flags: int(0)? },
+            Op::Connect => Call::Connect { sock, addr: range(MAX_ADDR_LEN)? },
+            Op::Send => Call::Send { sock, data: range(u32::MAX)?, flags: int(0)? },
+            Op::Recv => Call::Recv { sock, data: range(u32::MAX)?, flags: int(0)? },
+            Op::Shutdown => Call::Shutdown { sock, how: int(0)? },
+            Op::Close => Call::Close { sock },
+            Op::SetSockOpt => Call::SetSockOpt { sock, level: int(0)?, name: int(1)?, value: range(MAX_OPT_LEN)? },
+            Op::GetSockOpt => Call::GetSockOpt { sock, level: int(0)?, name: int(1)?, value: range(MAX_OPT_LEN)? },
+            Op::GetSockName => Call::GetSockName { sock, addr: range(MAX_ADDR_LEN)? },
+            Op::GetPeerName => Call::GetPeerName { sock, addr: range(MAX_ADDR_LEN)? },
+            Op::Poll => {
+                let n = u32::try_from(r.args[0]).map_err(|_| Invalid::BadArgument("poll count"))?;
+                if n > MAX_POLL_ENTRIES {
+                    return Err(Invalid::TooLong);
+                }
+                let entries = range(u32::MAX)?;
+                if entries.len as u64 != n as u64 * std::mem::size_of::<PollEntry>() as u64 {
+                    return Err(Invalid::BadArgument("poll array length does not match count"));
+                }
+                if entries.off % 8 != 0 {
+                    return Err(Invalid::BadArgument("poll array misaligned"));
+                }
+                Call::Poll { entries, n, timeout_ms: r.args[1] as i64 }
+            }
+            Op::Fcntl => Call::Fcntl { sock, cmd: int(0)?, arg: r.args[1] as i64 },
+        })
+    }
+
+    /// The arena range the call reads or writes, if any.
+    pub fn arena_range(&self) -> Option<ArenaRange> {
+        match *self {
+            Call::Bind { addr, .. }
+            | Call::Accept { addr, .. }
+            | Call::Connect { addr, .. }
+            | Call::GetSockName { addr, .. }
+            | Call::GetPeerName { addr, .. } => Some(addr),
+            Call::Send { data, .. } | Call::Recv { data, .. } => Some(data),
+            Call::SetSockOpt { value, .. } | Call::GetSockOpt { value, .. } => Some(value),
+            Call::Poll { entries, .. } => Some(entries),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ARENA: u32 = 64 * 1024;
+
+    #[test]
+    fn zeroed_slot_is_invalid() {
+        assert_eq!(Call::decode(&Request::default(), ARENA), Err(Invalid::UnknownOp(0)));
+    }
+
+    #[test]
+    fn every_op_round_trips_its_code() {
+        for &op in Op::ALL {
+            assert_eq!(Op::from_u16(op as u16), Some(op));
+        }
+        assert_eq!(Op::from_u16(999), None);
+    }
+
+    #[test]
+    fn ranges_outside_the_arena_are_refused() {
+        let r = Request { op: Op::Send as u16, buf_off: ARENA - 10, buf_len: 11, ..Default::default() };
+        assert_eq!(Call::decode(&r, ARENA), Err(Invalid::RangeOutsideArena));
+        let r = Request { op: Op::Send as u16, buf_off: u32::MAX, buf_len: u32::MAX, ..Default::default() };
+        assert!(Call::decode(&r, ARENA).is_err());
+        let r = Request { op: Op::Send as u16, buf_off: ARENA - 10, buf_len: 10, ..Default::default() };
+        assert!(matches!(Call::decode(&r, ARENA), Ok(Call::Send { .. })));
+    }
+
+    #[test]
+    fn address_longer_than_sockaddr_storage_is_refused() {
+        let r = Request { op: Op::Bind as u16, buf_len: MAX_ADDR_LEN + 1, ..Default::default() };
+        assert_eq!(Call::decode(&r, ARENA), Err(Invalid::TooLong));
+    }
+
+    #[test]
+    fn poll_count_must_match_array() {
+        let r = Request { op: Op::Poll as u16, buf_len: 16, args: [3, 0, 0, 0, 0], ..Default::default() };
+        assert!(matches!(Call::decode(&r, ARENA), Err(Invalid::BadArgument(_))));
+        let r = Request { op: Op::Poll as u16, buf_len: 24, args: [3, 5, 0, 0, 0], ..Default::default() };
+        assert!(matches!(Call::decode(&r, ARENA), Ok(Call::Poll { n: 3, timeout_ms: 5, .. })));
+    }
+
+    #[test]
+    fn out_of_range_integers_are_refused() {
+        let r = Request { op: Op::Listen as u16, args: [1 << 40, 0, 0, 0, 0], ..Default::default() };
+        assert!(matches!(Call::decode(&r, ARENA), Err(Invalid::BadArgument(_))));
+    }
+
+    fn any_request() -> impl Strategy<Value = Request> {
+        (any::<u64>(), 0u16..24, any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<[u64; 5]>()).prop_map(
+            |(user_data, op, flags, sock, buf_off, buf_len, args)| Request {
+                user_data,
+                op,
+                flags: if flags % 4 == 0 { flags } else { 0 },
+                sock,
+                buf_off: buf_off % (ARENA * 2),
+                buf_len: buf_len % (ARENA * 2),
+                args,
+            },
+        )
+    }
+
+    proptest! {
+        /// Any host-written record decodes to an error or to a call whose
+        /// arena range lies inside the arena: the server can then index the
+        /// arena without further checks.
+        #[test]
+        fn decode_is_total_and_ranges_are_in_bounds(r in any_request()) {
+            if let Ok(call) = Call::decode(&r, ARENA) {
+                if let Some(range) = call.arena_range() {
+                    prop_assert!(range.end() <= ARENA as usize);
+                }
+            }
+        }
+    }
+}

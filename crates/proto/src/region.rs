@@ -1,0 +1,228 @@
+//! A mapped channel region and typed views into it.
+//!
+//! This is where the raw pointers are. Everything above it works with
+//! [`ChannelRef`], whose accessors only hand out atomics, bounds-checked arena
+//! pointers and by-value copies of ring slots.
+
+use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
+use crate::msg::{ArenaRange, Completion, Request};
+use crate::{MAGIC, VERSION};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+/// A `MAP_SHARED` mapping of a channel region; unmapped on drop.
+pub struct Region {
+    base: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the region is shared memory accessed only through atomics, volatile
+// slot copies and raw arena pointers whose users accept concurrent writes.
+unsafe impl Send for Region {}
+// SAFETY: as above; no `&mut` to shared memory is ever handed out.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `fd` (a memfd of exactly `layout.region_size()` bytes).
+    pub fn map(fd: BorrowedFd<'_>, layout: Layout) -> io::Result<Region> {
+        layout.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
+        // SAFETY: a fresh shared mapping of a file we were given; the kernel
+        // picks the address. Failure is reported as MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.region_size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Region { base, layout })
+    }
+
+    /// Maps a region a server handed out and checks its header. The geometry
+    /// comes from the header, after magic and version match.
+    pub fn map_from_header(fd: BorrowedFd<'_>, region_size: u64) -> io::Result<Region> {
+        if region_size < HEADER_SIZE as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region too small"));
+        }
+        let probe = Layout { n_channels: 1, ring_entries: 2, arena_size: 4096 };
+        // Map just the header first to read the geometry.
+        let head = Region::map(fd, probe)?;
+        let h = head.header();
+        if h.magic != MAGIC {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region has a bad magic number"));
+        }
+        if h.version != VERSION {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("tcps: protocol version mismatch: region v{}, library v{}", h.version, VERSION),
+            ));
+        }
+        let layout = Layout { n_channels: h.n_channels, ring_entries: h.ring_entries, arena_size: h.arena_size };
+        drop(head);
+        if layout.region_size() as u64 != region_size {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region size does not match its header"));
+        }
+        Region::map(fd, layout)
+    }
+
+    /// Writes the header of a freshly created (zeroed) region.
+    pub fn init_header(&self) {
+        let l = self.layout;
+        // SAFETY: the region is at least HEADER_SIZE bytes and page aligned;
+        // the header is written before the region is shared with anyone.
+        unsafe {
+            let h = self.base.as_ptr() as *mut RegionHeader;
+            std::ptr::addr_of_mut!((*h).magic).write(MAGIC);
+            std::ptr::addr_of_mut!((*h).version).write(VERSION);
+            std::ptr::addr_of_mut!((*h).header_size).write(HEADER_SIZE as u32);
+            std::ptr::addr_of_mut!((*h).n_channels).write(l.n_channels);
+            std::ptr::addr_of_mut!((*h).ring_entries).write(l.ring_entries);
+            std::ptr::addr_of_mut!((*h).arena_size).write(l.arena_size);
+            std::ptr::addr_of_mut!((*h).channel_stride).write(l.channel_stride() as u32);
+            std::ptr::addr_of_mut!((*h).region_size).write(l.region_size() as u64);
+        }
+        self.header().server_alive.store(1, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn header(&self) -> &RegionHeader {
+        // SAFETY: the mapping is at least one page, aligned, and outlives `self`.
+        // Plain fields are only read; a host scribbling on them can make the
+        // host's own view wrong but the server keeps its own Layout.
+        unsafe { &*(self.base.as_ptr() as *const RegionHeader) }
+    }
+
+    /// The channel at `index`, or `None` if out of range.
+    pub fn channel(&self, index: u32) -> Option<ChannelRef<'_>> {
+        if index >= self.layout.n_channels {
+            return None;
+        }
+        // SAFETY: index < n_channels, so the channel lies inside the mapping.
+        let base = unsafe { self.base.as_ptr().add(self.layout.channel_offset(index)) };
+        Some(ChannelRef { base, layout: &self.layout, header: self.header() })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped; no references outlive self.
+        unsafe {
+            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.layout.region_size());
+        }
+    }
+}
+
+/// One channel of a mapped region.
+#[derive(Clone, Copy)]
+pub struct ChannelRef<'a> {
+    base: *mut u8,
+    layout: &'a Layout,
+    header: &'a RegionHeader,
+}
+
+impl<'a> ChannelRef<'a> {
+    pub fn ctl(&self) -> &'a ChannelCtl {
+        // SAFETY: the control block is at the (64-aligned) start of the channel.
+        unsafe { &*(self.base as *const ChannelCtl) }
+    }
+
+    pub fn header(&self) -> &'a RegionHeader {
+        self.header
+    }
+
+    pub fn ring_entries(&self) -> u32 {
+        self.layout.ring_entries
+    }
+
+    pub fn arena_size(&self) -> u32 {
+        self.layout.arena_size
+    }
+
+    /// Copies the request in slot `index % entries` out of shared memory.
+    pub fn read_request(&self, index: u32) -> Request {
+        let slot = (index & (self.layout.ring_entries - 1)) as usize;
+        // SAFETY: slot < entries; the slot is inside the channel. A volatile
+        // read yields *some* bit pattern even if the host writes concurrently,
+        // and every bit pattern is a valid Request (plain integers).
+        unsafe {
+            let p = self.base.add(self.layout.requests_offset()) as *const Request;
+            std::ptr::read_volatile(p.add(slot))
+        }
+    }
+
+    pub fn write_request(&self, index: u32, r: &Request) {
+        let slot = (index & (self.layout.ring_entries - 1)) as usize;
+        // SAFETY: slot < entries; the producer owns this slot until it publishes.
+        unsafe {
+            let p = self.base.add(self.layout.requests_offset()) as *mut Request;
+            std::ptr::write_volatile(p.add(slot), *r);
+        }
+    }
+
+    pub fn read_completion(&self, index: u32) -> Completion {
+        let slot = (index & (self.layout.ring_entries - 1)) as usize;
+        // SAFETY: as for read_request; every bit pattern is a valid Completion.
+        unsafe {
+            let p = self.base.add(self.layout.completions_offset()) as *const Completion;
+            std::ptr::read_volatile(p.add(slot))
+        }
+    }
+
+    pub fn write_completion(&self, index: u32, c: &Completion) {
+        let slot = (index & (self.layout.ring_entries - 1)) as usize;
+        // SAFETY: slot < entries; the server owns this slot until it publishes.
+        unsafe {
+            let p = self.base.add(self.layout.completions_offset()) as *mut Completion;
+            std::ptr::write_volatile(p.add(slot), *c);
+        }
+    }
+
+    /// Raw pointer to a checked arena range. The other side may write these
+    /// bytes at any time: hand the pointer to the kernel (send/recv) or copy
+    /// through it, never form a Rust reference to it.
+    pub fn arena_ptr(&self, range: ArenaRange) -> Option<*mut u8> {
+        if range.end() > self.layout.arena_size as usize {
+            return None;
+        }
+        // SAFETY: the range was just checked to lie inside this channel's arena.
+        Some(unsafe { self.base.add(self.layout.arena_offset() + range.off as usize) })
+    }
+
+    /// Copies `src` into the arena at `off`. Returns false if it does not fit.
+    pub fn copy_to_arena(&self, off: u32, src: &[u8]) -> bool {
+        let Ok(len) = u32::try_from(src.len()) else { return false };
+        match self.arena_ptr(ArenaRange { off, len }) {
+            Some(p) => {
+                // SAFETY: p..p+len is inside the arena (checked); src is a distinct
+                // private buffer, so the ranges do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Copies arena bytes at `off` into `dst`. Returns false if out of range.
+    pub fn copy_from_arena(&self, off: u32, dst: &mut [u8]) -> bool {
+        let Ok(len) = u32::try_from(dst.len()) else { return false };
+        match self.arena_ptr(ArenaRange { off, len }) {
+            Some(p) => {
+                // SAFETY: as in copy_to_arena, with the roles swapped.
+                unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+                true
+            }
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The two single-producer/single-consumer rings of a channel and the
+//! sleep/wake handshakes around them.
+//!
+//! Indices are free-running `u32`s; a slot is `index % entries`. Each side
+//! keeps its own cursor in private memory and only *publishes* it to the
+//! shared control block, so the server never depends on a value the host can
+//! change: it reads the host's indices, checks them against its own, and
+//! treats an impossible value as a protocol violation by that host.
+//!
+//! Sleeping uses the Dekker pattern on both sides: "store my flag; full fence;
+//! load the other side's progress". Whichever side goes second sees the first.
+//!
+//! * server → sleep: store `server_sleeping = 1`, fence, re-check every
+//!   `req_tail`; a host publishing a request stores `req_tail`, fences, and
+//!   rings the doorbell eventfd if it sees `server_sleeping`.
+//! * host → sleep: store `host_waiting = 1`, fence, re-check `cq_tail`, then
+//!   futex-wait on `cq_tail`; the server publishing a completion stores
+//!   `cq_tail`, fences, and futex-wakes if it sees `host_waiting`.
+
+use crate::msg::{Completion, Request};
+use crate::region::ChannelRef;
+use std::sync::atomic::{fence, Ordering};
+
+/// A host broke the ring protocol; the server detaches that host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingError {
+    /// The host's published request tail is more than a ring ahead of the server.
+    RequestOverrun { head: u32, tail: u32 },
+    /// The host's completion head is ahead of what the server published, or too far behind.
+    CompletionHeadInvalid { head: u32, tail: u32 },
+}
+
+impl std::fmt::Display for RingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingError::RequestOverrun { head, tail } => {
+                write!(f, "request ring overrun (server head {head}, host tail {tail})")
+            }
+            RingError::CompletionHeadInvalid { head, tail } => {
+                write!(f, "completion head {head} impossible for server tail {tail}")
+            }
+        }
+    }
+}
+
+/// The server's private view of one channel.
+///
+/// The server takes a request only when it can be sure its completion will
+/// find a free slot: `outstanding` (taken, not yet completed) plus completions
+/// the host has not consumed stays below the ring size. So completions are
+/// never dropped and never need an overflow queue.
+#[derive(Debug, Default, Clone)]
+pub struct ServerCursor {
+    req_head: u32,
+    cq_tail: u32,
+    outstanding: u32,
+}
+
+impl ServerCursor {
+    /// Requests taken but not yet completed (parked calls).
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// Host's consumed-completions index, validated against ours.
+    fn unconsumed(&self, ch: &ChannelRef<'_>) -> Result<u32, RingError> {
+        let head = ch.ctl().cq_head.load(Ordering::Acquire);
+        let unconsumed = self.cq_tail.wrapping_sub(head);
+        if unconsumed > ch.ring_entries() {
+            return Err(RingError::CompletionHeadInvalid { head, tail: self.cq_tail });
+        }
+        Ok(unconsumed)
+    }
+
+    /// Whether the host has published requests we have not taken.
+    pub fn has_requests(&self, ch: &ChannelRef<'_>) -> bool {
+        ch.ctl().req_tail.load(Ordering::Relaxed) != self.req_head
+    }
+
+    /// Takes the next request, copied out of shared memory, if there is one
+    /// and its completion is guaranteed a slot.
+    pub fn pop(&mut self, ch: &ChannelRef<'_>) -> Result<Option<Request>, RingError> {
+        let tail = ch.ctl().req_tail.load(Ordering::Acquire);
+        let pending = tail.wrapping_sub(self.req_head);
+        if pending == 0 {
+            return Ok(None);
+        }
+        if pending > ch.ring_entries() {
+            return Err(RingError::RequestOverrun { head: self.req_head, tail });
+        }
+        if self.outstanding + self.unconsumed(ch)? >= ch.ring_entries() {
+            return Ok(None); // host must consume completions first
+        }
+        let req = ch.read_request(self.req_head);
+        self.req_head = self.req_head.wrapping_add(1);
+        self.outstanding += 1;
+        ch.ctl().req_head.store(self.req_head, Ordering::Release);
+        Ok(Some(req))
+    }
+
+    /// Publishes the completion of a request taken with [`pop`](Self::pop).
+    /// Returns true if the host is asleep and must be woken (futex on `cq_tail`).
+    pub fn complete(&mut self, ch: &ChannelRef<'_>, c: &Completion) -> Result<bool, RingError> {
+        debug_assert!(self.outstanding > 0);
+        // The credit check in `pop` reserved this slot, unless the host moved
+        // its head backwards since, which `unconsumed` reports.
+        if self.unconsumed(ch)? >= ch.ring_entries() {
+            return Err(RingError::CompletionHeadInvalid {
+                head: ch.ctl().cq_head.load(Ordering::Relaxed),
+                tail: self.cq_tail,
+            });
+        }
+        ch.write_completion(self.cq_tail, c);
+        self.cq_tail = self.cq_tail.wrapping_add(1);
+        self.outstanding = self.outstanding.saturating_sub(1);
+        ch.ctl().cq_tail.store(self.cq_tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        Ok(ch.ctl().host_waiting.load(Ordering::Relaxed) != 0)
+    }
+}
+
+/// The host's private view of one channel.
+#[derive(Debug, Default, Clone)]
+pub struct HostCursor {
+    req_tail: u32,
+    cq_head: u32,
+}
+
+/// The request ring is full: wait for the server to take requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingFull;
+
+impl HostCursor {
+    /// Publishes a request. Returns true if the server may be asleep and the
+    /// doorbell must be rung.
+    pub fn submit(&mut self, ch: &ChannelRef<'_>, r: &Request) -> Result<bool, RingFull> {
+        let head = ch.ctl().req_head.load(Ordering::Acquire);
+        if self.req_tail.wrapping_sub(head) >= ch.ring_entries() {
+            return Err(RingFull);
+        }
+        ch.write_request(self.req_tail, r);
+        self.req_tail = self.req_tail.wrapping_add(1);
+        ch.ctl().req_tail.store(self.req_tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        Ok(ch.header().server_sleeping.load(Ordering::Relaxed) != 0)
+    }
+
+    /// Takes the next completion, if the server published one.
+    pub fn reap(&mut self, ch: &ChannelRef<'_>) -> Option<Completion> {
+        let tail = ch.ctl().cq_tail.load(Ordering::Acquire);
+        if tail == self.cq_head {
+            return None;
+        }
+        let c = ch.read_completion(self.cq_head);
+        self.cq_head = self.cq_head.wrapping_add(1);
+        ch.ctl().cq_head.store(self.cq_head, Ordering::Release);
+        Some(c)
+    }
+
+    /// Announces that this host thread is about to sleep on `cq_tail`.
+    /// Returns the tail value to pass to the futex wait, or `None` if a
+    /// completion arrived meanwhile (do not sleep).
+    pub fn prepare_sleep(&self, ch: &ChannelRef<'_>) -> Option<u32> {
+        ch.ctl().host_waiting.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let tail = ch.ctl().cq_tail.load(Ordering::Acquire);
+        if tail != self.cq_head {
+            ch.ctl().host_waiting.store(0, Ordering::Relaxed);
+            return None;
+        }
+        Some(tail)
+    }
+
+    pub fn finish_sleep(&self, ch: &ChannelRef<'_>) {
+        ch.ctl().host_waiting.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Layout;
+    use crate::msg::Op;
+    use crate::region::Region;
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+    fn region(layout: Layout) -> Region {
+        // SAFETY: memfd_create with a valid C string; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"tcps-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd is a fresh, owned descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd is valid; the size is the layout's.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), layout.region_size() as i64) }, 0);
+        let r = Region::map(fd.as_fd(), layout).unwrap();
+        r.init_header();
+        r
+    }
+
+    fn small() -> Layout {
+        Layout { n_channels: 2, ring_entries: 4, arena_size: 4096 }
+    }
+
+    fn req(tag: u64) -> Request {
+        Request { user_data: tag, op: Op::Nop as u16, ..Default::default() }
+    }
+
+    #[test]
+    fn requests_and_completions_flow_in_order() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let (mut h, mut s) = (HostCursor::default(), ServerCursor::default());
+        for round in 0..10u64 {
+            for i in 0..3 {
+                h.submit(&ch, &req(round * 10 + i)).unwrap();
+            }
+            for i in 0..3 {
+                let got = s.pop(&ch).unwrap().unwrap();
+                assert_eq!(got.user_data, round * 10 + i);
+                s.complete(&ch, &Completion { user_data: got.user_data, ..Default::default() }).unwrap();
+            }
+            assert_eq!(s.pop(&ch).unwrap(), None);
+            for i in 0..3 {
+                assert_eq!(h.reap(&ch).unwrap().user_data, round * 10 + i);
+            }
+            assert_eq!(h.reap(&ch), None);
+        }
+    }
+
+    #[test]
+    fn full_request_ring_is_backpressure_not_overwrite() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let mut h = HostCursor::default();
+        for i in 0..4 {
+            h.submit(&ch, &req(i)).unwrap();
+        }
+        assert_eq!(h.submit(&ch, &req(99)), Err(RingFull));
+        let mut s = ServerCursor::default();
+        assert_eq!(s.pop(&ch).unwrap().unwrap().user_data, 0);
+        h.submit(&ch, &req(4)).unwrap();
+    }
+
+    #[test]
+    fn server_takes_no_request_whose_completion_has_no_slot() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let (mut h, mut s) = (HostCursor::default(), ServerCursor::default());
+        for i in 0..4 {
+            h.submit(&ch, &req(i)).unwrap();
+        }
+        for _ in 0..4 {
+            let q = s.pop(&ch).unwrap().unwrap();
+            s.complete(&ch, &Completion { user_data: q.user_data, ..Default::default() }).unwrap();
+        }
+        // Host has not reaped: the completion ring is full.
+        h.submit(&ch, &req(4)).unwrap();
+        assert_eq!(s.pop(&ch).unwrap(), None);
+        h.reap(&ch).unwrap();
+        assert_eq!(s.pop(&ch).unwrap().unwrap().user_data, 4);
+    }
+
+    #[test]
+    fn forged_indices_are_protocol_errors() {
+        let r = region(small());
+        let ch = r.channel(1).unwrap();
+        let mut s = ServerCursor::default();
+        ch.ctl().req_tail.store(1000, Ordering::Release);
+        assert!(matches!(s.pop(&ch), Err(RingError::RequestOverrun { .. })));
+        ch.ctl().req_tail.store(1, Ordering::Release);
+        ch.ctl().cq_head.store(7, Ordering::Release);
+        assert!(matches!(s.pop(&ch), Err(RingError::CompletionHeadInvalid { .. })));
+    }
+
+    #[test]
+    fn sleep_handshake_sees_late_completion() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let (mut h, mut s) = (HostCursor::default(), ServerCursor::default());
+        h.submit(&ch, &req(1)).unwrap();
+        let q = s.pop(&ch).unwrap().unwrap();
+        assert!(h.prepare_sleep(&ch).is_some());
+        let must_wake = s.complete(&ch, &Completion { user_data: q.user_data, ..Default::default() }).unwrap();
+        assert!(must_wake, "server must see the sleeping host");
+        h.finish_sleep(&ch);
+        assert!(h.prepare_sleep(&ch).is_none(), "a pending completion means: do not sleep");
+    }
+}
