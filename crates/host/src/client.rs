@@ -1,0 +1,428 @@
+//! [`Client`]: BSD socket calls executed by the TCP server.
+//!
+//! Each call checks out a channel, puts its input bytes in the channel's
+//! arena, runs one request/completion exchange and copies output bytes back.
+//! Everything in a completion is bounded by what the request offered.
+
+use crate::attach::{self, default_path};
+use crate::channel::{Conn, HostStats, Lease};
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tcps_proto::msg::{PollEntry, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
+use tcps_proto::{addr, Completion, Op, Request};
+
+/// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
+/// events that occurred (`POLLIN`, `POLLOUT`, ... as in poll(2)).
+pub type PollFd = PollEntry;
+
+const POLL_ENTRY_LEN: usize = std::mem::size_of::<PollEntry>();
+
+/// A host attached to a tcps TCP server. Cheap to clone; all clones share
+/// the attachment, which ends when the last one is dropped (or on
+/// [`detach`](Client::detach)).
+#[derive(Clone)]
+pub struct Client {
+    conn: Arc<Conn>,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+fn request(op: Op, sock: u32) -> Request {
+    Request {
+        op: op as u16,
+        sock,
+        ..Default::default()
+    }
+}
+
+/// A signed argument as the request carries it (sign-extended).
+fn arg(v: i64) -> u64 {
+    v as u64
+}
+
+fn socket_id(c: &Completion) -> io::Result<u32> {
+    u32::try_from(c.result).map_err(|_| errno(libc::EIO))
+}
+
+/// A `usize` result, which must not exceed what was offered.
+fn count(c: &Completion, max: usize) -> io::Result<usize> {
+    usize::try_from(c.result)
+        .ok()
+        .filter(|&n| n <= max)
+        .ok_or_else(|| errno(libc::EIO))
+}
+
+fn parse_addr(b: &[u8]) -> io::Result<SocketAddr> {
+    addr::parse(b).map_err(|e| match e {
+        addr::AddrError::TooShort => errno(libc::EIO),
+        addr::AddrError::UnsupportedFamily(_) => errno(libc::EAFNOSUPPORT),
+    })
+}
+
+impl Client {
+    /// Attaches to the server whose control socket is at `path`.
+    pub fn attach(path: impl AsRef<Path>) -> io::Result<Client> {
+        let a = attach::attach(path.as_ref())?;
+        Ok(Client {
+            conn: Arc::new(Conn::new(a)),
+        })
+    }
+
+    /// Attaches at `$TCPS_SOCKET`, else the default control socket path.
+    pub fn attach_default() -> io::Result<Client> {
+        Client::attach(default_path())
+    }
+
+    /// Ends the attachment now, for every clone: the server closes all of
+    /// this host's sockets. Later calls fail with ENOTCONN.
+    pub fn detach(&self) {
+        self.conn.detach();
+    }
+
+    /// False once the server died or the client was detached.
+    pub fn is_attached(&self) -> bool {
+        self.conn.is_open()
+    }
+
+    /// Bytes of data arena per channel: the most one send/recv request moves.
+    pub fn arena_size(&self) -> usize {
+        self.conn.arena_size() as usize
+    }
+
+    /// Channels in the region: how many calls can be in flight at once.
+    pub fn n_channels(&self) -> usize {
+        self.conn.n_channels() as usize
+    }
+
+    /// Counters of this attachment, summed over its channels.
+    pub fn stats(&self) -> HostStats {
+        self.conn.stats()
+    }
+
+    /// Runs `f` on a checked-out channel; `dead` is the errno when the
+    /// attachment is gone before the call starts.
+    fn with_channel<T>(
+        &self,
+        dead: i32,
+        f: impl FnOnce(&mut Lease<'_>) -> io::Result<T>,
+    ) -> io::Result<T> {
+        self.conn.check_open(dead)?;
+        let mut lease = self.conn.checkout(dead)?;
+        f(&mut lease)
+    }
+
+    /// A call with no arena traffic.
+    fn simple(&self, req: Request) -> io::Result<Completion> {
+        self.with_channel(libc::ENOTCONN, |l| l.exchange(req))
+    }
+
+    /// A call whose only input is `bytes` at arena offset 0.
+    fn with_input(&self, mut req: Request, bytes: &[u8]) -> io::Result<Completion> {
+        self.with_channel(libc::ENOTCONN, |l| {
+            l.put(0, bytes)?;
+            req.buf_off = 0;
+            req.buf_len = bytes.len() as u32;
+            l.exchange(req)
+        })
+    }
+
+    /// A call whose output is an address or option value at arena offset 0:
+    /// returns the completion and the full length (`aux`, at most `max`),
+    /// having copied up to `out.len()` bytes of it into `out`.
+    fn with_output(
+        &self,
+        mut req: Request,
+        out: &mut [u8],
+        max: u32,
+    ) -> io::Result<(Completion, usize)> {
+        self.with_channel(libc::ENOTCONN, |l| {
+            let cap = out.len().min(max as usize);
+            req.buf_off = 0;
+            req.buf_len = cap as u32;
+            let c = l.exchange(req)?;
+            let full = c.aux.min(u64::from(max)) as usize;
+            let n = full.min(cap);
+            l.get(0, &mut out[..n])?;
+            Ok((c, full))
+        })
+    }
+
+    /// Round trip without a socket call (measures the channel itself).
+    pub fn nop(&self) -> io::Result<()> {
+        self.simple(request(Op::Nop, 0)).map(drop)
+    }
+
+    /// socket(2): returns the new tcps socket id. `ty` may include
+    /// `SOCK_NONBLOCK` / `SOCK_CLOEXEC`.
+    pub fn socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<u32> {
+        let mut r = request(Op::Socket, 0);
+        r.args[..3].copy_from_slice(&[arg(domain.into()), arg(ty.into()), arg(protocol.into())]);
+        socket_id(&self.simple(r)?)
+    }
+
+    pub fn bind(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {
+        self.bind_raw(s, &addr::encode(addr))
+    }
+
+    /// bind(2) with raw `sockaddr` bytes (at most 128).
+    pub fn bind_raw(&self, s: u32, sockaddr: &[u8]) -> io::Result<()> {
+        if sockaddr.len() > MAX_ADDR_LEN as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        self.with_input(request(Op::Bind, s), sockaddr).map(drop)
+    }
+
+    pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
+        let mut r = request(Op::Listen, s);
+        r.args[0] = arg(backlog.into());
+        self.simple(r).map(drop)
+    }
+
+    /// accept4(2): returns the new socket and the peer's address.
+    /// `flags` may hold `SOCK_NONBLOCK` (`SOCK_CLOEXEC` is ignored).
+    pub fn accept(&self, s: u32, flags: i32) -> io::Result<(u32, Option<SocketAddr>)> {
+        let mut buf = [0u8; MAX_ADDR_LEN as usize];
+        let (id, len) = self.accept_raw(s, flags, &mut buf)?;
+        // The connection is ours now: an odd address must not lose it.
+        Ok((id, addr::parse(&buf[..len.min(buf.len())]).ok()))
+    }
+
+    /// accept4(2) writing the peer's raw `sockaddr` into `addr_out` (empty:
+    /// not wanted). Returns the new socket and the address's full length,
+    /// which may exceed `addr_out.len()` (the copy is then truncated).
+    pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
+        let mut r = request(Op::Accept, s);
+        r.args[0] = arg((flags & !libc::SOCK_CLOEXEC).into());
+        let (c, len) = self.with_output(r, addr_out, MAX_ADDR_LEN)?;
+        Ok((socket_id(&c)?, len))
+    }
+
+    pub fn connect(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {
+        self.connect_raw(s, &addr::encode(addr))
+    }
+
+    /// connect(2) with raw `sockaddr` bytes (at most 128).
+    pub fn connect_raw(&self, s: u32, sockaddr: &[u8]) -> io::Result<()> {
+        if sockaddr.len() > MAX_ADDR_LEN as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        self.with_input(request(Op::Connect, s), sockaddr).map(drop)
+    }
+
+    /// send(2). Data larger than the arena goes in arena-sized requests;
+    /// the result is short if a request was (a non-blocking socket), and an
+    /// error only if nothing was sent.
+    pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
+        self.with_channel(libc::EPIPE, |l| {
+            let chunk = l.arena_size() as usize;
+            let mut total = 0;
+            loop {
+                let piece = &buf[total..buf.len().min(total + chunk)];
+                let mut r = request(Op::Send, s);
+                r.buf_len = piece.len() as u32;
+                r.args[0] = arg(flags.into());
+                l.put(0, piece)?;
+                let n = match l.exchange(r).and_then(|c| count(&c, piece.len())) {
+                    Ok(n) => n,
+                    Err(e) if total == 0 => return Err(e),
+                    Err(_) => return Ok(total),
+                };
+                total += n;
+                if n < piece.len() || total == buf.len() {
+                    return Ok(total);
+                }
+            }
+        })
+    }
+
+    /// Sends all of `buf` (blocking sockets; a non-blocking one may fail
+    /// with EAGAIN part way).
+    pub fn send_all(&self, s: u32, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.send(s, buf, 0) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call.
+    pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        self.with_channel(libc::ENOTCONN, |l| {
+            let cap = buf.len().min(l.arena_size() as usize);
+            let mut r = request(Op::Recv, s);
+            r.buf_len = cap as u32;
+            r.args[0] = arg(flags.into());
+            let n = count(&l.exchange(r)?, cap)?;
+            l.get(0, &mut buf[..n])?;
+            Ok(n)
+        })
+    }
+
+    pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
+        let mut r = request(Op::Shutdown, s);
+        r.args[0] = arg(how.into());
+        self.simple(r).map(drop)
+    }
+
+    pub fn close(&self, s: u32) -> io::Result<()> {
+        self.simple(request(Op::Close, s)).map(drop)
+    }
+
+    /// setsockopt(2) with a raw value (at most 256 bytes).
+    pub fn setsockopt(&self, s: u32, level: i32, name: i32, value: &[u8]) -> io::Result<()> {
+        if value.len() > MAX_OPT_LEN as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        let mut r = request(Op::SetSockOpt, s);
+        r.args[0] = arg(level.into());
+        r.args[1] = arg(name.into());
+        self.with_input(r, value).map(drop)
+    }
+
+    pub fn setsockopt_int(&self, s: u32, level: i32, name: i32, v: i32) -> io::Result<()> {
+        self.setsockopt(s, level, name, &v.to_ne_bytes())
+    }
+
+    /// getsockopt(2): fills `out` (at most 256 bytes used) and returns the
+    /// value's length, truncated to the space given as Linux does.
+    pub fn getsockopt(&self, s: u32, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
+        let mut r = request(Op::GetSockOpt, s);
+        r.args[0] = arg(level.into());
+        r.args[1] = arg(name.into());
+        let (_, len) = self.with_output(r, out, MAX_OPT_LEN)?;
+        Ok(len.min(out.len()))
+    }
+
+    pub fn getsockopt_int(&self, s: u32, level: i32, name: i32) -> io::Result<i32> {
+        let mut b = [0u8; 4];
+        self.getsockopt(s, level, name, &mut b)?;
+        Ok(i32::from_ne_bytes(b))
+    }
+
+    pub fn getsockname(&self, s: u32) -> io::Result<SocketAddr> {
+        let mut b = [0u8; MAX_ADDR_LEN as usize];
+        let n = self.getsockname_raw(s, &mut b)?;
+        parse_addr(&b[..n.min(b.len())])
+    }
+
+    /// getsockname(2) into raw `sockaddr` bytes; returns the full length.
+    pub fn getsockname_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
+        Ok(self
+            .with_output(request(Op::GetSockName, s), out, MAX_ADDR_LEN)?
+            .1)
+    }
+
+    pub fn getpeername(&self, s: u32) -> io::Result<SocketAddr> {
+        let mut b = [0u8; MAX_ADDR_LEN as usize];
+        let n = self.getpeername_raw(s, &mut b)?;
+        parse_addr(&b[..n.min(b.len())])
+    }
+
+    /// getpeername(2) into raw `sockaddr` bytes; returns the full length.
+    pub fn getpeername_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
+        Ok(self
+            .with_output(request(Op::GetPeerName, s), out, MAX_ADDR_LEN)?
+            .1)
+    }
+
+    /// poll(2) over tcps sockets: sets each `revents`, returns how many
+    /// entries have events. `timeout_ms < 0` waits forever. At most 4096
+    /// entries (EINVAL beyond).
+    pub fn poll(&self, fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
+        if fds.len() > MAX_POLL_ENTRIES as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        self.with_channel(libc::ENOTCONN, |l| {
+            if fds.len() * POLL_ENTRY_LEN > l.arena_size() as usize {
+                return Err(errno(libc::EINVAL));
+            }
+            for (i, f) in fds.iter().enumerate() {
+                let mut e = [0u8; POLL_ENTRY_LEN];
+                e[0..4].copy_from_slice(&f.sock.to_ne_bytes());
+                e[4..6].copy_from_slice(&f.events.to_ne_bytes());
+                l.put((i * POLL_ENTRY_LEN) as u32, &e)?;
+            }
+            let mut r = request(Op::Poll, 0);
+            r.buf_len = (fds.len() * POLL_ENTRY_LEN) as u32;
+            r.args[0] = fds.len() as u64;
+            r.args[1] = arg(timeout_ms.into());
+            let n = count(&l.exchange(r)?, fds.len())?;
+            for (i, f) in fds.iter_mut().enumerate() {
+                let mut rev = [0u8; 2];
+                l.get((i * POLL_ENTRY_LEN + 6) as u32, &mut rev)?;
+                f.revents = i16::from_ne_bytes(rev);
+            }
+            Ok(n)
+        })
+    }
+
+    /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`).
+    pub fn fcntl(&self, s: u32, cmd: i32, arg_: i64) -> io::Result<i64> {
+        let mut r = request(Op::Fcntl, s);
+        r.args[0] = arg(cmd.into());
+        r.args[1] = arg(arg_);
+        Ok(self.simple(r)?.result)
+    }
+
+    pub fn set_nonblocking(&self, s: u32, on: bool) -> io::Result<()> {
+        let fl = self.fcntl(s, libc::F_GETFL, 0)?;
+        let nb = i64::from(libc::O_NONBLOCK);
+        let want = if on { fl | nb } else { fl & !nb };
+        if want != fl {
+            self.fcntl(s, libc::F_SETFL, want)?;
+        }
+        Ok(())
+    }
+
+    /// A listening TCP socket: socket, `SO_REUSEADDR`, bind, listen.
+    pub fn tcp_listen(&self, addr: SocketAddr, backlog: i32) -> io::Result<u32> {
+        let s = self.socket(domain_of(&addr), libc::SOCK_STREAM, 0)?;
+        let r = self
+            .setsockopt_int(s, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)
+            .and_then(|()| self.bind(s, &addr))
+            .and_then(|()| self.listen(s, backlog));
+        self.close_on_error(s, r)
+    }
+
+    /// A TCP socket connected to `addr` (blocking).
+    pub fn tcp_connect(&self, addr: SocketAddr) -> io::Result<u32> {
+        let s = self.socket(domain_of(&addr), libc::SOCK_STREAM, 0)?;
+        let r = self.connect(s, &addr);
+        self.close_on_error(s, r)
+    }
+
+    fn close_on_error(&self, s: u32, r: io::Result<()>) -> io::Result<u32> {
+        match r {
+            Ok(()) => Ok(s),
+            Err(e) => {
+                let _ = self.close(s);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn domain_of(a: &SocketAddr) -> i32 {
+    match a {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("attached", &self.is_attached())
+            .field("channels", &self.n_channels())
+            .field("arena_size", &self.arena_size())
+            .finish()
+    }
+}
