@@ -31,7 +31,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match with_config_file(std::env::args().collect()) {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(e) => {
+            eprintln!("tcps: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Server(args) => server_cmd::run(args),
         Command::Bench(cmd) => bench::run(cmd),
@@ -44,4 +50,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tcps server --config FILE ...`: the file's options go first, so the
+/// command line overrides them.
+fn with_config_file(argv: Vec<String>) -> Result<Vec<String>, String> {
+    let Some(pos) = argv
+        .iter()
+        .position(|a| a == "--config" || a.starts_with("--config="))
+    else {
+        return Ok(argv);
+    };
+    if argv.get(1).map(String::as_str) != Some("server") {
+        return Ok(argv);
+    }
+    let path = match argv[pos].strip_prefix("--config=") {
+        Some(p) => p.to_string(),
+        None => argv.get(pos + 1).cloned().ok_or("--config needs a FILE")?,
+    };
+    let mut out = argv[..2].to_vec();
+    out.extend(server_cmd::config_file_args(std::path::Path::new(&path))?);
+    out.extend(argv[2..].iter().cloned());
+    Ok(out)
 }

@@ -1,1 +1,212 @@
+//! The tcps TCP server: hosts attach over a Unix control socket and get a
+//! shared-memory channel region; workers poll those channels and execute
+//! the hosts' socket calls on real kernel sockets.
+//!
+//! ```text
+//! control (acceptor thread)  --NewHost-->  worker 0..N (one per --cpus entry)
+//!   SO_PEERCRED, admission,                 scan channels -> calls::dispatch
+//!   memfd + doorbell                        engine (io_uring | epoll) -> parked calls
+//! ```
 
+mod calls;
+mod control;
+pub mod engine;
+mod host;
+pub mod privilege;
+mod slab;
+mod sys;
+mod token;
+mod worker;
+
+pub use engine::EngineKind;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tcps_proto::Layout;
+use tracing::info;
+
+/// How a worker waits for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin forever: lowest latency, one core always busy.
+    Busy,
+    /// Spin for `spin`, then sleep until a host rings the doorbell.
+    Adaptive,
+    /// Sleep whenever idle: every call rings the doorbell.
+    Block,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket_path: PathBuf,
+    /// Mode of the control socket file (who may attach).
+    pub socket_mode: u32,
+    /// One worker per CPU listed, pinned to it; empty: one unpinned worker.
+    pub cpus: Vec<usize>,
+    pub poll: PollMode,
+    /// How long an adaptive worker spins before sleeping.
+    pub spin: Duration,
+    pub engine: EngineKind,
+    pub max_hosts: usize,
+    pub max_sockets_per_host: usize,
+    /// Geometry of each host's channel region.
+    pub layout: Layout,
+    /// Ports below this need CAP_NET_BIND_SERVICE (read from the kernel).
+    pub unprivileged_port_start: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket_path: tcps_proto::handshake::default_socket_path(),
+            socket_mode: 0o666,
+            cpus: Vec::new(),
+            poll: PollMode::Adaptive,
+            spin: Duration::from_micros(50),
+            engine: EngineKind::Uring,
+            max_hosts: 64,
+            max_sockets_per_host: 65536,
+            layout: Layout::default(),
+            unprivileged_port_start: privilege::unprivileged_port_start(),
+        }
+    }
+}
+
+/// State shared by the acceptor and the workers.
+#[derive(Default)]
+pub struct Shared {
+    pub stopping: AtomicBool,
+    /// Hosts attached (admission control counts against --max-hosts).
+    pub hosts: AtomicUsize,
+    pub refused_hosts: AtomicU64,
+}
+
+/// The eventfd a signal handler rings to stop the server (-1: none).
+static SHUTDOWN_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    let fd = SHUTDOWN_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: write(2) is async-signal-safe; the buffer is valid.
+        unsafe { libc::write(fd, one.as_ptr() as *const libc::c_void, 8) };
+    }
+}
+
+/// Runs a server until SIGINT/SIGTERM (if `handle_signals`) or until the
+/// returned [`Stopper`] is used from another thread (see [`start`]).
+pub fn run(cfg: Config) -> io::Result<()> {
+    let server = start(cfg)?;
+    SHUTDOWN_FD.store(server.shutdown.as_raw_fd(), Ordering::Relaxed);
+    // SAFETY: installing an async-signal-safe handler for two signals.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    server.wait();
+    SHUTDOWN_FD.store(-1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A running server.
+pub struct Server {
+    shutdown: Arc<OwnedFd>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    socket_path: PathBuf,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Asks every thread to stop.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe {
+            libc::write(
+                self.shutdown.as_raw_fd(),
+                one.as_ptr() as *const libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Waits until the server stopped, then removes its socket file.
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        info!("tcps server stopped");
+    }
+}
+
+/// Starts the acceptor and the workers in background threads.
+pub fn start(cfg: Config) -> io::Result<Server> {
+    cfg.layout
+        .validate()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
+    if cfg.max_hosts == 0 || cfg.max_sockets_per_host == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--max-hosts and --max-sockets-per-host must be at least 1",
+        ));
+    }
+    let cfg = Arc::new(cfg);
+    let shared = Arc::new(Shared::default());
+    let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
+    let listener = control::listen(&cfg.socket_path, cfg.socket_mode)?;
+    let mut threads = Vec::new();
+    let mut handles = Vec::new();
+    for index in 0..cfg.cpus.len().max(1) {
+        let doorbell = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
+        let inbox = Arc::new(worker::Inbox::default());
+        handles.push(control::WorkerHandle {
+            inbox: inbox.clone(),
+            doorbell: doorbell.clone(),
+        });
+        let w = worker::Worker::new(
+            index,
+            cfg.clone(),
+            shared.clone(),
+            doorbell,
+            inbox,
+            shutdown.as_raw_fd(),
+        )?;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("tcps-worker-{index}"))
+                .spawn(move || w.run())?,
+        );
+    }
+    let (c2, s2, sfd) = (cfg.clone(), shared.clone(), shutdown.as_raw_fd());
+    let shutdown_keep = shutdown.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name("tcps-control".into())
+            .spawn(move || {
+                let _keep = shutdown_keep;
+                control::serve(listener, sfd, c2, s2, handles)
+            })?,
+    );
+    info!(
+        socket = %cfg.socket_path.display(),
+        engine = ?cfg.engine,
+        poll = ?cfg.poll,
+        workers = cfg.cpus.len().max(1),
+        max_hosts = cfg.max_hosts,
+        max_sockets_per_host = cfg.max_sockets_per_host,
+        "tcps server listening"
+    );
+    Ok(Server {
+        shutdown,
+        threads,
+        socket_path: cfg.socket_path.clone(),
+        shared,
+    })
+}

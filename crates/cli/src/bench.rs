@@ -1,0 +1,264 @@
+//! `tcps bench`: measurements that print medians and ratios against the
+//! kernel-socket baseline taken side by side in the same run.
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tcps::Client;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Cost of one send call as the application sees it (thesis Table 6.2):
+    /// kernel send(2) vs tcps_send on a connected TCP socket whose reader keeps up.
+    CallCost(CallCostArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CallCostArgs {
+    /// Message sizes in bytes
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024,4096,16384")]
+    pub sizes: Vec<usize>,
+    /// Calls measured per size and variant (the median is reported)
+    #[arg(long, default_value_t = 20000)]
+    pub iters: usize,
+    /// Poll mode of the TCP server started for the benchmark
+    #[arg(long, default_value = "busy")]
+    pub poll: String,
+    /// Engine of the TCP server
+    #[arg(long, default_value = "uring")]
+    pub engine: String,
+    /// CPU for the TCP server; the benchmark (host) pins itself to another one
+    #[arg(long, default_value_t = 1)]
+    pub server_cpu: usize,
+    /// Use an already running server at this control socket instead of starting one
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print JSON: {"results":[{"size":..,"kernel_ns":..,"sync_ns":..},..]}
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        BenchCommand::CallCost(a) => call_cost(a),
+    }
+}
+
+#[derive(Serialize)]
+struct CallCostRow {
+    size: usize,
+    kernel_ns: u64,
+    sync_ns: u64,
+    /// sync_ns / kernel_ns
+    sync_ratio: f64,
+}
+
+#[derive(Serialize)]
+struct CallCostReport {
+    results: Vec<CallCostRow>,
+    /// One channel round trip with no socket work (a `Nop` call).
+    nop_ns: u64,
+    iters: usize,
+    poll: String,
+    engine: String,
+}
+
+/// A TCP server started for a benchmark; killed on drop.
+pub struct ServerProcess {
+    child: Child,
+    pub socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl ServerProcess {
+    pub fn start(extra: &[&str]) -> Result<ServerProcess, Box<dyn std::error::Error>> {
+        let dir = std::env::temp_dir().join(format!("tcps-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("tcps.sock");
+        let child = Command::new(std::env::current_exe()?)
+            .arg("server")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                return Err("TCP server did not start within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(ServerProcess { child, socket, dir })
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // SAFETY: sending SIGTERM to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A kernel-socket receiver that drains every connection as fast as it can.
+fn spawn_drain() -> std::io::Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = vec![0u8; 1 << 20];
+                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn pin_self_away_from(cpu: usize) {
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if n < 2 {
+        return;
+    }
+    let mine = if cpu == 0 { 1 } else { 0 };
+    // SAFETY: cpu_set_t is plain data; the call only affects this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(mine, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Median nanoseconds of `iters` calls of `f` (after a warm-up).
+fn median_ns(iters: usize, mut f: impl FnMut()) -> u64 {
+    for _ in 0..iters / 10 + 10 {
+        f();
+    }
+    let mut v: Vec<u64> = (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn big_buffers(fd: i32) {
+    let v: libc::c_int = 8 << 20;
+    // SAFETY: setting an int option from a valid local.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &v as *const _ as *const libc::c_void,
+            4,
+        );
+    }
+}
+
+fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if a.sizes.is_empty() || a.iters == 0 {
+        return Err("--sizes and --iters must be non-empty / positive".into());
+    }
+    let server = match &a.socket {
+        Some(_) => None,
+        None => Some(ServerProcess::start(&[
+            "--poll",
+            &a.poll,
+            "--engine",
+            &a.engine,
+            "--cpus",
+            &a.server_cpu.to_string(),
+        ])?),
+    };
+    let socket = a
+        .socket
+        .clone()
+        .or(server.as_ref().map(|s| s.socket.clone()))
+        .ok_or("no server")?;
+    pin_self_away_from(a.server_cpu);
+    let client = Client::attach(&socket)?;
+    let drain = spawn_drain()?;
+
+    let kernel = TcpStream::connect(drain)?;
+    kernel.set_nodelay(true)?;
+    big_buffers(kernel.as_raw_fd());
+    let ts = client.tcp_connect(drain)?;
+    client.setsockopt_int(ts, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
+    client.setsockopt_int(ts, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20)?;
+
+    let nop_ns = median_ns(a.iters, || {
+        let _ = client.nop();
+    });
+    let mut rows = Vec::new();
+    for &size in &a.sizes {
+        let buf = vec![0x5au8; size];
+        let kfd = kernel.as_raw_fd();
+        let kernel_ns = median_ns(a.iters, || {
+            // SAFETY: sending from a valid buffer on our own socket.
+            unsafe {
+                libc::send(
+                    kfd,
+                    buf.as_ptr() as *const libc::c_void,
+                    buf.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+        });
+        let sync_ns = median_ns(a.iters, || {
+            let _ = client.send(ts, &buf, 0);
+        });
+        if !a.json {
+            eprintln!("size {size:>6} B: kernel {kernel_ns} ns, tcps sync {sync_ns} ns");
+        }
+        rows.push(CallCostRow {
+            size,
+            kernel_ns,
+            sync_ns,
+            sync_ratio: sync_ns as f64 / kernel_ns.max(1) as f64,
+        });
+    }
+    let _ = client.close(ts);
+    let report = CallCostReport {
+        results: rows,
+        nop_ns,
+        iters: a.iters,
+        poll: a.poll.clone(),
+        engine: a.engine.clone(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "cost of one send call (median of {} calls), TCP server --poll {} --engine {}",
+            a.iters, a.poll, a.engine
+        );
+        println!("channel round trip (nop): {} ns", report.nop_ns);
+        println!(
+            "{:>8} {:>12} {:>12} {:>8}",
+            "size", "kernel_ns", "sync_ns", "ratio"
+        );
+        for r in &report.results {
+            println!(
+                "{:>8} {:>12} {:>12} {:>8.2}",
+                r.size, r.kernel_ns, r.sync_ns, r.sync_ratio
+            );
+        }
+    }
+    drop(server);
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! `tcps server`: run a TCP server.
+
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+use tcps_server::{Config, EngineKind, PollMode};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PollArg {
+    /// Spin without pause: lowest latency, burns a core.
+    Busy,
+    /// Spin for --spin-us after the last work, then sleep until a host rings.
+    Adaptive,
+    /// Sleep whenever idle; every host call rings the doorbell.
+    Block,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum EngineArg {
+    /// io_uring (POLL_ADD, batched submissions).
+    Uring,
+    /// epoll (one-shot registrations).
+    Epoll,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    args_override_self = true,
+    after_help = "Config file: `--config FILE` reads `key = value` lines with the long option names \
+(e.g. `poll = busy`, `max-hosts = 16`); options on the command line override the file.\n\
+Logs: RUST_LOG=debug for every refused call and attach."
+)]
+pub struct ServerArgs {
+    /// Control socket hosts attach to [default: $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`)
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// How workers wait for work
+    #[arg(long, value_enum, default_value = "adaptive")]
+    pub poll: PollArg,
+    /// Microseconds an adaptive worker spins before it sleeps
+    #[arg(long, default_value_t = 50)]
+    pub spin_us: u64,
+    /// Socket engine
+    #[arg(long, value_enum, default_value = "uring")]
+    pub engine: EngineArg,
+    /// Admission control: most hosts attached at once (more are refused with EUSERS)
+    #[arg(long, default_value_t = 64)]
+    pub max_hosts: usize,
+    /// Admission control: most sockets per host (more are refused with EMFILE)
+    #[arg(long, default_value_t = 65536)]
+    pub max_sockets_per_host: usize,
+    /// Channels per host (host threads calling at once without sharing)
+    #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_CHANNELS)]
+    pub channels: u32,
+    /// Data arena per channel in KiB (largest single transfer)
+    #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_ARENA_SIZE / 1024)]
+    pub arena_kib: u32,
+    /// Mode of the control socket file (octal); the server checks each host's privileges itself
+    #[arg(long, default_value = "666")]
+    pub socket_mode: String,
+    /// Read options from a config file (`key = value` lines)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Parses a CPU list: `1`, `0,2`, `0-3`, `0-1,3`.
+pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("bad CPU list {s:?}: expected e.g. 1 or 0,1 or 0-3");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if let Some(c) = out.iter().find(|&&c| c >= n) {
+        return Err(format!("CPU {c} does not exist (this machine has {n})"));
+    }
+    Ok(out)
+}
+
+/// Turns a config file into `--key value` arguments placed before the real
+/// ones, so the command line wins.
+pub fn config_file_args(path: &std::path::Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+    let mut args = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("{}:{}: expected `key = value`", path.display(), i + 1))?;
+        args.push(format!("--{}", k.trim()));
+        args.push(v.trim().trim_matches('"').to_string());
+    }
+    Ok(args)
+}
+
+pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    init_logging();
+    let mut cfg = Config::default();
+    if let Some(p) = args.socket {
+        cfg.socket_path = p;
+    }
+    if let Some(c) = &args.cpus {
+        cfg.cpus = parse_cpus(c)?;
+    }
+    cfg.poll = match args.poll {
+        PollArg::Busy => PollMode::Busy,
+        PollArg::Adaptive => PollMode::Adaptive,
+        PollArg::Block => PollMode::Block,
+    };
+    cfg.spin = Duration::from_micros(args.spin_us);
+    cfg.engine = match args.engine {
+        EngineArg::Uring => EngineKind::Uring,
+        EngineArg::Epoll => EngineKind::Epoll,
+    };
+    cfg.max_hosts = args.max_hosts;
+    cfg.max_sockets_per_host = args.max_sockets_per_host;
+    cfg.layout.n_channels = args.channels;
+    cfg.layout.arena_size = args.arena_kib.saturating_mul(1024);
+    cfg.layout
+        .validate()
+        .map_err(|e| format!("bad channel geometry: {e}"))?;
+    cfg.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
+        .map_err(|_| format!("bad --socket-mode {:?}", args.socket_mode))?;
+    tcps_server::run(cfg)?;
+    Ok(())
+}
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0").unwrap(), vec![0]);
+        assert!(parse_cpus("0-x").is_err());
+        assert!(parse_cpus("999").is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! What the server keeps per attached host: its credentials, its mapped
+//! region with one private cursor per channel, and its sockets.
+
+use crate::privilege::Privileges;
+use crate::slab::Slab;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use tcps_proto::msg::{ArenaRange, Call};
+use tcps_proto::ring::ServerCursor;
+use tcps_proto::{Layout, Op, Region};
+
+/// A host as the acceptor hands it to a worker.
+pub struct NewHost {
+    pub id: u64,
+    pub pid: u32,
+    pub uid: u32,
+    pub privileges: Privileges,
+    pub region: Region,
+    pub control: OwnedFd,
+}
+
+pub struct Host {
+    pub id: u64,
+    pub pid: u32,
+    pub uid: u32,
+    pub privileges: Privileges,
+    pub region: Region,
+    /// The server's own copy of the geometry: never re-read from shared memory.
+    pub layout: Layout,
+    pub cursors: Vec<ServerCursor>,
+    pub control: OwnedFd,
+    pub sockets: Slab<Sock>,
+    pub polls: Slab<ParkedPoll>,
+    pub next_gen: u16,
+    pub stats: HostStats,
+    /// Set when the host broke the protocol or hung up; the worker detaches it.
+    pub doomed: Option<String>,
+}
+
+impl Host {
+    pub fn new(h: NewHost) -> Host {
+        let layout = *h.region.layout();
+        Host {
+            id: h.id,
+            pid: h.pid,
+            uid: h.uid,
+            privileges: h.privileges,
+            cursors: vec![ServerCursor::default(); layout.n_channels as usize],
+            layout,
+            region: h.region,
+            control: h.control,
+            sockets: Slab::default(),
+            polls: Slab::default(),
+            next_gen: 0,
+            stats: HostStats::default(),
+            doomed: None,
+        }
+    }
+
+    /// Channels the host says it uses, clamped to the pool.
+    pub fn channels_in_use(&self) -> u32 {
+        let used = self
+            .region
+            .header()
+            .channels_used
+            .load(std::sync::atomic::Ordering::Acquire);
+        used.min(self.layout.n_channels)
+    }
+
+    pub fn socket(&self, id: u32) -> Option<&Sock> {
+        self.sockets.get(id as usize)
+    }
+
+    pub fn socket_mut(&mut self, id: u32) -> Option<&mut Sock> {
+        self.sockets.get_mut(id as usize)
+    }
+}
+
+/// A kernel socket owned by a host, and the calls parked on it.
+pub struct Sock {
+    pub fd: OwnedFd,
+    pub gen: u16,
+    /// O_NONBLOCK as the host set it; the kernel socket is always non-blocking.
+    pub nonblocking: bool,
+    /// Parked accept/recv calls, in the order the host issued them.
+    pub readers: VecDeque<Parked>,
+    /// Parked send/connect calls, in order.
+    pub writers: VecDeque<Parked>,
+    /// Parked polls that include this socket: (poll key, events wanted).
+    pub pollers: Vec<(usize, i16)>,
+    /// Directions currently armed in the engine (0: none).
+    pub armed_mask: u32,
+    pub arm_seq: u8,
+}
+
+impl Sock {
+    pub fn new(fd: OwnedFd, gen: u16, nonblocking: bool) -> Sock {
+        Sock {
+            fd,
+            gen,
+            nonblocking,
+            readers: VecDeque::new(),
+            writers: VecDeque::new(),
+            pollers: Vec::new(),
+            armed_mask: 0,
+            arm_seq: 0,
+        }
+    }
+
+    /// The readiness directions the parked calls on this socket wait for.
+    pub fn wanted_mask(&self) -> u32 {
+        let mut m = 0u32;
+        if !self.readers.is_empty() {
+            m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
+        }
+        if !self.writers.is_empty() {
+            m |= libc::POLLOUT as u32;
+        }
+        for &(_, ev) in &self.pollers {
+            if ev & (libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP) != 0 {
+                m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
+            }
+            if ev & libc::POLLOUT != 0 {
+                m |= libc::POLLOUT as u32;
+            }
+            // A poll for errors only still needs to hear about hang-ups.
+            m |= libc::POLLRDHUP as u32;
+        }
+        m
+    }
+}
+
+/// A call that would block, waiting at the server for its socket.
+pub struct Parked {
+    pub ch: u32,
+    pub user_data: u64,
+    pub op: Op,
+    pub call: Call,
+    /// Bytes already moved (send/recv), or 1 once a connect is in progress.
+    pub progress: usize,
+    /// Non-blocking for this call (O_NONBLOCK or MSG_DONTWAIT).
+    pub nonblocking: bool,
+}
+
+/// A `Poll` call parked until one of its sockets is ready or it times out.
+pub struct ParkedPoll {
+    pub ch: u32,
+    pub user_data: u64,
+    pub entries: ArenaRange,
+    pub socks: Vec<u32>,
+    /// Distinguishes this poll from a later one in the same slab slot.
+    pub serial: u64,
+}
+
+/// Per-host counters (logged at detach; read by `tcps stat` later).
+#[derive(Default, Debug, Clone)]
+pub struct HostStats {
+    /// Calls by op code (index = `Op as usize`).
+    pub calls: [u64; 32],
+    pub parked: u64,
+    pub invalid: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub refused_sockets: u64,
+}

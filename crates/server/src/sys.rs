@@ -1,0 +1,245 @@
+//! Thin wrappers over the libc calls the server makes: each returns the
+//! errno as `Err(i32)` so a call's outcome can be handed to the host as is.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub type SysResult<T> = Result<T, i32>;
+
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn check(ret: libc::c_int) -> SysResult<libc::c_int> {
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_size(ret: isize) -> SysResult<usize> {
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Owns a freshly returned descriptor.
+fn own(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: callers pass a descriptor the kernel just returned to us and
+    // nobody else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> SysResult<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    check(unsafe {
+        libc::socket(
+            domain,
+            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    })
+    .map(own)
+}
+
+/// A `sockaddr_storage` and its length.
+pub struct RawAddr {
+    pub storage: libc::sockaddr_storage,
+    pub len: libc::socklen_t,
+}
+
+impl RawAddr {
+    pub fn empty() -> RawAddr {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+        RawAddr {
+            storage: unsafe { std::mem::zeroed() },
+            len: std::mem::size_of::<libc::sockaddr_storage>() as _,
+        }
+    }
+
+    pub fn from_bytes(b: &[u8]) -> RawAddr {
+        let mut a = RawAddr::empty();
+        let n = b.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+        // SAFETY: n bytes fit in the storage; the source is a distinct slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), &mut a.storage as *mut _ as *mut u8, n)
+        };
+        a.len = n as _;
+        a
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        let n = (self.len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+        // SAFETY: reading n initialised bytes of our own storage.
+        unsafe { std::slice::from_raw_parts(&self.storage as *const _ as *const u8, n) }
+    }
+
+    fn ptr(&self) -> *const libc::sockaddr {
+        &self.storage as *const _ as *const libc::sockaddr
+    }
+
+    fn mut_ptr(&mut self) -> *mut libc::sockaddr {
+        &mut self.storage as *mut _ as *mut libc::sockaddr
+    }
+}
+
+pub fn bind(fd: RawFd, a: &RawAddr) -> SysResult<()> {
+    // SAFETY: the address points to our storage and its length is bounded by it.
+    check(unsafe { libc::bind(fd, a.ptr(), a.len) }).map(drop)
+}
+
+pub fn connect(fd: RawFd, a: &RawAddr) -> SysResult<()> {
+    // SAFETY: as in bind.
+    check(unsafe { libc::connect(fd, a.ptr(), a.len) }).map(drop)
+}
+
+pub fn listen(fd: RawFd, backlog: i32) -> SysResult<()> {
+    // SAFETY: plain syscall.
+    check(unsafe { libc::listen(fd, backlog) }).map(drop)
+}
+
+/// Accepts a connection; the new socket is always non-blocking at the server.
+pub fn accept(fd: RawFd) -> SysResult<(OwnedFd, RawAddr)> {
+    let mut a = RawAddr::empty();
+    // SAFETY: a is a writable sockaddr_storage with its size in a.len.
+    let nfd = check(unsafe {
+        libc::accept4(
+            fd,
+            a.mut_ptr(),
+            &mut a.len,
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    })?;
+    Ok((own(nfd), a))
+}
+
+/// # Safety
+/// `buf..buf+len` must be valid for reads for the duration of the call.
+pub unsafe fn send(fd: RawFd, buf: *const u8, len: usize, flags: i32) -> SysResult<usize> {
+    check_size(libc::send(
+        fd,
+        buf as *const libc::c_void,
+        len,
+        flags | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+    ))
+}
+
+/// # Safety
+/// `buf..buf+len` must be valid for writes for the duration of the call.
+pub unsafe fn recv(fd: RawFd, buf: *mut u8, len: usize, flags: i32) -> SysResult<usize> {
+    check_size(libc::recv(
+        fd,
+        buf as *mut libc::c_void,
+        len,
+        flags | libc::MSG_DONTWAIT,
+    ))
+}
+
+pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
+    // SAFETY: plain syscall.
+    check(unsafe { libc::shutdown(fd, how) }).map(drop)
+}
+
+pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
+    // SAFETY: value is a valid slice of the given length.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value.as_ptr() as *const libc::c_void,
+            value.len() as _,
+        )
+    })
+    .map(drop)
+}
+
+/// Reads an option into `out`; returns the option's full length.
+pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> SysResult<usize> {
+    let mut len = out.len() as libc::socklen_t;
+    // SAFETY: out is writable for len bytes; the kernel writes at most len.
+    check(unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            out.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(len as usize)
+}
+
+pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
+    let mut b = [0u8; 4];
+    getsockopt(fd, level, name, &mut b)?;
+    Ok(i32::from_ne_bytes(b))
+}
+
+pub fn getsockname(fd: RawFd) -> SysResult<RawAddr> {
+    let mut a = RawAddr::empty();
+    // SAFETY: a is writable storage with its size in a.len.
+    check(unsafe { libc::getsockname(fd, a.mut_ptr(), &mut a.len) })?;
+    Ok(a)
+}
+
+pub fn getpeername(fd: RawFd) -> SysResult<RawAddr> {
+    let mut a = RawAddr::empty();
+    // SAFETY: as in getsockname.
+    check(unsafe { libc::getpeername(fd, a.mut_ptr(), &mut a.len) })?;
+    Ok(a)
+}
+
+/// poll(2) with a zero timeout: the readiness of many sockets in one call.
+pub fn poll_now(fds: &mut [libc::pollfd]) -> SysResult<usize> {
+    // SAFETY: fds is a valid, writable array of its length.
+    check(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) }).map(|n| n as usize)
+}
+
+pub fn eventfd() -> SysResult<OwnedFd> {
+    // SAFETY: plain syscall.
+    check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }).map(own)
+}
+
+/// Adds one to an eventfd (rings it).
+pub fn eventfd_ring(fd: RawFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writing 8 bytes from a valid buffer; EAGAIN (counter full) is fine.
+    unsafe { libc::write(fd, one.as_ptr() as *const libc::c_void, 8) };
+}
+
+/// Resets an eventfd's counter.
+pub fn eventfd_drain(fd: RawFd) {
+    let mut b = [0u8; 8];
+    // SAFETY: reading 8 bytes into a valid buffer; EAGAIN means already zero.
+    unsafe { libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, 8) };
+}
+
+pub fn memfd(name: &std::ffi::CStr, size: usize) -> SysResult<OwnedFd> {
+    // SAFETY: name is a valid C string.
+    let fd = own(check(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)
+    })?);
+    // SAFETY: fd is ours; size fits in off_t for any region we create.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) })?;
+    Ok(fd)
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> SysResult<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET bounds-checks against its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        check(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))
+        .map(drop)
+    }
+}

@@ -1,0 +1,383 @@
+//! A worker: one thread, pinned to its core, that polls the channels of its
+//! hosts, executes their calls and handles engine events.
+//!
+//! The loop is: take new requests from every channel; when due, collect
+//! engine events (readiness of parked sockets, host hang-ups, the doorbell);
+//! fire expired poll timeouts. With no work it spins (`busy`), spins for a
+//! while and then sleeps (`adaptive`), or sleeps at once (`block`). Before
+//! sleeping it raises `server_sleeping` in every host's region so hosts ring
+//! the doorbell eventfd, which wakes the engine.
+
+use crate::calls::{self, Ctx, Timers};
+use crate::engine::{self, Engine, Event};
+use crate::host::{Host, NewHost};
+use crate::slab::Slab;
+use crate::sys;
+use crate::token::{Token, MAX_HOSTS_PER_WORKER};
+use crate::{Config, PollMode, Shared};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// Hosts handed over by the acceptor, waiting to be adopted by a worker.
+#[derive(Default)]
+pub struct Inbox {
+    pub hosts: Mutex<Vec<NewHost>>,
+}
+
+/// Requests taken from one channel per pass, so a chatty channel cannot starve others.
+const BATCH_PER_CHANNEL: u32 = 32;
+/// How often engine events are collected while calls are parked, and otherwise.
+const ENGINE_POLL_PARKED: Duration = Duration::from_micros(5);
+const ENGINE_POLL_IDLE: Duration = Duration::from_micros(200);
+/// Longest sleep, so housekeeping never stalls.
+const MAX_SLEEP: Duration = Duration::from_millis(500);
+
+pub struct Worker {
+    index: usize,
+    cfg: Arc<Config>,
+    shared: Arc<Shared>,
+    engine: Box<dyn Engine>,
+    hosts: Slab<Host>,
+    doorbell: Arc<OwnedFd>,
+    inbox: Arc<Inbox>,
+    shutdown_fd: RawFd,
+    timers: Timers,
+    next_serial: u64,
+    events: Vec<Event>,
+}
+
+impl Worker {
+    pub fn new(
+        index: usize,
+        cfg: Arc<Config>,
+        shared: Arc<Shared>,
+        doorbell: Arc<OwnedFd>,
+        inbox: Arc<Inbox>,
+        shutdown_fd: RawFd,
+    ) -> std::io::Result<Worker> {
+        let mut engine = engine::new(cfg.engine)?;
+        engine.arm(
+            doorbell.as_raw_fd(),
+            Token::Doorbell.encode(),
+            libc::POLLIN as u32,
+        )?;
+        engine.arm(shutdown_fd, Token::Shutdown.encode(), libc::POLLIN as u32)?;
+        Ok(Worker {
+            index,
+            cfg,
+            shared,
+            engine,
+            hosts: Slab::default(),
+            doorbell,
+            inbox,
+            shutdown_fd,
+            timers: Timers::new(),
+            next_serial: 0,
+            events: Vec::new(),
+        })
+    }
+
+    pub fn run(mut self) {
+        if let Some(&cpu) = self.cfg.cpus.get(self.index) {
+            if let Err(e) = sys::pin_to_cpu(cpu) {
+                warn!(cpu, errno = e, "could not pin worker");
+            }
+        }
+        info!(worker = self.index, engine = self.engine.name(), poll = ?self.cfg.poll, "worker running");
+        let mut last_work = Instant::now();
+        let mut next_engine_poll = Instant::now();
+        while !self.shared.stopping.load(Ordering::Relaxed) {
+            let mut work = self.scan_channels();
+            let now = Instant::now();
+            if now >= next_engine_poll {
+                work += self.poll_engine(Some(Duration::ZERO));
+                next_engine_poll = now
+                    + if self.has_parked_calls() {
+                        ENGINE_POLL_PARKED
+                    } else {
+                        ENGINE_POLL_IDLE
+                    };
+            }
+            work += self.fire_timers(now);
+            self.reap_doomed();
+            if work > 0 {
+                last_work = now;
+                continue;
+            }
+            let spin = match self.cfg.poll {
+                PollMode::Busy => true,
+                PollMode::Adaptive => now.duration_since(last_work) < self.cfg.spin,
+                PollMode::Block => false,
+            };
+            if spin {
+                std::hint::spin_loop();
+            } else {
+                self.sleep();
+                last_work = Instant::now();
+            }
+        }
+        self.shutdown();
+    }
+
+    /// Whether any host has a call waiting at the server (a parked call is
+    /// one taken from its ring and not yet completed).
+    fn has_parked_calls(&self) -> bool {
+        self.hosts
+            .iter()
+            .any(|(_, h)| h.cursors.iter().any(|c| c.outstanding() > 0))
+    }
+
+    /// Takes and executes requests from every channel; returns how many.
+    fn scan_channels(&mut self) -> usize {
+        let mut handled = 0;
+        let Worker {
+            hosts,
+            engine,
+            cfg,
+            timers,
+            next_serial,
+            ..
+        } = self;
+        for (hkey, host) in hosts.iter_mut() {
+            if host.doomed.is_some() {
+                continue;
+            }
+            let mut cx = Ctx {
+                engine: engine.as_mut(),
+                cfg,
+                hkey,
+                timers,
+                next_serial,
+            };
+            for ch in 0..host.channels_in_use() {
+                for _ in 0..BATCH_PER_CHANNEL {
+                    let Some(chan) = host.region.channel(ch) else {
+                        break;
+                    };
+                    let req = match host.cursors[ch as usize].pop(&chan) {
+                        Ok(Some(r)) => r,
+                        Ok(None) => break,
+                        Err(e) => {
+                            host.doomed = Some(format!("channel {ch}: {e}"));
+                            break;
+                        }
+                    };
+                    calls::dispatch(&mut cx, host, ch, req);
+                    handled += 1;
+                }
+            }
+        }
+        handled
+    }
+
+    /// Collects engine events and handles them; returns how many.
+    fn poll_engine(&mut self, timeout: Option<Duration>) -> usize {
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        if let Err(e) = self.engine.wait(timeout, &mut events) {
+            warn!(error = %e, "engine wait failed");
+        }
+        let n = events.len();
+        for ev in &events {
+            self.handle_event(*ev);
+        }
+        self.events = events;
+        n
+    }
+
+    fn handle_event(&mut self, ev: Event) {
+        match Token::decode(ev.token) {
+            Some(Token::Socket {
+                host: hkey,
+                sock,
+                gen,
+                seq,
+            }) => {
+                let Worker {
+                    hosts,
+                    engine,
+                    cfg,
+                    timers,
+                    next_serial,
+                    ..
+                } = self;
+                if let Some(host) = hosts.get_mut(hkey) {
+                    let mut cx = Ctx {
+                        engine: engine.as_mut(),
+                        cfg,
+                        hkey,
+                        timers,
+                        next_serial,
+                    };
+                    calls::on_socket_ready(&mut cx, host, sock, gen, seq);
+                }
+            }
+            Some(Token::Control { host: hkey }) => self.on_control(hkey),
+            Some(Token::Doorbell) => {
+                sys::eventfd_drain(self.doorbell.as_raw_fd());
+                self.adopt_hosts();
+                let _ = self.engine.arm(
+                    self.doorbell.as_raw_fd(),
+                    Token::Doorbell.encode(),
+                    libc::POLLIN as u32,
+                );
+            }
+            Some(Token::Shutdown) => self.shared.stopping.store(true, Ordering::Relaxed),
+            None => debug!(token = ev.token, "unknown engine token"),
+        }
+    }
+
+    /// The host's control socket is readable: it hung up (or broke protocol).
+    fn on_control(&mut self, hkey: usize) {
+        let Some(host) = self.hosts.get_mut(hkey) else {
+            return;
+        };
+        let mut b = [0u8; 64];
+        // SAFETY: reading into a valid local buffer.
+        let n = unsafe {
+            libc::recv(
+                host.control.as_raw_fd(),
+                b.as_mut_ptr() as *mut libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 && sys::errno() == libc::EAGAIN {
+            let _ = self.engine.arm(
+                host.control.as_raw_fd(),
+                Token::Control { host: hkey }.encode(),
+                libc::POLLIN as u32,
+            );
+            return;
+        }
+        host.doomed = Some(if n == 0 || n < 0 {
+            "detached".into()
+        } else {
+            "sent data on the control socket".into()
+        });
+        self.reap_doomed();
+    }
+
+    fn adopt_hosts(&mut self) {
+        let new: Vec<NewHost> = match self.inbox.hosts.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => return,
+        };
+        for nh in new {
+            if self.hosts.len() >= MAX_HOSTS_PER_WORKER {
+                warn!("worker full; dropping host");
+                self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let host = Host::new(nh);
+            let control = host.control.as_raw_fd();
+            let (id, pid) = (host.id, host.pid);
+            let hkey = self.hosts.insert(host);
+            if let Err(e) = self.engine.arm(
+                control,
+                Token::Control { host: hkey }.encode(),
+                libc::POLLIN as u32,
+            ) {
+                warn!(error = %e, "cannot watch host control socket");
+            }
+            debug!(worker = self.index, host = id, pid, "host adopted");
+        }
+    }
+
+    fn fire_timers(&mut self, now: Instant) -> usize {
+        let mut fired = 0;
+        while let Some(std::cmp::Reverse((when, hkey, pkey, serial))) = self.timers.peek().copied()
+        {
+            if when > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(host) = self.hosts.get_mut(hkey) {
+                calls::on_poll_timeout(host, pkey, serial);
+                fired += 1;
+            }
+        }
+        fired
+    }
+
+    /// Detaches hosts that hung up or broke the protocol: closes their sockets.
+    fn reap_doomed(&mut self) {
+        if !self.hosts.iter().any(|(_, h)| h.doomed.is_some()) {
+            return;
+        }
+        for hkey in self.hosts.keys() {
+            let Some(why) = self.hosts.get(hkey).and_then(|h| h.doomed.clone()) else {
+                continue;
+            };
+            let Some(mut host) = self.hosts.remove(hkey) else {
+                continue;
+            };
+            let sockets = host.sockets.len();
+            calls::close_all(self.engine.as_mut(), &mut host);
+            self.engine.forget(host.control.as_raw_fd(), 0);
+            self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+            if why == "detached" {
+                info!(host = host.id, pid = host.pid, sockets, stats = ?host.stats, "host detached; its sockets are closed");
+            } else {
+                warn!(host = host.id, pid = host.pid, sockets, reason = %why, "host cut off for a protocol violation");
+            }
+        }
+    }
+
+    /// Sleeps until a host rings, an engine event, or the next timer.
+    fn sleep(&mut self) {
+        for (_, h) in self.hosts.iter() {
+            h.region
+                .header()
+                .server_sleeping
+                .store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        let pending = self.hosts.iter().any(|(_, h)| {
+            (0..h.channels_in_use()).any(|ch| {
+                h.region
+                    .channel(ch)
+                    .is_some_and(|c| h.cursors[ch as usize].has_requests(&c))
+            })
+        });
+        if !pending {
+            let timeout = match self.timers.peek() {
+                Some(std::cmp::Reverse((when, ..))) => when
+                    .saturating_duration_since(Instant::now())
+                    .min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            };
+            self.poll_engine(Some(timeout));
+        }
+        for (_, h) in self.hosts.iter() {
+            h.region
+                .header()
+                .server_sleeping
+                .store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for hkey in self.hosts.keys() {
+            if let Some(mut host) = self.hosts.remove(hkey) {
+                host.region
+                    .header()
+                    .server_alive
+                    .store(0, Ordering::Release);
+                // Wake every sleeping host thread: they see server_alive == 0.
+                for ch in 0..host.layout.n_channels {
+                    if let Some(c) = host.region.channel(ch) {
+                        tcps_proto::futex::wake_all(&c.ctl().cq_tail);
+                    }
+                }
+                calls::close_all(self.engine.as_mut(), &mut host);
+                self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let _ = self.shutdown_fd;
+        info!(worker = self.index, "worker stopped");
+    }
+}
