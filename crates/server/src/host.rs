@@ -163,3 +163,20 @@ pub struct HostStats {
     pub bytes_received: u64,
     pub refused_sockets: u64,
 }
+
+impl std::fmt::Display for HostStats {
+    /// `Send=12 Recv=12 ... parked=1 invalid=0 sent=768B received=768B`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for op in Op::ALL {
+            let n = self.calls[*op as usize % 32];
+            if n > 0 {
+                write!(f, "{}={} ", op.name(), n)?;
+            }
+        }
+        write!(
+            f,
+            "parked={} invalid={} refused_sockets={} sent={}B received={}B",
+            self.parked, self.invalid, self.refused_sockets, self.bytes_sent, self.bytes_received
+        )
+    }
+}

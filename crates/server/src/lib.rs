@@ -146,6 +146,19 @@ impl Server {
     }
 }
 
+/// Every host socket is a descriptor of the server: lift the soft limit to
+/// the hard one so the server is not the first to run out.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: reading and writing a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 /// Starts the acceptor and the workers in background threads.
 pub fn start(cfg: Config) -> io::Result<Server> {
     cfg.layout
@@ -157,6 +170,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
             "--max-hosts and --max-sockets-per-host must be at least 1",
         ));
     }
+    raise_fd_limit();
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);

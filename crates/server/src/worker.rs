@@ -320,7 +320,7 @@ impl Worker {
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             if why == "detached" {
-                info!(host = host.id, pid = host.pid, sockets, stats = ?host.stats, "host detached; its sockets are closed");
+                info!(host = host.id, pid = host.pid, sockets, stats = %host.stats, "host detached; its sockets are closed");
             } else {
                 warn!(host = host.id, pid = host.pid, sockets, reason = %why, "host cut off for a protocol violation");
             }
