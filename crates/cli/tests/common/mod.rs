@@ -1,0 +1,870 @@
+//! Shared helpers of the `tcps` integration tests: a real `tcps server`
+//! subprocess per test, kernel-side peers (echo servers), payloads and their
+//! SHA-256, the re-exec trick for child processes, and a raw-protocol
+//! ("rogue") attach. No mocks: every byte crosses real kernel sockets.
+#![allow(dead_code)]
+
+use sha2::{Digest, Sha256};
+use std::ffi::OsStr;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::mem::size_of;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tcps::Client;
+use tcps_proto::handshake::{Hello, Welcome, WELCOME_LEN};
+use tcps_proto::Region;
+
+/// The `tcps` binary under test.
+pub const TCPS: &str = env!("CARGO_BIN_EXE_tcps");
+
+/// Both socket engines; every server-side scenario runs against each.
+pub const ENGINES: [&str; 2] = ["uring", "epoll"];
+
+/// Declares `mod $name { #[test] fn uring(); #[test] fn epoll(); }`, each
+/// calling `$name(engine)`. `cargo test echo_sizes::epoll` runs one.
+#[macro_export]
+macro_rules! engine_tests {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn uring() {
+                super::$name("uring")
+            }
+            #[test]
+            fn epoll() {
+                super::$name("epoll")
+            }
+        }
+    )*};
+}
+
+// ---- errno helpers -----------------------------------------------------------
+
+pub fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+pub fn errno_name(e: i32) -> String {
+    let names = [
+        (libc::EPERM, "EPERM"),
+        (libc::ENOENT, "ENOENT"),
+        (libc::EBADF, "EBADF"),
+        (libc::EAGAIN, "EAGAIN"),
+        (libc::EACCES, "EACCES"),
+        (libc::EFAULT, "EFAULT"),
+        (libc::EINVAL, "EINVAL"),
+        (libc::EMFILE, "EMFILE"),
+        (libc::EPIPE, "EPIPE"),
+        (libc::EUSERS, "EUSERS"),
+        (libc::EADDRINUSE, "EADDRINUSE"),
+        (libc::ECONNRESET, "ECONNRESET"),
+        (libc::ENOTCONN, "ENOTCONN"),
+        (libc::ECONNREFUSED, "ECONNREFUSED"),
+        (libc::EINPROGRESS, "EINPROGRESS"),
+        (libc::ETIMEDOUT, "ETIMEDOUT"),
+        (libc::EIO, "EIO"),
+        (libc::EPROTO, "EPROTO"),
+    ];
+    names
+        .iter()
+        .find(|(n, _)| *n == e)
+        .map(|(_, s)| s.to_string())
+        .unwrap_or_else(|| format!("errno {e}"))
+}
+
+/// Asserts that `r` failed with `want` (an errno), with a readable message.
+#[track_caller]
+pub fn assert_errno<T: std::fmt::Debug>(r: io::Result<T>, want: i32, what: &str) {
+    match r {
+        Ok(v) => panic!(
+            "{what}: expected {} but the call succeeded: {v:?}",
+            errno_name(want)
+        ),
+        Err(e) => assert_eq!(
+            errno_of(&e),
+            want,
+            "{what}: expected {}, got {} ({e})",
+            errno_name(want),
+            errno_name(errno_of(&e))
+        ),
+    }
+}
+
+// ---- temp dirs -------------------------------------------------------------
+
+static UNIQUE: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh directory under the temp dir, mode 0755 (so uid 65534 can reach a
+/// control socket in it), removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "tcps-it-{tag}-{}-{}",
+            std::process::id(),
+            UNIQUE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---- resource limits -------------------------------------------------------
+
+/// Raises RLIMIT_NOFILE's soft limit to the hard limit (inherited by servers
+/// spawned afterwards). Returns the new soft limit.
+pub fn raise_nofile() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a valid rlimit to fill / read.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        if rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+    }
+    rl.rlim_cur as u64
+}
+
+// ---- the server subprocess -------------------------------------------------
+
+/// A `tcps server` subprocess with its own control socket; SIGTERMed and
+/// reaped on drop. Its stderr goes to `log` and is printed if the test fails.
+pub struct Server {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub engine: String,
+    pub dir: TempDir,
+}
+
+pub fn start_server(engine: &str) -> Server {
+    Server::start(engine, &["--poll", "adaptive"])
+}
+
+impl Server {
+    /// `tcps server --socket <tmp> --engine <engine> <extra...>`; waits until
+    /// the control socket exists.
+    pub fn start(engine: &str, extra: &[&str]) -> Server {
+        raise_nofile();
+        let dir = TempDir::new(&format!("srv-{engine}"));
+        let socket = dir.path().join("tcps.sock");
+        let log = dir.path().join("server.log");
+        let mut args: Vec<&OsStr> = vec![
+            OsStr::new("server"),
+            OsStr::new("--socket"),
+            socket.as_os_str(),
+            OsStr::new("--engine"),
+            OsStr::new(engine),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        let child = spawn_logged(&args, &log);
+        let mut s = Server {
+            child: Some(child),
+            socket,
+            log,
+            engine: engine.to_string(),
+            dir,
+        };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.socket.exists() {
+            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!(
+                    "tcps server ({}) exited before listening: {st}\n{}",
+                    self.engine,
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tcps server ({}) did not create {} within 10 s\n{}",
+                self.engine,
+                self.socket.display(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    pub fn attach(&self) -> Client {
+        Client::attach(&self.socket).unwrap_or_else(|e| {
+            panic!(
+                "attach to {} failed: {e} ({})\n{}",
+                self.socket.display(),
+                tcps::last_attach_error(),
+                self.log_text()
+            )
+        })
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_alive(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().ok().flatten().is_none(),
+            None => false,
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// SIGTERM and wait (at most `timeout`); returns the exit status, or
+    /// None if it had to be SIGKILLed.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let r = wait_timeout(&mut child, timeout);
+        if r.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        r
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let st = self.terminate(Duration::from_secs(5));
+        if std::thread::panicking() {
+            eprintln!(
+                "---- tcps server ({}) log, exit {st:?} ----\n{}",
+                self.engine,
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// Spawns `tcps <args>` with stderr (and stdout) appended to `log`.
+pub fn spawn_logged(args: &[&OsStr], log: &Path) -> Child {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open server log");
+    Command::new(TCPS)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("dup log"))
+        .stderr(f)
+        .spawn()
+        .expect("spawn tcps server")
+}
+
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
+// ---- payloads ----------------------------------------------------------------
+
+/// xorshift64*: deterministic pseudo-random bytes for payloads and fuzzing.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    pub fn fill(&mut self, b: &mut [u8]) {
+        for c in b.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        self.fill(&mut v);
+        v
+    }
+}
+
+pub fn sha256(b: &[u8]) -> [u8; 32] {
+    Sha256::digest(b).into()
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// ---- kernel-side peers -------------------------------------------------------
+
+/// A kernel (std) TCP echo server: every connection gets back what it sent;
+/// at EOF the echo side shuts down its write half. Runs until the process exits.
+pub fn kernel_echo_server(bind: &str) -> SocketAddr {
+    let l = TcpListener::bind(bind).expect("bind kernel echo server");
+    let a = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let _ = io::copy(&mut r, &mut s);
+                let _ = s.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    a
+}
+
+/// Sends `payload` on a connected tcps socket (one thread) while receiving
+/// until EOF (this thread); the peer must echo. Returns what came back.
+pub fn tcps_echo_exchange(c: &Client, s: u32, payload: &[u8]) -> Vec<u8> {
+    std::thread::scope(|sc| {
+        let sender = sc.spawn(|| {
+            c.send_all(s, payload).expect("tcps send_all");
+            c.shutdown(s, libc::SHUT_WR).expect("tcps shutdown(SHUT_WR)");
+        });
+        let got = tcps_recv_to_eof(c, s, payload.len());
+        sender.join().expect("sender thread");
+        got
+    })
+}
+
+/// Receives on a tcps socket until EOF.
+pub fn tcps_recv_to_eof(c: &Client, s: u32, hint: usize) -> Vec<u8> {
+    let mut got = Vec::with_capacity(hint);
+    let mut buf = vec![0u8; 128 * 1024];
+    loop {
+        match c.recv(s, &mut buf, 0) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("tcps recv after {} bytes: {e}", got.len()),
+        }
+    }
+}
+
+/// Receives exactly `n` bytes on a tcps socket.
+pub fn tcps_recv_exact(c: &Client, s: u32, n: usize) -> io::Result<Vec<u8>> {
+    let mut got = vec![0u8; n];
+    let mut have = 0;
+    while have < n {
+        match c.recv(s, &mut got[have..], 0)? {
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("EOF after {have} of {n} bytes"),
+                ))
+            }
+            k => have += k,
+        }
+    }
+    Ok(got)
+}
+
+/// A checksummed echo round trip through tcps to a kernel echo server:
+/// connect, exchange `payload`, compare SHA-256, close.
+#[track_caller]
+pub fn echo_roundtrip(c: &Client, echo: SocketAddr, payload: &[u8]) {
+    let s = c.tcp_connect(echo).expect("tcps connect to the echo server");
+    let got = tcps_echo_exchange(c, s, payload);
+    assert_eq!(
+        got.len(),
+        payload.len(),
+        "echo of {} bytes came back with {} bytes",
+        payload.len(),
+        got.len()
+    );
+    assert_eq!(
+        hex(&sha256(&got)),
+        hex(&sha256(payload)),
+        "echo of {} bytes came back corrupted",
+        payload.len()
+    );
+    c.close(s).expect("tcps close");
+}
+
+/// Kernel client side of an echo through a tcps listener: writes `payload`
+/// (a thread), reads until EOF, returns what came back.
+pub fn kernel_echo_client(addr: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let s = TcpStream::connect(addr).expect("kernel connect to the tcps listener");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            w.write_all(payload).expect("kernel write");
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut got = Vec::with_capacity(payload.len());
+        (&s).read_to_end(&mut got).expect("kernel read");
+        got
+    })
+}
+
+/// Serves one echo connection on a tcps socket: recv → send_all until EOF,
+/// then shutdown(SHUT_WR).
+pub fn tcps_serve_echo(c: &Client, s: u32) -> usize {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0;
+    loop {
+        let n = c.recv(s, &mut buf, 0).expect("tcps recv (echo)");
+        if n == 0 {
+            break;
+        }
+        c.send_all(s, &buf[..n]).expect("tcps send (echo)");
+        total += n;
+    }
+    c.shutdown(s, libc::SHUT_WR).expect("tcps shutdown (echo)");
+    total
+}
+
+/// A kernel socket without SO_REUSEADDR bound to `addr` (a "plain" bind).
+pub fn plain_kernel_bind(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let b = tcps_proto::addr::encode(&addr);
+    // SAFETY: b holds a sockaddr of its length.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            b.as_ptr() as *const libc::sockaddr,
+            b.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+// ---- deadlines -----------------------------------------------------------------
+
+/// Runs `f` in a thread and fails the test if it does not finish within
+/// `limit` (the thread is left behind: this guards against hangs).
+#[track_caller]
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(v)) => v,
+        Ok(Err(p)) => std::panic::resume_unwind(p),
+        Err(_) => panic!("{what}: did not finish within {limit:?} (hang)"),
+    }
+}
+
+// ---- child processes (re-exec of the test binary) ------------------------------
+
+/// The env var telling a re-executed test binary which role to play.
+pub const ROLE_ENV: &str = "TCPS_IT_ROLE";
+/// Marks lines a child prints for its parent.
+pub const MARK: &str = "TCPS-MARK ";
+
+/// In a `child_*` test: `Some(())` if this process was started to play
+/// `role`, else `None` (the test is then a no-op in the normal run).
+pub fn child_role(role: &str) -> Option<()> {
+    (std::env::var(ROLE_ENV).ok().as_deref() == Some(role)).then_some(())
+}
+
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child needs ${name}"))
+}
+
+/// A line for the parent: `TCPS-MARK key value`.
+pub fn mark(key: &str, value: impl std::fmt::Display) {
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "\n{MARK}{key} {value}");
+    let _ = out.flush();
+}
+
+/// Re-executes this test binary to run only test `test_name` as `role`.
+pub fn child_command(test_name: &str, role: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("current_exe"));
+    c.args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// A running child whose stdout lines arrive on a channel (read by a
+/// thread, so a silent child cannot hang the test). Killed on drop.
+pub struct ChildProc {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: String,
+}
+
+impl ChildProc {
+    pub fn spawn(mut cmd: Command) -> ChildProc {
+        let mut child = cmd.spawn().expect("spawn child test process");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        ChildProc {
+            child,
+            lines: rx,
+            seen: String::new(),
+        }
+    }
+
+    /// Waits for the mark `key`; returns its value. Panics (with the output
+    /// so far) if the child ends first or `limit` passes.
+    pub fn read_mark(&mut self, key: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        let prefix = format!("{key} ");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push_str(&line);
+                    self.seen.push('\n');
+                    if let Some(v) = line.split(MARK).nth(1).and_then(|r| r.strip_prefix(&prefix)) {
+                        return v.trim().to_string();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!("child ended before printing {key}:\n{}", self.seen)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("child did not print {key} within {limit:?}:\n{}", self.seen)
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a child to completion (at most `limit`); returns status, stdout, stderr.
+pub fn run_child(mut cmd: Command, limit: Duration) -> (ExitStatus, String, String) {
+    let mut child = cmd.spawn().expect("spawn child test process");
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let st = match wait_timeout(&mut child, limit) {
+        Some(st) => st,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "child process did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                to.join().unwrap_or_default(),
+                te.join().unwrap_or_default()
+            );
+        }
+    };
+    (st, to.join().unwrap_or_default(), te.join().unwrap_or_default())
+}
+
+/// The marks `key` a finished child printed.
+pub fn marks(stdout: &str, key: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split(MARK).nth(1))
+        .filter_map(|rest| rest.strip_prefix(&format!("{key} ")).map(str::to_string))
+        .collect()
+}
+
+// ---- /proc ---------------------------------------------------------------------
+
+/// utime + stime of a process (all threads), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/pid/stat");
+    // Fields after the parenthesised command name: state is field 3.
+    let rest = &s[s.rfind(')').expect("stat format") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f[11].parse().unwrap();
+    let stime: u64 = f[12].parse().unwrap();
+    utime + stime
+}
+
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as u64
+}
+
+// ---- a raw-protocol host -----------------------------------------------------------
+
+/// A host that attached with the raw protocol and holds the mapped region:
+/// it can write anything anywhere in it.
+pub struct RawHost {
+    pub ctl: OwnedFd,
+    pub doorbell: OwnedFd,
+    pub region: Region,
+    pub region_size: usize,
+}
+
+impl RawHost {
+    /// Connects the SEQPACKET control socket, sends Hello, receives the
+    /// Welcome + [memfd, doorbell] and maps the region.
+    pub fn attach(path: &Path) -> io::Result<RawHost> {
+        let ctl = seqpacket_connect(path)?;
+        let hello = Hello::new(std::process::id()).encode();
+        // SAFETY: valid buffer of its length.
+        let n = unsafe {
+            libc::send(
+                ctl.as_raw_fd(),
+                hello.as_ptr() as *const libc::c_void,
+                hello.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n != hello.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+        let (bytes, mut fds) = recvmsg_fds(ctl.as_raw_fd())?;
+        let w = Welcome::decode(&bytes).ok_or_else(|| io::Error::other("bad Welcome"))?;
+        if w.status != 0 {
+            return Err(io::Error::new(
+                io::Error::from_raw_os_error(w.status).kind(),
+                format!("refused ({}): {}", w.status, w.message),
+            ));
+        }
+        if fds.len() != 2 {
+            return Err(io::Error::other(format!("{} fds in Welcome", fds.len())));
+        }
+        let doorbell = fds.pop().unwrap();
+        let memfd = fds.pop().unwrap();
+        let region = Region::map_from_header(memfd.as_fd(), w.region_size)?;
+        Ok(RawHost {
+            ctl,
+            doorbell,
+            region,
+            region_size: w.region_size as usize,
+        })
+    }
+
+    /// Rings the server's doorbell.
+    pub fn ring(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes to an eventfd.
+        unsafe {
+            libc::write(
+                self.doorbell.as_raw_fd(),
+                one.as_ptr() as *const libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Whether the server hung up the control socket (cut us off).
+    pub fn cut_off(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.ctl.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let rc = unsafe { libc::poll(&mut p, 1, 0) };
+        rc > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+    }
+
+    /// Base pointer of the whole mapping (for scribbling anywhere).
+    pub fn base(&self) -> *mut u8 {
+        self.region.header() as *const _ as *mut u8
+    }
+
+    /// Writes `bytes` at `offset` in the region (clamped to it), volatile.
+    pub fn scribble(&self, offset: usize, bytes: &[u8]) {
+        let off = offset.min(self.region_size);
+        let n = bytes.len().min(self.region_size - off);
+        for (i, b) in bytes[..n].iter().enumerate() {
+            // SAFETY: off + i < region_size: inside our own shared mapping.
+            unsafe { std::ptr::write_volatile(self.base().add(off + i), *b) };
+        }
+    }
+}
+
+fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_un is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.as_os_str().as_bytes();
+    assert!(b.len() < sa.sun_path.len(), "socket path too long");
+    for (d, s) in sa.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let tv = libc::timeval {
+        tv_sec: 10,
+        tv_usec: 0,
+    };
+    // SAFETY: valid pointers and sizes.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const libc::c_void,
+            size_of::<libc::timeval>() as libc::socklen_t,
+        );
+        if libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const _ as *const libc::sockaddr,
+            size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+#[repr(C, align(8))]
+struct Cmsg([u8; 128]);
+
+fn recvmsg_fds(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; WELCOME_LEN + 1];
+    let mut cbuf = Cmsg([0; 128]);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = cbuf.0.len() as _;
+    // SAFETY: msg describes valid buffers.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..k {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    buf.truncate(n as usize);
+    Ok((buf, fds))
+}
