@@ -298,6 +298,7 @@ pub fn spawn_logged(args: &[&OsStr], log: &Path) -> Child {
     Command::new(TCPS)
         .args(args)
         .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(f.try_clone().expect("dup log"))
         .stderr(f)
