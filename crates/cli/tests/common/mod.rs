@@ -170,6 +170,12 @@ impl Server {
     /// `tcps server --socket <tmp> --engine <engine> <extra...>`; waits until
     /// the control socket exists.
     pub fn start(engine: &str, extra: &[&str]) -> Server {
+        Server::start_limited(engine, extra, None)
+    }
+
+    /// As [`start`](Server::start), with the server's soft RLIMIT_NOFILE
+    /// lowered to `nofile_soft` (the hard limit stays: the server may raise it).
+    pub fn start_limited(engine: &str, extra: &[&str], nofile_soft: Option<u64>) -> Server {
         raise_nofile();
         let dir = TempDir::new(&format!("srv-{engine}"));
         let socket = dir.path().join("tcps.sock");
@@ -182,7 +188,7 @@ impl Server {
             OsStr::new(engine),
         ];
         args.extend(extra.iter().map(OsStr::new));
-        let child = spawn_logged(&args, &log);
+        let child = spawn_logged(&args, &log, nofile_soft);
         let mut s = Server {
             child: Some(child),
             socket,
@@ -289,14 +295,32 @@ impl Drop for Server {
 }
 
 /// Spawns `tcps <args>` with stderr (and stdout) appended to `log`.
-pub fn spawn_logged(args: &[&OsStr], log: &Path) -> Child {
+pub fn spawn_logged(args: &[&OsStr], log: &Path, nofile_soft: Option<u64>) -> Child {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .expect("open server log");
-    Command::new(TCPS)
-        .args(args)
+    let mut cmd = Command::new(TCPS);
+    if let Some(soft) = nofile_soft {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure only calls async-signal-safe getrlimit/setrlimit.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut rl = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+                rl.rlim_cur = soft as libc::rlim_t;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.args(args)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
