@@ -1,0 +1,987 @@
+/*
+ * webserver.c — the host application of the TCP Servers thesis (§6.1.2):
+ * a small multi-threaded HTTP/1.0 and HTTP/1.1 web server that runs either on
+ * kernel sockets or through tcps (the same binary, `--net kernel|tcps`).
+ *
+ * Each worker thread loops on a blocking accept on one shared listener and
+ * then serves that connection (keep-alive, pipelining) until it closes.
+ * Static files come from --root; /dynamic/N returns N bytes, each made by one
+ * call to rand_r() (the WebStone 2.0.1 dynamic content the thesis used).
+ * Response bodies are sent in --send-size chunks: the file is read into a
+ * buffer with pread() and then sent chunk by chunk; the headers travel with
+ * the first chunk.
+ *
+ * Every network call goes through `struct net_ops` (kernel_ops: libc;
+ * tcps_ops: tcps.h), so variants (async calls, registered buffers, ...) can
+ * be added in one place.
+ *
+ * Build: see the top-level Makefile (`make examples`).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tcps.h"
+
+/* ------------------------------------------------------------------------ */
+/* The network switch.                                                       */
+/* ------------------------------------------------------------------------ */
+
+struct net_ops {
+    const char *name;
+    int (*socket)(int domain, int type, int protocol);
+    int (*bind)(int s, const struct sockaddr *addr, socklen_t len);
+    int (*listen)(int s, int backlog);
+    int (*accept)(int s, struct sockaddr *addr, socklen_t *len);
+    ssize_t (*send)(int s, const void *buf, size_t len, int flags);
+    ssize_t (*recv)(int s, void *buf, size_t len, int flags);
+    int (*close)(int s);
+    int (*setsockopt)(int s, int level, int name, const void *val, socklen_t len);
+    int (*shutdown)(int s, int how);
+    int (*getsockname)(int s, struct sockaddr *addr, socklen_t *len);
+};
+
+static int k_socket(int d, int t, int p) { return socket(d, t, p); }
+static int k_bind(int s, const struct sockaddr *a, socklen_t l) { return bind(s, a, l); }
+static int k_listen(int s, int b) { return listen(s, b); }
+static int k_accept(int s, struct sockaddr *a, socklen_t *l) { return accept(s, a, l); }
+static ssize_t k_send(int s, const void *b, size_t n, int f)
+{
+    return send(s, b, n, f | MSG_NOSIGNAL);
+}
+static ssize_t k_recv(int s, void *b, size_t n, int f) { return recv(s, b, n, f); }
+static int k_close(int s) { return close(s); }
+static int k_setsockopt(int s, int lv, int nm, const void *v, socklen_t l)
+{
+    return setsockopt(s, lv, nm, v, l);
+}
+static int k_shutdown(int s, int how) { return shutdown(s, how); }
+static int k_getsockname(int s, struct sockaddr *a, socklen_t *l) { return getsockname(s, a, l); }
+
+static const struct net_ops kernel_ops = {
+    .name = "kernel",
+    .socket = k_socket,
+    .bind = k_bind,
+    .listen = k_listen,
+    .accept = k_accept,
+    .send = k_send,
+    .recv = k_recv,
+    .close = k_close,
+    .setsockopt = k_setsockopt,
+    .shutdown = k_shutdown,
+    .getsockname = k_getsockname,
+};
+
+static const struct net_ops tcps_ops = {
+    .name = "tcps",
+    .socket = tcps_socket,
+    .bind = tcps_bind,
+    .listen = tcps_listen,
+    .accept = tcps_accept,
+    .send = tcps_send,
+    .recv = tcps_recv,
+    .close = tcps_close,
+    .setsockopt = tcps_setsockopt,
+    .shutdown = tcps_shutdown,
+    .getsockname = tcps_getsockname,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Configuration and global state.                                           */
+/* ------------------------------------------------------------------------ */
+
+#define RECV_BUF_SIZE (64 * 1024)  /* per-connection request buffer */
+#define MAX_HEADER_BYTES (16 * 1024) /* larger request heads get 431 */
+#define HDR_ROOM 1024              /* room for response headers */
+#define MAX_PATH_BYTES 4096
+#define DYNAMIC_MAX (10u * 1024u * 1024u) /* cap of /dynamic/N: 10 MiB */
+
+static const struct net_ops *net = &kernel_ops;
+static int opt_threads = 4;
+static int opt_port = 8080;
+static const char *opt_addr = "0.0.0.0";
+static const char *opt_root = ".";
+static size_t opt_send_size = 16384;
+static int opt_backlog = 1024;
+static int opt_quiet = 0;
+
+static int root_fd = -1;
+static int listen_fd = -1;
+static atomic_int stopping = 0;
+static atomic_int workers_running = 0;
+static atomic_int exit_status = 0;
+
+static void warnx_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warnx_(const char *fmt, ...)
+{
+    if (opt_quiet)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "webserver: %s\n", line);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sending.                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Sends all `len` bytes; returns 0, or -1 with errno set. */
+static int send_all(int s, const char *p, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = net->send(s, p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0) {
+            errno = EPIPE;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* HTTP.                                                                     */
+/* ------------------------------------------------------------------------ */
+
+struct request {
+    char method[16];
+    int method_ok; /* GET or HEAD */
+    int head;      /* HEAD */
+    int minor;     /* HTTP/1.minor */
+    int keep_alive;
+    unsigned long long content_length;
+    int chunked; /* request has a Transfer-Encoding: we cannot skip it */
+    char target[MAX_PATH_BYTES + 1];
+    int target_too_long;
+};
+
+static const char *reason(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+    }
+}
+
+static int header_block(char *out, size_t cap, int status, const char *ctype,
+                        unsigned long long length, int keep_alive)
+{
+    int n = snprintf(out, cap,
+                     "HTTP/1.1 %d %s\r\n"
+                     "Server: tcps-webserver\r\n"
+                     "Content-Type: %s\r\n"
+                     "Content-Length: %llu\r\n"
+                     "Connection: %s\r\n"
+                     "\r\n",
+                     status, reason(status), ctype, length, keep_alive ? "keep-alive" : "close");
+    if (n < 0 || (size_t)n >= cap)
+        return -1;
+    return n;
+}
+
+/* Sends a short error response; its body is "<status> <reason>\n". */
+static int send_error(int s, int status, int keep_alive, int head)
+{
+    char buf[HDR_ROOM + 128];
+    char body[96];
+    int blen = snprintf(body, sizeof body, "%d %s\n", status, reason(status));
+    int n = header_block(buf, HDR_ROOM, status, "text/plain", (unsigned long long)blen, keep_alive);
+    if (n < 0)
+        return -1;
+    if (!head) {
+        memcpy(buf + n, body, (size_t)blen);
+        n += blen;
+    }
+    return send_all(s, buf, (size_t)n);
+}
+
+static int token_eq(const char *p, size_t n, const char *tok)
+{
+    return strlen(tok) == n && strncasecmp(p, tok, n) == 0;
+}
+
+/* Looks for "close" / "keep-alive" in a comma-separated Connection value. */
+static void connection_tokens(const char *v, size_t n, int *close_tok, int *ka_tok)
+{
+    size_t i = 0;
+    while (i < n) {
+        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        size_t start = i;
+        while (i < n && v[i] != ',')
+            i++;
+        size_t end = i;
+        while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t'))
+            end--;
+        if (token_eq(v + start, end - start, "close"))
+            *close_tok = 1;
+        else if (token_eq(v + start, end - start, "keep-alive"))
+            *ka_tok = 1;
+    }
+}
+
+/*
+ * Parses one request head from buf[0..len).
+ * Returns the number of bytes of the head (request line + headers + blank
+ * line) when complete, 0 if more bytes are needed, -status on a malformed
+ * request (-400, -431, -505).
+ */
+static long parse_request(const char *buf, size_t len, struct request *rq)
+{
+    size_t pos = 0;
+    /* Tolerate empty lines before the request line (RFC 9112 §2.2). */
+    while (pos < len && (buf[pos] == '\r' || buf[pos] == '\n'))
+        pos++;
+    /* Find the end of the head. */
+    size_t end = 0;
+    for (size_t i = pos; i < len; i++) {
+        if (buf[i] != '\n')
+            continue;
+        if (i + 1 < len && buf[i + 1] == '\n') {
+            end = i + 2;
+            break;
+        }
+        if (i + 2 < len && buf[i + 1] == '\r' && buf[i + 2] == '\n') {
+            end = i + 3;
+            break;
+        }
+    }
+    if (end == 0)
+        return len - pos > MAX_HEADER_BYTES ? -431 : 0;
+    if (end - pos > MAX_HEADER_BYTES)
+        return -431;
+
+    memset(rq, 0, sizeof *rq);
+    int close_tok = 0, ka_tok = 0, have_cl = 0;
+
+    /* Request line: METHOD SP target SP HTTP/1.x */
+    const char *line = buf + pos;
+    const char *eol = memchr(line, '\n', end - pos);
+    size_t llen = (size_t)(eol - line);
+    if (llen > 0 && line[llen - 1] == '\r')
+        llen--;
+    const char *sp1 = memchr(line, ' ', llen);
+    if (!sp1 || sp1 == line || (size_t)(sp1 - line) >= sizeof rq->method)
+        return -400;
+    for (const char *c = line; c < sp1; c++)
+        if (!isupper((unsigned char)*c) && *c != '-' && *c != '_')
+            return -400;
+    memcpy(rq->method, line, (size_t)(sp1 - line));
+    rq->method[sp1 - line] = 0;
+    const char *tgt = sp1 + 1;
+    const char *sp2 = memchr(tgt, ' ', llen - (size_t)(tgt - line));
+    if (!sp2 || sp2 == tgt)
+        return -400;
+    size_t tlen = (size_t)(sp2 - tgt);
+    if (tlen > MAX_PATH_BYTES)
+        rq->target_too_long = 1;
+    else {
+        memcpy(rq->target, tgt, tlen);
+        rq->target[tlen] = 0;
+        if (memchr(rq->target, 0, tlen))
+            return -400;
+    }
+    const char *ver = sp2 + 1;
+    size_t vlen = llen - (size_t)(ver - line);
+    if (vlen != 8 || memcmp(ver, "HTTP/", 5) != 0 || !isdigit((unsigned char)ver[5]) ||
+        ver[6] != '.' || !isdigit((unsigned char)ver[7]))
+        return -400;
+    if (ver[5] != '1')
+        return -505;
+    rq->minor = ver[7] - '0';
+
+    /* Header fields. */
+    const char *p = eol + 1;
+    const char *hend = buf + end;
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)(hend - p));
+        size_t n = (size_t)(nl - p);
+        if (n > 0 && p[n - 1] == '\r')
+            n--;
+        if (n == 0)
+            break; /* the blank line */
+        const char *colon = memchr(p, ':', n);
+        if (!colon || colon == p)
+            return -400;
+        for (const char *c = p; c < colon; c++)
+            if (*c == ' ' || *c == '\t')
+                return -400;
+        size_t nlen = (size_t)(colon - p);
+        const char *v = colon + 1;
+        size_t vl = n - nlen - 1;
+        while (vl > 0 && (*v == ' ' || *v == '\t'))
+            v++, vl--;
+        while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+            vl--;
+        if (token_eq(p, nlen, "connection")) {
+            connection_tokens(v, vl, &close_tok, &ka_tok);
+        } else if (token_eq(p, nlen, "content-length")) {
+            if (vl == 0 || vl > 18)
+                return -400;
+            unsigned long long cl = 0;
+            for (size_t i = 0; i < vl; i++) {
+                if (!isdigit((unsigned char)v[i]))
+                    return -400;
+                cl = cl * 10 + (unsigned long long)(v[i] - '0');
+            }
+            if (have_cl && cl != rq->content_length)
+                return -400;
+            have_cl = 1;
+            rq->content_length = cl;
+        } else if (token_eq(p, nlen, "transfer-encoding")) {
+            rq->chunked = 1;
+        }
+        p = nl + 1;
+    }
+
+    if (rq->minor >= 1)
+        rq->keep_alive = !close_tok;
+    else
+        rq->keep_alive = ka_tok && !close_tok;
+    rq->head = strcmp(rq->method, "HEAD") == 0;
+    rq->method_ok = rq->head || strcmp(rq->method, "GET") == 0;
+    return (long)end;
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/*
+ * Turns a request target into a path relative to the root (no leading '/').
+ * Returns 0, or an HTTP status (400 malformed, 403 for "..").
+ */
+static int target_to_path(const char *target, char *out, size_t cap)
+{
+    const char *t = target;
+    /* absolute-form: http://host[:port]/path */
+    if (strncasecmp(t, "http://", 7) == 0 || strncasecmp(t, "https://", 8) == 0) {
+        t = strstr(t, "://") + 3;
+        t = strchr(t, '/');
+        if (!t)
+            t = "/";
+    }
+    if (*t != '/')
+        return 400;
+    size_t o = 0;
+    for (const char *c = t + 1; *c && *c != '?' && *c != '#'; c++) {
+        int ch = (unsigned char)*c;
+        if (ch == '%') {
+            int hi = hexval((unsigned char)c[1]);
+            int lo = hi < 0 ? -1 : hexval((unsigned char)c[2]);
+            if (hi < 0 || lo < 0)
+                return 400;
+            ch = hi * 16 + lo;
+            c += 2;
+            if (ch == 0)
+                return 400;
+        }
+        if (o + 1 >= cap)
+            return 400;
+        out[o++] = (char)ch;
+    }
+    out[o] = 0;
+    /* Reject any ".." segment; drop empty and "." segments. */
+    char tmp[MAX_PATH_BYTES + 1];
+    size_t w = 0;
+    const char *s = out;
+    while (*s) {
+        const char *e = strchr(s, '/');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n == 2 && s[0] == '.' && s[1] == '.')
+            return 403;
+        if (n > 0 && !(n == 1 && s[0] == '.')) {
+            if (w > 0)
+                tmp[w++] = '/';
+            memcpy(tmp + w, s, n);
+            w += n;
+        }
+        s += n;
+        if (*s == '/')
+            s++;
+    }
+    /* A trailing '/' (or the bare root) means the directory's index.html. */
+    int dir = o == 0 || out[o - 1] == '/';
+    tmp[w] = 0;
+    if (dir) {
+        const char *idx = w ? "/index.html" : "index.html";
+        if (w + strlen(idx) >= sizeof tmp)
+            return 400;
+        strcpy(tmp + w, idx);
+        w += strlen(idx);
+    }
+    if (w + 1 > cap)
+        return 400;
+    memcpy(out, tmp, w + 1);
+    return 0;
+}
+
+static const char *content_type(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    const char *slash = strrchr(path, '/');
+    if (!dot || (slash && dot < slash))
+        return "application/octet-stream";
+    dot++;
+    static const struct {
+        const char *ext, *type;
+    } types[] = {
+        {"html", "text/html"},        {"htm", "text/html"},         {"txt", "text/plain"},
+        {"css", "text/css"},          {"js", "text/javascript"},    {"json", "application/json"},
+        {"png", "image/png"},         {"jpg", "image/jpeg"},        {"jpeg", "image/jpeg"},
+        {"gif", "image/gif"},         {"svg", "image/svg+xml"},     {"ico", "image/x-icon"},
+        {"pdf", "application/pdf"},   {"xml", "application/xml"},   {"bin", "application/octet-stream"},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strcasecmp(dot, types[i].ext) == 0)
+            return types[i].type;
+    return "application/octet-stream";
+}
+
+/* Per-worker state. */
+struct worker {
+    int index;
+    pthread_t tid;
+    unsigned int seed;  /* rand_r() state for /dynamic */
+    char *rbuf;         /* RECV_BUF_SIZE */
+    char *sbuf;         /* HDR_ROOM + send size */
+};
+
+/* Result of serving one request. */
+enum { SERVE_KEEP = 0, SERVE_CLOSE = 1, SERVE_ERROR = -1 };
+
+/* Answers `rq` with an error status; the connection stays if it may. */
+static int reply_error(int s, const struct request *rq, int status)
+{
+    if (send_error(s, status, rq->keep_alive, rq->head) < 0)
+        return SERVE_ERROR;
+    return rq->keep_alive ? SERVE_KEEP : SERVE_CLOSE;
+}
+
+/* /dynamic/N: N bytes, one rand_r() call per byte. */
+static int serve_dynamic(struct worker *w, int s, const struct request *rq, const char *num)
+{
+    size_t n = 0;
+    if (!*num || strlen(num) > 9)
+        return reply_error(s, rq, 400);
+    for (const char *c = num; *c; c++) {
+        if (!isdigit((unsigned char)*c))
+            return reply_error(s, rq, 400);
+        n = n * 10 + (size_t)(*c - '0');
+    }
+    if (n > DYNAMIC_MAX)
+        return reply_error(s, rq, 400);
+    int h = header_block(w->sbuf, HDR_ROOM, 200, "text/plain", n, rq->keep_alive);
+    if (h < 0)
+        return SERVE_ERROR;
+    size_t fill = (size_t)h;
+    size_t left = rq->head ? 0 : n;
+    do {
+        size_t chunk = left < opt_send_size ? left : opt_send_size;
+        char *p = w->sbuf + fill;
+        for (size_t i = 0; i < chunk; i++)
+            p[i] = (char)('a' + rand_r(&w->seed) % 26);
+        if (send_all(s, w->sbuf, fill + chunk) < 0)
+            return SERVE_ERROR;
+        left -= chunk;
+        fill = 0;
+    } while (left > 0);
+    return rq->keep_alive ? SERVE_KEEP : SERVE_CLOSE;
+}
+
+static int serve_file(struct worker *w, int s, const struct request *rq, const char *rel)
+{
+    int ka = rq->keep_alive;
+    int fd = openat(root_fd, rel, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* A directory without a trailing slash: serve its index.html. */
+        int dfd = fd;
+        fd = openat(dfd, "index.html", O_RDONLY | O_CLOEXEC);
+        close(dfd);
+        rel = "index.html";
+    }
+    if (fd < 0) {
+        int status = (errno == ENOENT || errno == ENOTDIR || errno == ENAMETOOLONG ||
+                      errno == ELOOP)
+                         ? 404
+                     : errno == EACCES ? 403
+                                       : 500;
+        return reply_error(s, rq, status);
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return reply_error(s, rq, 404);
+    }
+    size_t size = (size_t)st.st_size;
+    int h = header_block(w->sbuf, HDR_ROOM, 200, content_type(rel), size, ka);
+    if (h < 0) {
+        close(fd);
+        return SERVE_ERROR;
+    }
+    size_t fill = (size_t)h;
+    size_t left = rq->head ? 0 : size;
+    off_t off = 0;
+    int rc = ka ? SERVE_KEEP : SERVE_CLOSE;
+    do {
+        size_t chunk = left < opt_send_size ? left : opt_send_size;
+        size_t got = 0;
+        while (got < chunk) {
+            ssize_t r = pread(fd, w->sbuf + fill + got, chunk - got, off + (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                /* The file shrank or failed: the promised length cannot be
+                 * delivered, so the connection must end. */
+                warnx_("read %s: %s", rel, r < 0 ? strerror(errno) : "file shrank");
+                close(fd);
+                return SERVE_ERROR;
+            }
+            got += (size_t)r;
+        }
+        if (send_all(s, w->sbuf, fill + chunk) < 0) {
+            rc = SERVE_ERROR;
+            break;
+        }
+        off += (off_t)chunk;
+        left -= chunk;
+        fill = 0;
+    } while (left > 0);
+    close(fd);
+    return rc;
+}
+
+static int serve_request(struct worker *w, int s, const struct request *rq)
+{
+    if (!rq->method_ok)
+        return reply_error(s, rq, 501);
+    if (rq->target_too_long)
+        return reply_error(s, rq, 400);
+    char rel[MAX_PATH_BYTES + 1];
+    int status = target_to_path(rq->target, rel, sizeof rel);
+    if (status)
+        return reply_error(s, rq, status);
+    if (strncmp(rel, "dynamic/", 8) == 0)
+        return serve_dynamic(w, s, rq, rel + 8);
+    return serve_file(w, s, rq, rel);
+}
+
+/* Serves one connection until it closes. */
+static void serve_connection(struct worker *w, int s)
+{
+    char *buf = w->rbuf;
+    size_t start = 0, len = 0;     /* unconsumed bytes are buf[start, start+len) */
+    unsigned long long skip = 0;   /* request body bytes still to discard */
+    int graceful = 0;
+
+    for (;;) {
+        if (skip > 0 && len > 0) {
+            size_t take = skip < len ? (size_t)skip : len;
+            start += take;
+            len -= take;
+            skip -= take;
+        }
+        long r = 0;
+        struct request rq;
+        if (skip == 0 && len > 0)
+            r = parse_request(buf + start, len, &rq);
+        if (r < 0) {
+            send_error(s, (int)-r, 0, 0);
+            graceful = 1;
+            break;
+        }
+        if (r == 0) {
+            /* Need more bytes: compact, then read. */
+            if (start > 0) {
+                memmove(buf, buf + start, len);
+                start = 0;
+            }
+            if (len == RECV_BUF_SIZE) {
+                send_error(s, 431, 0, 0);
+                graceful = 1;
+                break;
+            }
+            ssize_t n;
+            do {
+                n = net->recv(s, buf + len, RECV_BUF_SIZE - len, 0);
+            } while (n < 0 && errno == EINTR && !atomic_load(&stopping));
+            if (n <= 0)
+                break; /* closed by the peer, or an error */
+            len += (size_t)n;
+            continue;
+        }
+        start += (size_t)r;
+        len -= (size_t)r;
+        if (rq.chunked) {
+            /* We cannot skip a chunked body: answer and close. */
+            rq.keep_alive = 0;
+        }
+        int rc = serve_request(w, s, &rq);
+        if (rc == SERVE_ERROR)
+            break;
+        if (rc == SERVE_CLOSE) {
+            graceful = 1;
+            break;
+        }
+        skip = rq.content_length;
+    }
+    if (graceful)
+        net->shutdown(s, SHUT_WR);
+    net->close(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Workers, listener, main.                                                  */
+/* ------------------------------------------------------------------------ */
+
+static int accept_error_is_transient(int e)
+{
+    return e == EINTR || e == ECONNABORTED || e == EMFILE || e == ENFILE || e == ENOBUFS ||
+           e == ENOMEM || e == EAGAIN || e == EPROTO || e == EPERM || e == ETIMEDOUT ||
+           e == EHOSTUNREACH || e == ENETUNREACH || e == ENETDOWN || e == EHOSTDOWN ||
+           e == ENONET || e == EOPNOTSUPP;
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    while (!atomic_load(&stopping)) {
+        int s = net->accept(listen_fd, NULL, NULL);
+        if (s < 0) {
+            int e = errno;
+            if (atomic_load(&stopping))
+                break;
+            if (accept_error_is_transient(e)) {
+                if (e != EINTR && e != ECONNABORTED) {
+                    struct timespec ts = {0, 10 * 1000 * 1000};
+                    nanosleep(&ts, NULL);
+                }
+                continue;
+            }
+            /* The listener is gone (or the TCP server died): stop the process. */
+            if (!atomic_exchange(&stopping, 1)) {
+                fprintf(stderr, "webserver: accept: %s\n", strerror(e));
+                atomic_store(&exit_status, 1);
+                kill(getpid(), SIGTERM);
+            }
+            break;
+        }
+        int one = 1;
+        net->setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* best effort */
+        serve_connection(w, s);
+    }
+    atomic_fetch_sub(&workers_running, 1);
+    return NULL;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: webserver [options]\n"
+            "\n"
+            "A multi-threaded HTTP/1.0 and HTTP/1.1 web server (keep-alive, pipelining)\n"
+            "that runs on kernel sockets or through a tcps TCP server.\n"
+            "\n"
+            "options:\n"
+            "  --net kernel|tcps   network: libc sockets or tcps_* calls (default kernel).\n"
+            "                      tcps attaches to the TCP server at $TCPS_SOCKET.\n"
+            "  --addr A            address to listen on, IPv4 or IPv6 (default 0.0.0.0)\n"
+            "  --port P            port to listen on (default 8080; 0 picks a free one)\n"
+            "  --threads N         worker threads; each accepts and serves one\n"
+            "                      connection at a time (default 4)\n"
+            "  --root DIR          directory of static files (default .)\n"
+            "  --send-size S       bytes per send call for response bodies (default 16384)\n"
+            "  --backlog N         listen backlog (default 1024)\n"
+            "  --quiet             no warnings on stderr (the 'listening on' line stays)\n"
+            "  -h, --help          this help\n"
+            "\n"
+            "URLs:\n"
+            "  /dynamic/N          N bytes (at most %u), each made by one rand_r() call\n"
+            "                      (WebStone-style dynamic content), text/plain\n"
+            "  /PATH               the file DIR/PATH ('..' is refused; '/' -> index.html)\n"
+            "\n"
+            "Only GET and HEAD are implemented (others: 501). Every response carries\n"
+            "Content-Length. Prints 'listening on ADDR:PORT (...)' to stderr when ready;\n"
+            "SIGINT or SIGTERM stops it.\n",
+            DYNAMIC_MAX);
+}
+
+static long parse_num(const char *opt, const char *s, long min, long max)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max) {
+        fprintf(stderr, "webserver: invalid %s '%s' (expected %ld..%ld)\n", opt, s, min, max);
+        exit(2);
+    }
+    return v;
+}
+
+static void parse_args(int argc, char **argv)
+{
+    enum { O_NET = 256, O_ADDR, O_PORT, O_THREADS, O_ROOT, O_SEND, O_BACKLOG, O_QUIET };
+    static const struct option longopts[] = {
+        {"net", required_argument, NULL, O_NET},
+        {"addr", required_argument, NULL, O_ADDR},
+        {"port", required_argument, NULL, O_PORT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"root", required_argument, NULL, O_ROOT},
+        {"send-size", required_argument, NULL, O_SEND},
+        {"backlog", required_argument, NULL, O_BACKLOG},
+        {"quiet", no_argument, NULL, O_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_NET:
+            if (strcmp(optarg, "kernel") == 0)
+                net = &kernel_ops;
+            else if (strcmp(optarg, "tcps") == 0)
+                net = &tcps_ops;
+            else {
+                fprintf(stderr, "webserver: --net must be kernel or tcps, not '%s'\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_ADDR: opt_addr = optarg; break;
+        case O_PORT: opt_port = (int)parse_num("--port", optarg, 0, 65535); break;
+        case O_THREADS: opt_threads = (int)parse_num("--threads", optarg, 1, 4096); break;
+        case O_ROOT: opt_root = optarg; break;
+        case O_SEND:
+            opt_send_size = (size_t)parse_num("--send-size", optarg, 1, 64L * 1024 * 1024);
+            break;
+        case O_BACKLOG: opt_backlog = (int)parse_num("--backlog", optarg, 1, 65535); break;
+        case O_QUIET: opt_quiet = 1; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); exit(2);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "webserver: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        exit(2);
+    }
+}
+
+/* Resolves --addr/--port; accepts "1.2.3.4", "::1", "[::1]" and host names. */
+static int resolve(struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[256];
+    size_t n = strlen(opt_addr);
+    if (n >= sizeof host)
+        return -1;
+    if (n >= 2 && opt_addr[0] == '[' && opt_addr[n - 1] == ']') {
+        memcpy(host, opt_addr + 1, n - 2);
+        host[n - 2] = 0;
+    } else {
+        memcpy(host, opt_addr, n + 1);
+    }
+    struct addrinfo hints, *res;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0) {
+        fprintf(stderr, "webserver: --addr '%s': %s\n", opt_addr, gai_strerror(rc));
+        return -1;
+    }
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    if (ss->ss_family == AF_INET)
+        ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)opt_port);
+    else if (ss->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)opt_port);
+    else
+        return -1;
+    return 0;
+}
+
+static void format_addr(const struct sockaddr_storage *ss, char *out, size_t cap)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+        snprintf(out, cap, "[%s]:%u", ip, ntohs(a->sin6_port));
+    } else {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        snprintf(out, cap, "%s:%u", ip, ntohs(a->sin_port));
+    }
+}
+
+static void on_signal(int sig) { (void)sig; }
+
+int main(int argc, char **argv)
+{
+    parse_args(argc, argv);
+
+    signal(SIGPIPE, SIG_IGN);
+    /* SIGINT/SIGTERM are taken by sigwait() in the main thread only. A
+     * handler is installed first because a shell starts background jobs with
+     * SIGINT ignored, and an ignored signal never reaches sigwait(). */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    root_fd = open(opt_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root_fd < 0) {
+        fprintf(stderr, "webserver: --root '%s': %s\n", opt_root, strerror(errno));
+        return 1;
+    }
+
+    if (net == &tcps_ops && tcps_attach(NULL) != 0) {
+        int e = errno;
+        const char *why = tcps_strerror_last();
+        fprintf(stderr, "webserver: cannot attach to the tcps TCP server: %s%s%s\n", strerror(e),
+                why && *why ? ": " : "", why ? why : "");
+        return 1;
+    }
+
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (resolve(&ss, &sslen) != 0)
+        return 1;
+    listen_fd = net->socket(ss.ss_family, SOCK_STREAM, 0);
+    if (listen_fd < 0) {
+        fprintf(stderr, "webserver: socket: %s\n", strerror(errno));
+        return 1;
+    }
+    int one = 1;
+    if (net->setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
+        warnx_("setsockopt(SO_REUSEADDR): %s", strerror(errno));
+    char where[INET6_ADDRSTRLEN + 16];
+    format_addr(&ss, where, sizeof where);
+    if (net->bind(listen_fd, (struct sockaddr *)&ss, sslen) != 0) {
+        fprintf(stderr, "webserver: bind %s: %s\n", where, strerror(errno));
+        return 1;
+    }
+    if (net->listen(listen_fd, opt_backlog) != 0) {
+        fprintf(stderr, "webserver: listen: %s\n", strerror(errno));
+        return 1;
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    if (net->getsockname(listen_fd, (struct sockaddr *)&bound, &blen) == 0 &&
+        bound.ss_family == ss.ss_family)
+        format_addr(&bound, where, sizeof where);
+
+    struct worker *workers = calloc((size_t)opt_threads, sizeof *workers);
+    if (!workers) {
+        fprintf(stderr, "webserver: out of memory\n");
+        return 1;
+    }
+    unsigned int base_seed = (unsigned int)time(NULL) ^ (unsigned int)getpid();
+    for (int i = 0; i < opt_threads; i++) {
+        struct worker *w = &workers[i];
+        w->index = i;
+        w->seed = base_seed + (unsigned int)i * 2654435761u;
+        w->rbuf = malloc(RECV_BUF_SIZE);
+        w->sbuf = malloc(HDR_ROOM + opt_send_size);
+        if (!w->rbuf || !w->sbuf) {
+            fprintf(stderr, "webserver: out of memory\n");
+            return 1;
+        }
+    }
+    atomic_store(&workers_running, opt_threads);
+    for (int i = 0; i < opt_threads; i++) {
+        int rc = pthread_create(&workers[i].tid, NULL, worker_main, &workers[i]);
+        if (rc != 0) {
+            fprintf(stderr, "webserver: pthread_create: %s\n", strerror(rc));
+            _exit(1);
+        }
+    }
+
+    fprintf(stderr, "listening on %s (net=%s, threads=%d, send-size=%zu)\n", where, net->name,
+            opt_threads, opt_send_size);
+    fflush(stderr);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    atomic_store(&stopping, 1);
+    if (!opt_quiet && atomic_load(&exit_status) == 0)
+        fprintf(stderr, "webserver: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    /* Wake the workers blocked in accept (shutdown does that for kernel
+     * listeners; close alone does not), then give them a short grace. */
+    net->shutdown(listen_fd, SHUT_RDWR);
+    net->close(listen_fd);
+    for (int i = 0; i < 100 && atomic_load(&workers_running) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    int status = atomic_load(&exit_status);
+    if (atomic_load(&workers_running) > 0) {
+        /* Workers still blocked (an idle keep-alive connection, or a tcps
+         * accept): there is nothing left for them to finish. */
+        fflush(NULL);
+        _exit(status);
+    }
+    for (int i = 0; i < opt_threads; i++) {
+        pthread_join(workers[i].tid, NULL);
+        free(workers[i].rbuf);
+        free(workers[i].sbuf);
+    }
+    free(workers);
+    if (net == &tcps_ops)
+        tcps_detach();
+    close(root_fd);
+    return status;
+}
