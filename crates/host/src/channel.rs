@@ -17,6 +17,8 @@ use tcps_proto::{Completion, Region, Request};
 /// How long one futex sleep lasts, and how often a sleeping call checks
 /// whether the server is still alive.
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// How long a request ring may stay full before the call fails with EIO.
+const RING_FULL_PATIENCE: Duration = Duration::from_secs(1);
 /// Default spin before sleeping, in microseconds (`TCPS_SPIN_US`).
 const DEFAULT_SPIN_US: u64 = 50;
 
@@ -294,14 +296,20 @@ impl Lease<'_> {
         let tag = st.tag;
         req.user_data = tag;
         bump(&self.stats.calls);
+        let mut full_since = None;
         let must_ring = loop {
             match st.cursor.submit(&self.ch, &req) {
                 Ok(r) => break r,
-                // Impossible with one call in flight per channel, unless a
-                // call was abandoned; wait for the server to drain the ring.
+                // Impossible with one call in flight per channel unless the
+                // server stopped taking requests or the ring indices were
+                // tampered with: give the server a while, then give up.
                 Err(RingFull) => {
+                    let since = *full_since.get_or_insert_with(Instant::now);
                     if !self.conn.server_alive() {
                         return Err(errno(libc::ECONNRESET));
+                    }
+                    if since.elapsed() > RING_FULL_PATIENCE {
+                        return Err(errno(libc::EIO));
                     }
                     std::thread::yield_now();
                 }
