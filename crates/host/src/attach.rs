@@ -85,8 +85,9 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
         Failure::new(
             errno,
             format!(
-                "tcps: cannot reach a TCP server at {}: {e} (is `tcps server` running?)",
-                path.display()
+                "tcps: cannot reach a TCP server at {}: {} (is `tcps server` running?)",
+                path.display(),
+                describe(&e)
             ),
         )
     })?;
@@ -121,6 +122,15 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
     })
 }
 
+/// An error in words, without std's " (os error N)" suffix.
+fn describe(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
 /// Validates a Welcome and turns a refusal into a [`Failure`].
 fn check_welcome(bytes: &[u8], fds: &[OwnedFd]) -> Result<Welcome, Failure> {
     let w = Welcome::decode(bytes).ok_or_else(|| {
@@ -151,7 +161,7 @@ fn check_welcome(bytes: &[u8], fds: &[OwnedFd]) -> Result<Welcome, Failure> {
     }
     if w.status != 0 {
         let why = if w.message.is_empty() {
-            io::Error::from_raw_os_error(w.status).to_string()
+            describe(&io::Error::from_raw_os_error(w.status))
         } else {
             w.message.clone()
         };
@@ -182,7 +192,7 @@ fn map_region(memfd: &OwnedFd, region_size: u64) -> Result<Region, Failure> {
         let e = io::Error::last_os_error();
         return Err(Failure::new(
             e.raw_os_error().unwrap_or(libc::EIO),
-            format!("tcps: fstat on the region: {e}"),
+            format!("tcps: fstat on the region: {}", describe(&e)),
         ));
     }
     if (st.st_size as u64) < region_size {
@@ -197,7 +207,7 @@ fn map_region(memfd: &OwnedFd, region_size: u64) -> Result<Region, Failure> {
     Region::map_from_header(memfd.as_fd(), region_size).map_err(|e| {
         Failure::new(
             e.raw_os_error().unwrap_or(libc::EPROTO),
-            format!("tcps: cannot map the channel region: {e}"),
+            format!("tcps: cannot map the channel region: {}", describe(&e)),
         )
     })
 }
