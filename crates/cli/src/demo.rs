@@ -87,9 +87,8 @@ impl Proc {
     fn check_alive(&mut self) -> Result<(), Error> {
         if let Some(status) = self.child.try_wait()? {
             return Err(format!(
-                "{} exited ({status}) — its log ({}):\n{}",
+                "{} exited ({status}); the end of its log:\n{}",
                 self.name,
-                self.log.display(),
                 log_tail(&self.log)
             )
             .into());
@@ -446,30 +445,46 @@ fn run_variant(
         None => None,
     };
     let url = format!("http://127.0.0.1:{}/index.html", a.port);
-    let out = Command::new(ctx.wrk)
+    let wrk_out = ctx.tmp.join(format!("wrk-{variant}.out"));
+    let wrk_outf = fs::File::create(&wrk_out)?;
+    let child = Command::new(ctx.wrk)
         .arg(format!("-t{}", a.threads_wrk.min(a.connections)))
         .arg(format!("-c{}", a.connections))
         .arg(format!("-d{}s", a.duration))
         .arg("--latency")
         .arg(&url)
         .stdin(Stdio::null())
-        .output()
+        .stdout(wrk_outf.try_clone()?)
+        .stderr(wrk_outf)
+        .spawn()
         .map_err(|e| format!("cannot run {}: {e}", ctx.wrk.display()))?;
+    let mut wrk_proc = Proc {
+        name: "wrk",
+        child,
+        log: wrk_out.clone(),
+    };
+    // wrk stops by itself after --duration; allow generous slack for its
+    // 2 s request timeout and reporting.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(a.duration + 30);
+    let status = loop {
+        if let Some(st) = wrk_proc.child.try_wait()? {
+            break st;
+        }
+        check_interrupted()?;
+        if Instant::now() > deadline {
+            return Err(format!("wrk did not finish within {:?}", deadline - started).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let host1 = cpu_us(web.pid())?;
     let server1 = match server.as_deref() {
         Some(s) => Some(cpu_us(s.pid())?),
         None => None,
     };
-    check_interrupted()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "wrk failed ({}):\n{}{}",
-            out.status,
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
+    let stdout = fs::read_to_string(&wrk_out).unwrap_or_default();
+    if !status.success() {
+        return Err(format!("wrk failed ({status}):\n{stdout}").into());
     }
     let wrk = parse_wrk(&stdout)?;
     web.check_alive()?;
