@@ -40,7 +40,7 @@ fn request(op: Op, sock: u32) -> Request {
 }
 
 /// A signed argument as the request carries it (sign-extended).
-fn arg(v: i64) -> u64 {
+fn signed(v: i64) -> u64 {
     v as u64
 }
 
@@ -160,7 +160,11 @@ impl Client {
     /// `SOCK_NONBLOCK` / `SOCK_CLOEXEC`.
     pub fn socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<u32> {
         let mut r = request(Op::Socket, 0);
-        r.args[..3].copy_from_slice(&[arg(domain.into()), arg(ty.into()), arg(protocol.into())]);
+        r.args[..3].copy_from_slice(&[
+            signed(domain.into()),
+            signed(ty.into()),
+            signed(protocol.into()),
+        ]);
         socket_id(&self.simple(r)?)
     }
 
@@ -178,7 +182,7 @@ impl Client {
 
     pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
         let mut r = request(Op::Listen, s);
-        r.args[0] = arg(backlog.into());
+        r.args[0] = signed(backlog.into());
         self.simple(r).map(drop)
     }
 
@@ -196,7 +200,7 @@ impl Client {
     /// which may exceed `addr_out.len()` (the copy is then truncated).
     pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
         let mut r = request(Op::Accept, s);
-        r.args[0] = arg((flags & !libc::SOCK_CLOEXEC).into());
+        r.args[0] = signed((flags & !libc::SOCK_CLOEXEC).into());
         let (c, len) = self.with_output(r, addr_out, MAX_ADDR_LEN)?;
         Ok((socket_id(&c)?, len))
     }
@@ -224,7 +228,7 @@ impl Client {
                 let piece = &buf[total..buf.len().min(total + chunk)];
                 let mut r = request(Op::Send, s);
                 r.buf_len = piece.len() as u32;
-                r.args[0] = arg(flags.into());
+                r.args[0] = signed(flags.into());
                 l.put(0, piece)?;
                 let n = match l.exchange(r).and_then(|c| count(&c, piece.len())) {
                     Ok(n) => n,
@@ -259,7 +263,7 @@ impl Client {
             let cap = buf.len().min(l.arena_size() as usize);
             let mut r = request(Op::Recv, s);
             r.buf_len = cap as u32;
-            r.args[0] = arg(flags.into());
+            r.args[0] = signed(flags.into());
             let n = count(&l.exchange(r)?, cap)?;
             l.get(0, &mut buf[..n])?;
             Ok(n)
@@ -268,7 +272,7 @@ impl Client {
 
     pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
         let mut r = request(Op::Shutdown, s);
-        r.args[0] = arg(how.into());
+        r.args[0] = signed(how.into());
         self.simple(r).map(drop)
     }
 
@@ -282,8 +286,8 @@ impl Client {
             return Err(errno(libc::EINVAL));
         }
         let mut r = request(Op::SetSockOpt, s);
-        r.args[0] = arg(level.into());
-        r.args[1] = arg(name.into());
+        r.args[0] = signed(level.into());
+        r.args[1] = signed(name.into());
         self.with_input(r, value).map(drop)
     }
 
@@ -295,8 +299,8 @@ impl Client {
     /// value's length, truncated to the space given as Linux does.
     pub fn getsockopt(&self, s: u32, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
         let mut r = request(Op::GetSockOpt, s);
-        r.args[0] = arg(level.into());
-        r.args[1] = arg(name.into());
+        r.args[0] = signed(level.into());
+        r.args[1] = signed(name.into());
         let (_, len) = self.with_output(r, out, MAX_OPT_LEN)?;
         Ok(len.min(out.len()))
     }
@@ -353,7 +357,7 @@ impl Client {
             let mut r = request(Op::Poll, 0);
             r.buf_len = (fds.len() * POLL_ENTRY_LEN) as u32;
             r.args[0] = fds.len() as u64;
-            r.args[1] = arg(timeout_ms.into());
+            r.args[1] = signed(timeout_ms.into());
             let n = count(&l.exchange(r)?, fds.len())?;
             for (i, f) in fds.iter_mut().enumerate() {
                 let mut rev = [0u8; 2];
@@ -365,10 +369,10 @@ impl Client {
     }
 
     /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`).
-    pub fn fcntl(&self, s: u32, cmd: i32, arg_: i64) -> io::Result<i64> {
+    pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
         let mut r = request(Op::Fcntl, s);
-        r.args[0] = arg(cmd.into());
-        r.args[1] = arg(arg_);
+        r.args[0] = signed(cmd.into());
+        r.args[1] = signed(arg);
         Ok(self.simple(r)?.result)
     }
 
