@@ -1,5 +1,6 @@
 //! Smoke tests against the real `tcps server` binary, if it has been built
-//! (target/release/tcps or target/debug/tcps); skipped otherwise.
+//! (target/release/tcps or target/debug/tcps; `cargo test --workspace`
+//! builds it). A missing binary fails the test rather than skipping it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,11 +31,10 @@ fn binary() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Starts a server with `args`, or `None` (test skipped) if there is no binary.
-fn start(name: &str, args: &[&str]) -> Option<(Server, Client)> {
+/// Starts a server with `args`; panics if there is no binary.
+fn start(name: &str, args: &[&str]) -> (Server, Client) {
     let Some(bin) = binary() else {
-        eprintln!("skipped: no tcps binary built");
-        return None;
+        panic!("no tcps binary: run `cargo build --release` (or `cargo test --workspace`) first");
     };
     let path =
         std::env::temp_dir().join(format!("tcps-host-real-{}-{name}.sock", std::process::id()));
@@ -51,12 +51,12 @@ fn start(name: &str, args: &[&str]) -> Option<(Server, Client)> {
             Stdio::null()
         })
         .spawn()
-        .ok()?;
+        .expect("spawn tcps server");
     let server = Server { child, path };
     let t = Instant::now();
     loop {
         match Client::attach(&server.path) {
-            Ok(c) => return Some((server, c)),
+            Ok(c) => return (server, c),
             Err(e) if t.elapsed() > Duration::from_secs(5) => {
                 panic!(
                     "cannot attach to the server: {e}: {}",
@@ -74,9 +74,7 @@ fn raw(e: &std::io::Error) -> i32 {
 
 #[test]
 fn tcp_data_path() {
-    let Some((_server, c)) = start("data", &[]) else {
-        return;
-    };
+    let (_server, c) = start("data", &[]);
     for _ in 0..1000 {
         c.nop().unwrap();
     }
@@ -133,9 +131,7 @@ fn tcp_data_path() {
 
 #[test]
 fn blocking_server_is_rung() {
-    let Some((_server, c)) = start("block", &["--poll", "block"]) else {
-        return;
-    };
+    let (_server, c) = start("block", &["--poll", "block"]);
     for _ in 0..100 {
         c.nop().unwrap();
     }
@@ -145,9 +141,7 @@ fn blocking_server_is_rung() {
 
 #[test]
 fn server_death_fails_calls_promptly() {
-    let Some((mut server, c)) = start("death", &[]) else {
-        return;
-    };
+    let (mut server, c) = start("death", &[]);
     let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
     let c2 = c.clone();
     let blocked = std::thread::spawn(move || c2.accept(l, 0).map(|_| ()));
@@ -170,9 +164,7 @@ fn server_death_fails_calls_promptly() {
 #[ignore]
 fn nop_latency() {
     for poll in ["busy", "adaptive", "block"] {
-        let Some((_server, c)) = start(&format!("lat-{poll}"), &["--poll", poll]) else {
-            return;
-        };
+        let (_server, c) = start(&format!("lat-{poll}"), &["--poll", poll]);
         for _ in 0..10_000 {
             c.nop().unwrap();
         }

@@ -111,7 +111,7 @@ impl Layout {
         if !self.ring_entries.is_power_of_two() || !(2..=65536).contains(&self.ring_entries) {
             return Err(LayoutError("ring_entries must be a power of two in 2..=65536"));
         }
-        if self.arena_size < PAGE as u32 || self.arena_size % PAGE as u32 != 0 {
+        if self.arena_size < PAGE as u32 || self.arena_size & (PAGE as u32 - 1) != 0 {
             return Err(LayoutError("arena_size must be a non-zero multiple of 4096"));
         }
         if self.arena_size > 64 << 20 {
