@@ -6,7 +6,7 @@ use crate::attach::Attached;
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 use tcps_proto::futex;
@@ -19,6 +19,8 @@ use tcps_proto::{Completion, Region, Request};
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// How long a request ring may stay full before the call fails with EIO.
 const RING_FULL_PATIENCE: Duration = Duration::from_secs(1);
+/// Default number of host threads of one attachment that may spin at once.
+const DEFAULT_SPINNERS: u32 = 1;
 /// Default spin before sleeping, in microseconds (`TCPS_SPIN_US`).
 const DEFAULT_SPIN_US: u64 = 50;
 
@@ -87,6 +89,11 @@ pub(crate) struct Conn {
     slots: Box<[Slot]>,
     state: AtomicU8,
     spin: Duration,
+    /// Host threads spinning for a completion right now, and the most allowed
+    /// (`TCPS_SPINNERS`, default 1): on an oversubscribed machine more
+    /// spinners would only steal the CPU the server needs to answer them.
+    spinners: AtomicU32,
+    max_spinners: u32,
 }
 
 impl Conn {
@@ -105,6 +112,11 @@ impl Conn {
             slots: (0..n).map(|_| Slot::default()).collect(),
             state: AtomicU8::new(OPEN),
             spin: Duration::from_micros(spin_us),
+            spinners: AtomicU32::new(0),
+            max_spinners: std::env::var("TCPS_SPINNERS")
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(DEFAULT_SPINNERS),
         }
     }
 
@@ -319,7 +331,7 @@ impl Lease<'_> {
             self.conn.ring_doorbell();
             bump(&self.stats.doorbells);
         }
-        let c = self.wait(tag)?;
+        let c = self.wait(tag, must_ring)?;
         if c.op != req.op {
             return Err(errno(libc::EIO));
         }
@@ -347,9 +359,30 @@ impl Lease<'_> {
         }
     }
 
-    fn wait(&mut self, tag: u64) -> io::Result<Completion> {
+    /// Waits for the completion tagged `tag`: spin first (no system call)
+    /// unless spinning cannot pay off — the server was asleep (`rang`: it
+    /// needs a wake-up and a CPU), or enough other threads already spin —
+    /// then sleep on the futex.
+    fn wait(&mut self, tag: u64, rang: bool) -> io::Result<Completion> {
         let spin = self.conn.spin;
-        if !spin.is_zero() {
+        if !spin.is_zero()
+            && !rang
+            && self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners
+        {
+            let r = self.spin_wait(tag, spin);
+            self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
+            if let Some(r) = r {
+                return r;
+            }
+        } else if !spin.is_zero() && !rang {
+            self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.sleep_wait(tag)
+    }
+
+    /// Spins for at most `spin`, or until the server says the call is parked.
+    fn spin_wait(&mut self, tag: u64, spin: Duration) -> Option<io::Result<Completion>> {
+        {
             let start = Instant::now();
             let mut i = 0u32;
             loop {
@@ -357,15 +390,23 @@ impl Lease<'_> {
                     if r.is_ok() {
                         bump(&self.stats.spins_satisfied);
                     }
-                    return r;
+                    return Some(r);
                 }
                 std::hint::spin_loop();
                 i = i.wrapping_add(1);
-                if i & 31 == 0 && start.elapsed() >= spin {
-                    break;
+                // A parked call waits for its socket (a client's request, a
+                // connection): sleep now instead of burning the CPU the
+                // application and the server need.
+                if i & 31 == 0
+                    && (start.elapsed() >= spin || self.state.cursor.is_parked(&self.ch, tag))
+                {
+                    return None;
                 }
             }
         }
+    }
+
+    fn sleep_wait(&mut self, tag: u64) -> io::Result<Completion> {
         let mut last_check = Instant::now();
         loop {
             if let Some(r) = self.reap(tag) {

@@ -38,7 +38,12 @@ pub fn parse(b: &[u8]) -> Result<SocketAddr, AddrError> {
             let mut ip = [0u8; 16];
             ip.copy_from_slice(&b[8..24]);
             let scope = u32::from_ne_bytes([b[24], b[25], b[26], b[27]]);
-            Ok(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, flowinfo, scope)))
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                flowinfo,
+                scope,
+            )))
         }
         _ => Err(AddrError::UnsupportedFamily(family)),
     }
@@ -86,7 +91,10 @@ mod tests {
         b.truncate(8);
         assert_eq!(parse(&b), Err(AddrError::TooShort));
         let unix = (libc::AF_UNIX as u16).to_ne_bytes();
-        assert_eq!(parse(&[unix[0], unix[1], 0, 0]), Err(AddrError::UnsupportedFamily(libc::AF_UNIX as u16)));
+        assert_eq!(
+            parse(&[unix[0], unix[1], 0, 0]),
+            Err(AddrError::UnsupportedFamily(libc::AF_UNIX as u16))
+        );
     }
 
     proptest! {

@@ -26,7 +26,11 @@ pub struct Hello {
 
 impl Hello {
     pub fn new(pid: u32) -> Hello {
-        Hello { magic: MAGIC, version: VERSION, pid }
+        Hello {
+            magic: MAGIC,
+            version: VERSION,
+            pid,
+        }
     }
 
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -61,11 +65,23 @@ pub struct Welcome {
 
 impl Welcome {
     pub fn accepted(region_size: u64) -> Welcome {
-        Welcome { magic: MAGIC, version: VERSION, status: 0, region_size, message: String::new() }
+        Welcome {
+            magic: MAGIC,
+            version: VERSION,
+            status: 0,
+            region_size,
+            message: String::new(),
+        }
     }
 
     pub fn refused(errno: i32, message: impl Into<String>) -> Welcome {
-        Welcome { magic: MAGIC, version: VERSION, status: errno, region_size: 0, message: message.into() }
+        Welcome {
+            magic: MAGIC,
+            version: VERSION,
+            status: errno,
+            region_size: 0,
+            message: message.into(),
+        }
     }
 
     pub fn encode(&self) -> [u8; WELCOME_LEN] {

@@ -68,7 +68,11 @@ pub struct ChannelCtl {
     pub req_head: AtomicU32,
     /// Server-written: completions published (free-running); the host's futex word.
     pub cq_tail: AtomicU32,
-    _pad1: [u8; 56],
+    /// Server-written: low 32 bits of the `user_data` of the last request the
+    /// server parked (it will complete only when its socket is ready). A host
+    /// waiting for that request stops spinning and sleeps at once.
+    pub parked_tag: AtomicU32,
+    _pad1: [u8; 52],
 }
 
 const _: () = assert!(std::mem::size_of::<ChannelCtl>() == CTL_SIZE);
@@ -109,10 +113,14 @@ impl Layout {
             return Err(LayoutError("n_channels must be 1..=4096"));
         }
         if !self.ring_entries.is_power_of_two() || !(2..=65536).contains(&self.ring_entries) {
-            return Err(LayoutError("ring_entries must be a power of two in 2..=65536"));
+            return Err(LayoutError(
+                "ring_entries must be a power of two in 2..=65536",
+            ));
         }
         if self.arena_size < PAGE as u32 || self.arena_size & (PAGE as u32 - 1) != 0 {
-            return Err(LayoutError("arena_size must be a non-zero multiple of 4096"));
+            return Err(LayoutError(
+                "arena_size must be a non-zero multiple of 4096",
+            ));
         }
         if self.arena_size > 64 << 20 {
             return Err(LayoutError("arena_size must be at most 64 MiB"));
@@ -133,7 +141,8 @@ impl Layout {
 
     /// Offset of the arena inside a channel (page aligned).
     pub fn arena_offset(&self) -> usize {
-        let end = self.completions_offset() + self.ring_entries as usize * std::mem::size_of::<Completion>();
+        let end = self.completions_offset()
+            + self.ring_entries as usize * std::mem::size_of::<Completion>();
         end.next_multiple_of(PAGE)
     }
 

@@ -109,23 +109,77 @@ pub const MAX_OPT_LEN: u32 = 256;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     Nop,
-    Socket { domain: i32, ty: i32, protocol: i32 },
-    Bind { sock: u32, addr: ArenaRange },
-    Listen { sock: u32, backlog: i32 },
+    Socket {
+        domain: i32,
+        ty: i32,
+        protocol: i32,
+    },
+    Bind {
+        sock: u32,
+        addr: ArenaRange,
+    },
+    Listen {
+        sock: u32,
+        backlog: i32,
+    },
     /// `addr` receives the peer address (len 0: not wanted); `flags` may hold SOCK_NONBLOCK.
-    Accept { sock: u32, addr: ArenaRange, flags: i32 },
-    Connect { sock: u32, addr: ArenaRange },
-    Send { sock: u32, data: ArenaRange, flags: i32 },
-    Recv { sock: u32, data: ArenaRange, flags: i32 },
-    Shutdown { sock: u32, how: i32 },
-    Close { sock: u32 },
-    SetSockOpt { sock: u32, level: i32, name: i32, value: ArenaRange },
-    GetSockOpt { sock: u32, level: i32, name: i32, value: ArenaRange },
-    GetSockName { sock: u32, addr: ArenaRange },
-    GetPeerName { sock: u32, addr: ArenaRange },
+    Accept {
+        sock: u32,
+        addr: ArenaRange,
+        flags: i32,
+    },
+    Connect {
+        sock: u32,
+        addr: ArenaRange,
+    },
+    Send {
+        sock: u32,
+        data: ArenaRange,
+        flags: i32,
+    },
+    Recv {
+        sock: u32,
+        data: ArenaRange,
+        flags: i32,
+    },
+    Shutdown {
+        sock: u32,
+        how: i32,
+    },
+    Close {
+        sock: u32,
+    },
+    SetSockOpt {
+        sock: u32,
+        level: i32,
+        name: i32,
+        value: ArenaRange,
+    },
+    GetSockOpt {
+        sock: u32,
+        level: i32,
+        name: i32,
+        value: ArenaRange,
+    },
+    GetSockName {
+        sock: u32,
+        addr: ArenaRange,
+    },
+    GetPeerName {
+        sock: u32,
+        addr: ArenaRange,
+    },
     /// `entries` is an array of `n` [`PollEntry`]; `timeout_ms < 0` waits forever.
-    Poll { entries: ArenaRange, n: u32, timeout_ms: i64 },
-    Fcntl { sock: u32, cmd: i32, arg: i64 },
+    Poll {
+        entries: ArenaRange,
+        n: u32,
+        timeout_ms: i64,
+    },
+    Fcntl {
+        sock: u32,
+        cmd: i32,
+        arg: i64,
+    },
 }
 
 /// Why a request was refused before execution (answered with `EINVAL`).
@@ -154,27 +208,72 @@ impl Call {
             if end > arena_size as u64 {
                 return Err(Invalid::RangeOutsideArena);
             }
-            Ok(ArenaRange { off: r.buf_off, len: r.buf_len })
+            Ok(ArenaRange {
+                off: r.buf_off,
+                len: r.buf_len,
+            })
         };
         let int = |i: usize| -> Result<i32, Invalid> {
-            i32::try_from(r.args[i] as i64).map_err(|_| Invalid::BadArgument("integer argument out of range"))
+            i32::try_from(r.args[i] as i64)
+                .map_err(|_| Invalid::BadArgument("integer argument out of range"))
         };
         let sock = r.sock;
         Ok(match op {
             Op::Nop => Call::Nop,
-            Op::Socket => Call::Socket { domain: int(0)?, ty: int(1)?, protocol: int(2)? },
-            Op::Bind => Call::Bind { sock, addr: range(MAX_ADDR_LEN)? },
-            Op::Listen => Call::Listen { sock, backlog: int(0)? },
-            Op::Accept => Call::Accept { sock, addr: range(MAX_ADDR_LEN)?, flags: int(0)? },
-            Op::Connect => Call::Connect { sock, addr: range(MAX_ADDR_LEN)? },
-            Op::Send => Call::Send { sock, data: range(u32::MAX)?, flags: int(0)? },
-            Op::Recv => Call::Recv { sock, data: range(u32::MAX)?, flags: int(0)? },
+            Op::Socket => Call::Socket {
+                domain: int(0)?,
+                ty: int(1)?,
+                protocol: int(2)?,
+            },
+            Op::Bind => Call::Bind {
+                sock,
+                addr: range(MAX_ADDR_LEN)?,
+            },
+            Op::Listen => Call::Listen {
+                sock,
+                backlog: int(0)?,
+            },
+            Op::Accept => Call::Accept {
+                sock,
+                addr: range(MAX_ADDR_LEN)?,
+                flags: int(0)?,
+            },
+            Op::Connect => Call::Connect {
+                sock,
+                addr: range(MAX_ADDR_LEN)?,
+            },
+            Op::Send => Call::Send {
+                sock,
+                data: range(u32::MAX)?,
+                flags: int(0)?,
+            },
+            Op::Recv => Call::Recv {
+                sock,
+                data: range(u32::MAX)?,
+                flags: int(0)?,
+            },
             Op::Shutdown => Call::Shutdown { sock, how: int(0)? },
             Op::Close => Call::Close { sock },
-            Op::SetSockOpt => Call::SetSockOpt { sock, level: int(0)?, name: int(1)?, value: range(MAX_OPT_LEN)? },
-            Op::GetSockOpt => Call::GetSockOpt { sock, level: int(0)?, name: int(1)?, value: range(MAX_OPT_LEN)? },
-            Op::GetSockName => Call::GetSockName { sock, addr: range(MAX_ADDR_LEN)? },
-            Op::GetPeerName => Call::GetPeerName { sock, addr: range(MAX_ADDR_LEN)? },
+            Op::SetSockOpt => Call::SetSockOpt {
+                sock,
+                level: int(0)?,
+                name: int(1)?,
+                value: range(MAX_OPT_LEN)?,
+            },
+            Op::GetSockOpt => Call::GetSockOpt {
+                sock,
+                level: int(0)?,
+                name: int(1)?,
+                value: range(MAX_OPT_LEN)?,
+            },
+            Op::GetSockName => Call::GetSockName {
+                sock,
+                addr: range(MAX_ADDR_LEN)?,
+            },
+            Op::GetPeerName => Call::GetPeerName {
+                sock,
+                addr: range(MAX_ADDR_LEN)?,
+            },
             Op::Poll => {
                 let n = u32::try_from(r.args[0]).map_err(|_| Invalid::BadArgument("poll count"))?;
                 if n > MAX_POLL_ENTRIES {
@@ -182,14 +281,24 @@ impl Call {
                 }
                 let entries = range(u32::MAX)?;
                 if entries.len as u64 != n as u64 * std::mem::size_of::<PollEntry>() as u64 {
-                    return Err(Invalid::BadArgument("poll array length does not match count"));
+                    return Err(Invalid::BadArgument(
+                        "poll array length does not match count",
+                    ));
                 }
                 if entries.off % 8 != 0 {
                     return Err(Invalid::BadArgument("poll array misaligned"));
                 }
-                Call::Poll { entries, n, timeout_ms: r.args[1] as i64 }
+                Call::Poll {
+                    entries,
+                    n,
+                    timeout_ms: r.args[1] as i64,
+                }
             }
-            Op::Fcntl => Call::Fcntl { sock, cmd: int(0)?, arg: r.args[1] as i64 },
+            Op::Fcntl => Call::Fcntl {
+                sock,
+                cmd: int(0)?,
+                arg: r.args[1] as i64,
+            },
         })
     }
 
@@ -218,7 +327,10 @@ mod tests {
 
     #[test]
     fn zeroed_slot_is_invalid() {
-        assert_eq!(Call::decode(&Request::default(), ARENA), Err(Invalid::UnknownOp(0)));
+        assert_eq!(
+            Call::decode(&Request::default(), ARENA),
+            Err(Invalid::UnknownOp(0))
+        );
     }
 
     #[test]
@@ -231,46 +343,101 @@ mod tests {
 
     #[test]
     fn ranges_outside_the_arena_are_refused() {
-        let r = Request { op: Op::Send as u16, buf_off: ARENA - 10, buf_len: 11, ..Default::default() };
+        let r = Request {
+            op: Op::Send as u16,
+            buf_off: ARENA - 10,
+            buf_len: 11,
+            ..Default::default()
+        };
         assert_eq!(Call::decode(&r, ARENA), Err(Invalid::RangeOutsideArena));
-        let r = Request { op: Op::Send as u16, buf_off: u32::MAX, buf_len: u32::MAX, ..Default::default() };
+        let r = Request {
+            op: Op::Send as u16,
+            buf_off: u32::MAX,
+            buf_len: u32::MAX,
+            ..Default::default()
+        };
         assert!(Call::decode(&r, ARENA).is_err());
-        let r = Request { op: Op::Send as u16, buf_off: ARENA - 10, buf_len: 10, ..Default::default() };
+        let r = Request {
+            op: Op::Send as u16,
+            buf_off: ARENA - 10,
+            buf_len: 10,
+            ..Default::default()
+        };
         assert!(matches!(Call::decode(&r, ARENA), Ok(Call::Send { .. })));
     }
 
     #[test]
     fn address_longer_than_sockaddr_storage_is_refused() {
-        let r = Request { op: Op::Bind as u16, buf_len: MAX_ADDR_LEN + 1, ..Default::default() };
+        let r = Request {
+            op: Op::Bind as u16,
+            buf_len: MAX_ADDR_LEN + 1,
+            ..Default::default()
+        };
         assert_eq!(Call::decode(&r, ARENA), Err(Invalid::TooLong));
     }
 
     #[test]
     fn poll_count_must_match_array() {
-        let r = Request { op: Op::Poll as u16, buf_len: 16, args: [3, 0, 0, 0, 0], ..Default::default() };
-        assert!(matches!(Call::decode(&r, ARENA), Err(Invalid::BadArgument(_))));
-        let r = Request { op: Op::Poll as u16, buf_len: 24, args: [3, 5, 0, 0, 0], ..Default::default() };
-        assert!(matches!(Call::decode(&r, ARENA), Ok(Call::Poll { n: 3, timeout_ms: 5, .. })));
+        let r = Request {
+            op: Op::Poll as u16,
+            buf_len: 16,
+            args: [3, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        assert!(matches!(
+            Call::decode(&r, ARENA),
+            Err(Invalid::BadArgument(_))
+        ));
+        let r = Request {
+            op: Op::Poll as u16,
+            buf_len: 24,
+            args: [3, 5, 0, 0, 0],
+            ..Default::default()
+        };
+        assert!(matches!(
+            Call::decode(&r, ARENA),
+            Ok(Call::Poll {
+                n: 3,
+                timeout_ms: 5,
+                ..
+            })
+        ));
     }
 
     #[test]
     fn out_of_range_integers_are_refused() {
-        let r = Request { op: Op::Listen as u16, args: [1 << 40, 0, 0, 0, 0], ..Default::default() };
-        assert!(matches!(Call::decode(&r, ARENA), Err(Invalid::BadArgument(_))));
+        let r = Request {
+            op: Op::Listen as u16,
+            args: [1 << 40, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        assert!(matches!(
+            Call::decode(&r, ARENA),
+            Err(Invalid::BadArgument(_))
+        ));
     }
 
     fn any_request() -> impl Strategy<Value = Request> {
-        (any::<u64>(), 0u16..24, any::<u16>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<[u64; 5]>()).prop_map(
-            |(user_data, op, flags, sock, buf_off, buf_len, args)| Request {
-                user_data,
-                op,
-                flags: if flags % 4 == 0 { flags } else { 0 },
-                sock,
-                buf_off: buf_off % (ARENA * 2),
-                buf_len: buf_len % (ARENA * 2),
-                args,
-            },
+        (
+            any::<u64>(),
+            0u16..24,
+            any::<u16>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<[u64; 5]>(),
         )
+            .prop_map(
+                |(user_data, op, flags, sock, buf_off, buf_len, args)| Request {
+                    user_data,
+                    op,
+                    flags: if flags % 4 == 0 { flags } else { 0 },
+                    sock,
+                    buf_off: buf_off % (ARENA * 2),
+                    buf_len: buf_len % (ARENA * 2),
+                    args,
+                },
+            )
     }
 
     proptest! {

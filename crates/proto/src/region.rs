@@ -26,7 +26,9 @@ unsafe impl Sync for Region {}
 impl Region {
     /// Maps `fd` (a memfd of exactly `layout.region_size()` bytes).
     pub fn map(fd: BorrowedFd<'_>, layout: Layout) -> io::Result<Region> {
-        layout.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
+        layout
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
         // SAFETY: a fresh shared mapping of a file we were given; the kernel
         // picks the address. Failure is reported as MAP_FAILED.
         let p = unsafe {
@@ -42,7 +44,8 @@ impl Region {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let base =
+            NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Region { base, layout })
     }
 
@@ -50,25 +53,45 @@ impl Region {
     /// comes from the header, after magic and version match.
     pub fn map_from_header(fd: BorrowedFd<'_>, region_size: u64) -> io::Result<Region> {
         if region_size < HEADER_SIZE as u64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region too small"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "tcps: channel region too small",
+            ));
         }
-        let probe = Layout { n_channels: 1, ring_entries: 2, arena_size: 4096 };
+        let probe = Layout {
+            n_channels: 1,
+            ring_entries: 2,
+            arena_size: 4096,
+        };
         // Map just the header first to read the geometry.
         let head = Region::map(fd, probe)?;
         let h = head.header();
         if h.magic != MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region has a bad magic number"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "tcps: channel region has a bad magic number",
+            ));
         }
         if h.version != VERSION {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("tcps: protocol version mismatch: region v{}, library v{}", h.version, VERSION),
+                format!(
+                    "tcps: protocol version mismatch: region v{}, library v{}",
+                    h.version, VERSION
+                ),
             ));
         }
-        let layout = Layout { n_channels: h.n_channels, ring_entries: h.ring_entries, arena_size: h.arena_size };
+        let layout = Layout {
+            n_channels: h.n_channels,
+            ring_entries: h.ring_entries,
+            arena_size: h.arena_size,
+        };
         drop(head);
         if layout.region_size() as u64 != region_size {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "tcps: channel region size does not match its header"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "tcps: channel region size does not match its header",
+            ));
         }
         Region::map(fd, layout)
     }
@@ -89,7 +112,9 @@ impl Region {
             std::ptr::addr_of_mut!((*h).channel_stride).write(l.channel_stride() as u32);
             std::ptr::addr_of_mut!((*h).region_size).write(l.region_size() as u64);
         }
-        self.header().server_alive.store(1, std::sync::atomic::Ordering::Release);
+        self.header()
+            .server_alive
+            .store(1, std::sync::atomic::Ordering::Release);
     }
 
     pub fn layout(&self) -> &Layout {
@@ -110,7 +135,11 @@ impl Region {
         }
         // SAFETY: index < n_channels, so the channel lies inside the mapping.
         let base = unsafe { self.base.as_ptr().add(self.layout.channel_offset(index)) };
-        Some(ChannelRef { base, layout: &self.layout, header: self.header() })
+        Some(ChannelRef {
+            base,
+            layout: &self.layout,
+            header: self.header(),
+        })
     }
 }
 
@@ -118,7 +147,10 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `map` mapped; no references outlive self.
         unsafe {
-            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.layout.region_size());
+            libc::munmap(
+                self.base.as_ptr() as *mut libc::c_void,
+                self.layout.region_size(),
+            );
         }
     }
 }
@@ -196,12 +228,17 @@ impl<'a> ChannelRef<'a> {
             return None;
         }
         // SAFETY: the range was just checked to lie inside this channel's arena.
-        Some(unsafe { self.base.add(self.layout.arena_offset() + range.off as usize) })
+        Some(unsafe {
+            self.base
+                .add(self.layout.arena_offset() + range.off as usize)
+        })
     }
 
     /// Copies `src` into the arena at `off`. Returns false if it does not fit.
     pub fn copy_to_arena(&self, off: u32, src: &[u8]) -> bool {
-        let Ok(len) = u32::try_from(src.len()) else { return false };
+        let Ok(len) = u32::try_from(src.len()) else {
+            return false;
+        };
         match self.arena_ptr(ArenaRange { off, len }) {
             Some(p) => {
                 // SAFETY: p..p+len is inside the arena (checked); src is a distinct
@@ -215,7 +252,9 @@ impl<'a> ChannelRef<'a> {
 
     /// Copies arena bytes at `off` into `dst`. Returns false if out of range.
     pub fn copy_from_arena(&self, off: u32, dst: &mut [u8]) -> bool {
-        let Ok(len) = u32::try_from(dst.len()) else { return false };
+        let Ok(len) = u32::try_from(dst.len()) else {
+            return false;
+        };
         match self.arena_ptr(ArenaRange { off, len }) {
             Some(p) => {
                 // SAFETY: as in copy_to_arena, with the roles swapped.

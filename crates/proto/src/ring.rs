@@ -34,10 +34,16 @@ impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RingError::RequestOverrun { head, tail } => {
-                write!(f, "request ring overrun (server head {head}, host tail {tail})")
+                write!(
+                    f,
+                    "request ring overrun (server head {head}, host tail {tail})"
+                )
             }
             RingError::CompletionHeadInvalid { head, tail } => {
-                write!(f, "completion head {head} impossible for server tail {tail}")
+                write!(
+                    f,
+                    "completion head {head} impossible for server tail {tail}"
+                )
             }
         }
     }
@@ -67,7 +73,10 @@ impl ServerCursor {
         let head = ch.ctl().cq_head.load(Ordering::Acquire);
         let unconsumed = self.cq_tail.wrapping_sub(head);
         if unconsumed > ch.ring_entries() {
-            return Err(RingError::CompletionHeadInvalid { head, tail: self.cq_tail });
+            return Err(RingError::CompletionHeadInvalid {
+                head,
+                tail: self.cq_tail,
+            });
         }
         Ok(unconsumed)
     }
@@ -86,7 +95,10 @@ impl ServerCursor {
             return Ok(None);
         }
         if pending > ch.ring_entries() {
-            return Err(RingError::RequestOverrun { head: self.req_head, tail });
+            return Err(RingError::RequestOverrun {
+                head: self.req_head,
+                tail,
+            });
         }
         if self.outstanding + self.unconsumed(ch)? >= ch.ring_entries() {
             return Ok(None); // host must consume completions first
@@ -96,6 +108,14 @@ impl ServerCursor {
         self.outstanding += 1;
         ch.ctl().req_head.store(self.req_head, Ordering::Release);
         Ok(Some(req))
+    }
+
+    /// Tells the host that the request tagged `user_data` is parked: it will
+    /// wait for a socket, so spinning for it is wasted CPU.
+    pub fn mark_parked(&self, ch: &ChannelRef<'_>, user_data: u64) {
+        ch.ctl()
+            .parked_tag
+            .store(user_data as u32, Ordering::Release);
     }
 
     /// Publishes the completion of a request taken with [`pop`](Self::pop).
@@ -157,6 +177,12 @@ impl HostCursor {
         Some(c)
     }
 
+    /// Whether the server parked the request tagged `user_data` (see
+    /// [`ServerCursor::mark_parked`]): stop spinning and sleep.
+    pub fn is_parked(&self, ch: &ChannelRef<'_>, user_data: u64) -> bool {
+        ch.ctl().parked_tag.load(Ordering::Acquire) == user_data as u32
+    }
+
     /// Announces that this host thread is about to sleep on `cq_tail`.
     /// Returns the tail value to pass to the futex wait, or `None` if a
     /// completion arrived meanwhile (do not sleep).
@@ -191,18 +217,29 @@ mod tests {
         // SAFETY: fd is a fresh, owned descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: fd is valid; the size is the layout's.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), layout.region_size() as i64) }, 0);
+        assert_eq!(
+            unsafe { libc::ftruncate(fd.as_raw_fd(), layout.region_size() as i64) },
+            0
+        );
         let r = Region::map(fd.as_fd(), layout).unwrap();
         r.init_header();
         r
     }
 
     fn small() -> Layout {
-        Layout { n_channels: 2, ring_entries: 4, arena_size: 4096 }
+        Layout {
+            n_channels: 2,
+            ring_entries: 4,
+            arena_size: 4096,
+        }
     }
 
     fn req(tag: u64) -> Request {
-        Request { user_data: tag, op: Op::Nop as u16, ..Default::default() }
+        Request {
+            user_data: tag,
+            op: Op::Nop as u16,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -217,7 +254,14 @@ mod tests {
             for i in 0..3 {
                 let got = s.pop(&ch).unwrap().unwrap();
                 assert_eq!(got.user_data, round * 10 + i);
-                s.complete(&ch, &Completion { user_data: got.user_data, ..Default::default() }).unwrap();
+                s.complete(
+                    &ch,
+                    &Completion {
+                        user_data: got.user_data,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
             }
             assert_eq!(s.pop(&ch).unwrap(), None);
             for i in 0..3 {
@@ -251,7 +295,14 @@ mod tests {
         }
         for _ in 0..4 {
             let q = s.pop(&ch).unwrap().unwrap();
-            s.complete(&ch, &Completion { user_data: q.user_data, ..Default::default() }).unwrap();
+            s.complete(
+                &ch,
+                &Completion {
+                    user_data: q.user_data,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         }
         // Host has not reaped: the completion ring is full.
         h.submit(&ch, &req(4)).unwrap();
@@ -269,7 +320,10 @@ mod tests {
         assert!(matches!(s.pop(&ch), Err(RingError::RequestOverrun { .. })));
         ch.ctl().req_tail.store(1, Ordering::Release);
         ch.ctl().cq_head.store(7, Ordering::Release);
-        assert!(matches!(s.pop(&ch), Err(RingError::CompletionHeadInvalid { .. })));
+        assert!(matches!(
+            s.pop(&ch),
+            Err(RingError::CompletionHeadInvalid { .. })
+        ));
     }
 
     #[test]
@@ -280,9 +334,33 @@ mod tests {
         h.submit(&ch, &req(1)).unwrap();
         let q = s.pop(&ch).unwrap().unwrap();
         assert!(h.prepare_sleep(&ch).is_some());
-        let must_wake = s.complete(&ch, &Completion { user_data: q.user_data, ..Default::default() }).unwrap();
+        let must_wake = s
+            .complete(
+                &ch,
+                &Completion {
+                    user_data: q.user_data,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         assert!(must_wake, "server must see the sleeping host");
         h.finish_sleep(&ch);
-        assert!(h.prepare_sleep(&ch).is_none(), "a pending completion means: do not sleep");
+        assert!(
+            h.prepare_sleep(&ch).is_none(),
+            "a pending completion means: do not sleep"
+        );
+    }
+
+    #[test]
+    fn parked_hint_names_the_parked_request() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let (mut h, mut s) = (HostCursor::default(), ServerCursor::default());
+        h.submit(&ch, &req(7)).unwrap();
+        let q = s.pop(&ch).unwrap().unwrap();
+        assert!(!h.is_parked(&ch, 7));
+        s.mark_parked(&ch, q.user_data);
+        assert!(h.is_parked(&ch, 7));
+        assert!(!h.is_parked(&ch, 8));
     }
 }

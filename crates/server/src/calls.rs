@@ -362,8 +362,16 @@ fn start_parkable(
     }
 }
 
+/// Tells the host's waiting thread that its call is parked (it stops spinning).
+fn announce_parked(host: &Host, ch: u32, user_data: u64) {
+    if let Some(c) = host.region.channel(ch) {
+        host.cursors[ch as usize].mark_parked(&c, user_data);
+    }
+}
+
 fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: Parked, is_reader: bool) {
     host.stats.parked += 1;
+    announce_parked(host, p.ch, p.user_data);
     let hkey = cx.hkey;
     let Some(sock) = host.socket_mut(sid) else {
         return;
@@ -659,6 +667,7 @@ fn start_poll(
         cx.timers.push(Reverse((d, cx.hkey, pkey, serial)));
     }
     host.stats.parked += 1;
+    announce_parked(host, ch, user_data);
     let hkey = cx.hkey;
     for e in &entries {
         if let Some(sock) = host.socket_mut(e.sock) {

@@ -149,7 +149,10 @@ impl Server {
 /// Every host socket is a descriptor of the server: lift the soft limit to
 /// the hard one so the server is not the first to run out.
 fn raise_fd_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: reading and writing a valid rlimit struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
