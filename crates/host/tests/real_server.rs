@@ -158,22 +158,3 @@ fn server_death_fails_calls_promptly() {
     assert_eq!(raw(&c.nop().unwrap_err()), libc::ENOTCONN);
     assert_eq!(raw(&c.send(l, b"x", 0).unwrap_err()), libc::EPIPE);
 }
-
-/// `cargo test --release -p tcps-host --test real_server -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn nop_latency() {
-    for poll in ["busy", "adaptive", "block"] {
-        let (_server, c) = start(&format!("lat-{poll}"), &["--poll", poll]);
-        for _ in 0..10_000 {
-            c.nop().unwrap();
-        }
-        let n = 200_000;
-        let t = Instant::now();
-        for _ in 0..n {
-            c.nop().unwrap();
-        }
-        let per = t.elapsed() / n;
-        eprintln!("--poll {poll}: {per:?} per nop, {:?}", c.stats());
-    }
-}
