@@ -19,6 +19,9 @@ use tcps_proto::{Completion, Region, Request};
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// How long a request ring may stay full before the call fails with EIO.
 const RING_FULL_PATIENCE: Duration = Duration::from_secs(1);
+/// The adaptive spin budget never shrinks below this (a server polling on
+/// its own core answers in about a microsecond).
+const MIN_SPIN_NS: u64 = 2_000;
 /// Default number of host threads of one attachment that may spin at once.
 const DEFAULT_SPINNERS: u32 = 1;
 /// Default spin before sleeping, in microseconds (`TCPS_SPIN_US`).
@@ -94,6 +97,8 @@ pub(crate) struct Conn {
     /// spinners would only steal the CPU the server needs to answer them.
     spinners: AtomicU32,
     max_spinners: u32,
+    /// The current adaptive spin budget (see `Lease::spin_wait`).
+    spin_budget_ns: AtomicU64,
 }
 
 impl Conn {
@@ -113,6 +118,7 @@ impl Conn {
             state: AtomicU8::new(OPEN),
             spin: Duration::from_micros(spin_us),
             spinners: AtomicU32::new(0),
+            spin_budget_ns: AtomicU64::new(spin_us * 1000),
             max_spinners: std::env::var("TCPS_SPINNERS")
                 .ok()
                 .and_then(|v| v.trim().parse::<u32>().ok())
@@ -364,44 +370,62 @@ impl Lease<'_> {
     /// needs a wake-up and a CPU), or enough other threads already spin —
     /// then sleep on the futex.
     fn wait(&mut self, tag: u64, rang: bool) -> io::Result<Completion> {
-        let spin = self.conn.spin;
-        if !spin.is_zero()
-            && !rang
-            && self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners
-        {
-            let r = self.spin_wait(tag, spin);
-            self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
-            if let Some(r) = r {
-                return r;
+        if !rang && self.conn.spin_budget_ns.load(Ordering::Relaxed) > 0 {
+            if self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners {
+                let r = self.spin_wait(tag);
+                self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
+                if let Some(r) = r {
+                    return r;
+                }
+            } else {
+                self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
             }
-        } else if !spin.is_zero() && !rang {
-            self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
         }
         self.sleep_wait(tag)
     }
 
-    /// Spins for at most `spin`, or until the server says the call is parked.
-    fn spin_wait(&mut self, tag: u64, spin: Duration) -> Option<io::Result<Completion>> {
-        {
-            let start = Instant::now();
-            let mut i = 0u32;
-            loop {
-                if let Some(r) = self.reap(tag) {
-                    if r.is_ok() {
-                        bump(&self.stats.spins_satisfied);
-                    }
-                    return Some(r);
+    /// Spins until the completion arrives, the server says the call is
+    /// parked, or the spin budget runs out.
+    ///
+    /// The budget adapts (like an adaptive mutex): a spin that runs out
+    /// halves it, a completion that arrives after more than half of it
+    /// doubles it, within `[MIN_SPIN_NS, TCPS_SPIN_US]`. With a server polling
+    /// on a core of its own completions arrive in about a microsecond and the
+    /// budget stays large; when the server has to share a CPU, spinning only
+    /// steals that CPU and the budget shrinks.
+    fn spin_wait(&mut self, tag: u64) -> Option<io::Result<Completion>> {
+        let conn = self.conn;
+        let budget = conn.spin_budget_ns.load(Ordering::Relaxed);
+        let max = conn.spin.as_nanos() as u64;
+        let start = Instant::now();
+        let mut i = 0u32;
+        loop {
+            if let Some(r) = self.reap(tag) {
+                if r.is_ok() {
+                    bump(&self.stats.spins_satisfied);
                 }
-                std::hint::spin_loop();
-                i = i.wrapping_add(1);
-                // A parked call waits for its socket (a client's request, a
-                // connection): sleep now instead of burning the CPU the
-                // application and the server need.
-                if i & 31 == 0
-                    && (start.elapsed() >= spin || self.state.cursor.is_parked(&self.ch, tag))
-                {
-                    return None;
+                let took = start.elapsed().as_nanos() as u64;
+                if took > budget / 2 {
+                    conn.spin_budget_ns
+                        .store((budget * 2).min(max), Ordering::Relaxed);
                 }
+                return Some(r);
+            }
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i & 31 != 0 {
+                continue;
+            }
+            // A parked call waits for its socket (a client's request, a
+            // connection): sleep now instead of burning the CPU the
+            // application and the server need.
+            if self.state.cursor.is_parked(&self.ch, tag) {
+                return None;
+            }
+            if start.elapsed().as_nanos() as u64 >= budget {
+                conn.spin_budget_ns
+                    .store((budget / 2).max(MIN_SPIN_NS.min(max)), Ordering::Relaxed);
+                return None;
             }
         }
     }
