@@ -302,6 +302,7 @@ pub fn spawn_logged(args: &[&OsStr], log: &Path, nofile_soft: Option<u64>) -> Ch
         .open(log)
         .expect("open server log");
     let mut cmd = Command::new(TCPS);
+    die_with_parent(&mut cmd);
     if let Some(soft) = nofile_soft {
         use std::os::unix::process::CommandExt;
         // SAFETY: the closure only calls async-signal-safe getrlimit/setrlimit.
@@ -328,6 +329,19 @@ pub fn spawn_logged(args: &[&OsStr], log: &Path, nofile_soft: Option<u64>) -> Ch
         .stderr(f)
         .spawn()
         .expect("spawn tcps server")
+}
+
+/// The child gets SIGKILL if the thread that spawned it dies (e.g. the test
+/// binary is killed after a hang): no stray servers outlive a test run.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
 }
 
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -591,6 +605,7 @@ pub fn mark(key: &str, value: impl std::fmt::Display) {
 /// Re-executes this test binary to run only test `test_name` as `role`.
 pub fn child_command(test_name: &str, role: &str) -> Command {
     let mut c = Command::new(std::env::current_exe().expect("current_exe"));
+    die_with_parent(&mut c);
     c.args(["--exact", test_name, "--nocapture", "--test-threads=1"])
         .env(ROLE_ENV, role)
         .stdin(Stdio::null())
