@@ -112,6 +112,19 @@ impl Welcome {
     }
 }
 
+
+/// Where a server listens and a host looks when no path is given:
+/// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
+pub fn default_socket_path() -> std::path::PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => std::path::Path::new(&dir).join("tcps.sock"),
+        _ => std::path::PathBuf::from("/run/tcps/tcps.sock"),
+    }
+}
+
+/// The environment variable a host library reads for the control socket path.
+pub const SOCKET_ENV: &str = "TCPS_SOCKET";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,15 +138,3 @@ mod tests {
         assert_eq!(Hello::decode(&[0u8; 3]), None);
     }
 }
-
-/// Where a server listens and a host looks when no path is given:
-/// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
-pub fn default_socket_path() -> std::path::PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => std::path::Path::new(&dir).join("tcps.sock"),
-        _ => std::path::PathBuf::from("/run/tcps/tcps.sock"),
-    }
-}
-
-/// The environment variable a host library reads for the control socket path.
-pub const SOCKET_ENV: &str = "TCPS_SOCKET";

@@ -175,14 +175,9 @@ mod tests {
 
     #[test]
     fn bad_geometry_is_refused() {
-        let mut l = Layout::default();
-        l.ring_entries = 3;
-        assert!(l.validate().is_err());
-        let mut l = Layout::default();
-        l.arena_size = 100;
-        assert!(l.validate().is_err());
-        let mut l = Layout::default();
-        l.n_channels = 0;
-        assert!(l.validate().is_err());
+        let d = Layout::default();
+        assert!(Layout { ring_entries: 3, ..d }.validate().is_err());
+        assert!(Layout { arena_size: 100, ..d }.validate().is_err());
+        assert!(Layout { n_channels: 0, ..d }.validate().is_err());
     }
 }

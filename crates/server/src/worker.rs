@@ -253,7 +253,7 @@ impl Worker {
             );
             return;
         }
-        host.doomed = Some(if n == 0 || n < 0 {
+        host.doomed = Some(if n <= 0 {
             "detached".into()
         } else {
             "sent data on the control socket".into()
