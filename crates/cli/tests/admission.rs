@@ -85,7 +85,9 @@ fn max_sockets_per_host(engine: &str) {
     );
     // Closing one frees a slot.
     a.close(socks[3]).unwrap();
-    let s = a.socket(libc::AF_INET, libc::SOCK_STREAM, 0).expect("socket after a close");
+    let s = a
+        .socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+        .expect("socket after a close");
     assert_errno(
         a.socket(libc::AF_INET, libc::SOCK_STREAM, 0),
         libc::EMFILE,
@@ -107,7 +109,11 @@ fn max_sockets_per_host(engine: &str) {
     assert_errno(a.accept(l, 0), libc::EMFILE, "accept at the quota");
     a.close(fillers[0]).unwrap();
     let (acc, peer) = a.accept(l, 0).expect("accept after a slot freed");
-    assert_eq!(peer.unwrap(), k.local_addr().unwrap(), "the waiting connection");
+    assert_eq!(
+        peer.unwrap(),
+        k.local_addr().unwrap(),
+        "the waiting connection"
+    );
     a.close(acc).unwrap();
     // Host b never noticed any of this.
     for s in bs {

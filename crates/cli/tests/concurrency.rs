@@ -74,9 +74,11 @@ fn thousand_connections_one_blocked(engine: &str) {
         by_port.insert(k.local_addr().unwrap().port(), i);
         streams.push(k);
     }
-    let accepted = within(Duration::from_secs(30), "accepting 1000 connections", move || {
-        acceptor.join().expect("acceptor")
-    });
+    let accepted = within(
+        Duration::from_secs(30),
+        "accepting 1000 connections",
+        move || acceptor.join().expect("acceptor"),
+    );
     // host socket for kernel stream i
     let mut host_sock = vec![u32::MAX; CONNS];
     for (s, port) in accepted {
@@ -85,7 +87,10 @@ fn thousand_connections_one_blocked(engine: &str) {
             .unwrap_or_else(|| panic!("accepted a connection from unknown port {port}"));
         host_sock[i] = s;
     }
-    assert!(host_sock.iter().all(|&s| s != u32::MAX), "every connection accepted once");
+    assert!(
+        host_sock.iter().all(|&s| s != u32::MAX),
+        "every connection accepted once"
+    );
 
     // Connection 0: a host thread blocks in recv; nobody sends to it yet.
     let blocked_done = Arc::new(AtomicBool::new(false));
@@ -137,7 +142,11 @@ fn thousand_connections_one_blocked(engine: &str) {
         streams[i]
             .read_exact(&mut body)
             .unwrap_or_else(|e| panic!("response body on connection {i}: {e}"));
-        assert_eq!(digest, sha256(&sent[i]), "host saw corrupted request on {i}");
+        assert_eq!(
+            digest,
+            sha256(&sent[i]),
+            "host saw corrupted request on {i}"
+        );
         body.reverse();
         assert_eq!(body, sent[i], "response corrupted on {i}");
     }

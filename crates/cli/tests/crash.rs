@@ -91,9 +91,9 @@ fn server_sigkill_fails_calls(engine: &str) {
     assert!(rx.try_recv().is_err(), "recv returned without data");
     srv.kill9();
     let t = Instant::now();
-    let r = rx
-        .recv_timeout(Duration::from_secs(1))
-        .unwrap_or_else(|_| panic!("recv blocked in the host still hangs 1 s after the server died"));
+    let r = rx.recv_timeout(Duration::from_secs(1)).unwrap_or_else(|_| {
+        panic!("recv blocked in the host still hangs 1 s after the server died")
+    });
     let blocked_took = t.elapsed();
     let e = r.expect_err("recv succeeded with a dead server");
     assert!(
@@ -103,22 +103,29 @@ fn server_sigkill_fails_calls(engine: &str) {
     );
     // Later calls fail at once.
     let c2 = c.clone();
-    let later = within(Duration::from_secs(1), "a call after the server died", move || {
-        let mut b = [0u8; 4];
-        (
-            c2.send(s, b"x", 0).map_err(|e| errno_of(&e)),
-            c2.recv(s, &mut b, 0).map_err(|e| errno_of(&e)),
-            c2.socket(libc::AF_INET, libc::SOCK_STREAM, 0).map_err(|e| errno_of(&e)),
-            c2.nop().map_err(|e| errno_of(&e)),
-        )
-    });
+    let later = within(
+        Duration::from_secs(1),
+        "a call after the server died",
+        move || {
+            let mut b = [0u8; 4];
+            (
+                c2.send(s, b"x", 0).map_err(|e| errno_of(&e)),
+                c2.recv(s, &mut b, 0).map_err(|e| errno_of(&e)),
+                c2.socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+                    .map_err(|e| errno_of(&e)),
+                c2.nop().map_err(|e| errno_of(&e)),
+            )
+        },
+    );
     for (what, r) in [
         ("send", later.0.map(|_| ())),
         ("recv", later.1.map(|_| ())),
         ("socket", later.2.map(|_| ())),
         ("nop", later.3),
     ] {
-        let e = r.err().unwrap_or_else(|| panic!("{what} succeeded with a dead server"));
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("{what} succeeded with a dead server"));
         assert!(
             [libc::ECONNRESET, libc::ENOTCONN, libc::EPIPE].contains(&e),
             "{what} after the server died: {}",
@@ -136,9 +143,11 @@ fn server_sigkill_idle_host(engine: &str) {
     let c = srv.attach();
     c.nop().unwrap();
     srv.kill9();
-    let e = within(Duration::from_secs(1), "nop after the server died", move || {
-        c.nop().map_err(|e| errno_of(&e))
-    })
+    let e = within(
+        Duration::from_secs(1),
+        "nop after the server died",
+        move || c.nop().map_err(|e| errno_of(&e)),
+    )
     .expect_err("nop succeeded with a dead server");
     assert!(
         [libc::ECONNRESET, libc::ENOTCONN, libc::EPIPE].contains(&e),

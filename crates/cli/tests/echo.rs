@@ -9,7 +9,15 @@ use std::net::SocketAddr;
 
 /// 1 B .. 1 MiB, plus 3 MiB + 7 (bigger than the 256 KiB channel arena and
 /// not a multiple of anything).
-const SIZES: [usize; 7] = [1, 100, 4096, 65536, 1 << 20, 3 * (1 << 20) + 7, 256 * 1024 + 1];
+const SIZES: [usize; 7] = [
+    1,
+    100,
+    4096,
+    65536,
+    1 << 20,
+    3 * (1 << 20) + 7,
+    256 * 1024 + 1,
+];
 
 fn echo_sizes(engine: &str) {
     let srv = start_server(engine);

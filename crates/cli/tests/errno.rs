@@ -22,9 +22,17 @@ fn econnrefused(engine: &str) {
     let c = srv.attach();
     let a = closed_port();
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
-    assert_errno(c.connect(s, &a), libc::ECONNREFUSED, "connect to a closed port");
+    assert_errno(
+        c.connect(s, &a),
+        libc::ECONNREFUSED,
+        "connect to a closed port",
+    );
     c.close(s).unwrap();
-    assert_errno(c.tcp_connect(a), libc::ECONNREFUSED, "tcp_connect to a closed port");
+    assert_errno(
+        c.tcp_connect(a),
+        libc::ECONNREFUSED,
+        "tcp_connect to a closed port",
+    );
 }
 
 fn eaddrinuse(engine: &str) {
@@ -53,15 +61,27 @@ fn ebadf(engine: &str) {
     let mut buf = [0u8; 8];
     assert_errno(c.close(12345), libc::EBADF, "close of an unknown id");
     assert_errno(c.send(777, b"x", 0), libc::EBADF, "send on an unknown id");
-    assert_errno(c.recv(777, &mut buf, 0), libc::EBADF, "recv on an unknown id");
+    assert_errno(
+        c.recv(777, &mut buf, 0),
+        libc::EBADF,
+        "recv on an unknown id",
+    );
     assert_errno(c.listen(777, 1), libc::EBADF, "listen on an unknown id");
-    assert_errno(c.getsockname(777), libc::EBADF, "getsockname on an unknown id");
+    assert_errno(
+        c.getsockname(777),
+        libc::EBADF,
+        "getsockname on an unknown id",
+    );
     assert_errno(
         c.setsockopt_int(777, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1),
         libc::EBADF,
         "setsockopt on an unknown id",
     );
-    assert_errno(c.fcntl(777, libc::F_GETFL, 0), libc::EBADF, "fcntl on an unknown id");
+    assert_errno(
+        c.fcntl(777, libc::F_GETFL, 0),
+        libc::EBADF,
+        "fcntl on an unknown id",
+    );
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     c.close(s).unwrap();
     assert_errno(c.close(s), libc::EBADF, "double close");
@@ -145,10 +165,21 @@ fn eagain_nonblocking_recv(engine: &str) {
     );
     c.set_nonblocking(s, true).unwrap();
     let fl = c.fcntl(s, libc::F_GETFL, 0).unwrap();
-    assert_ne!(fl & i64::from(libc::O_NONBLOCK), 0, "F_GETFL shows O_NONBLOCK");
+    assert_ne!(
+        fl & i64::from(libc::O_NONBLOCK),
+        0,
+        "F_GETFL shows O_NONBLOCK"
+    );
     let t = Instant::now();
-    assert_errno(c.recv(s, &mut buf, 0), libc::EAGAIN, "non-blocking recv with no data");
-    assert!(t.elapsed() < Duration::from_secs(2), "a non-blocking recv must not wait");
+    assert_errno(
+        c.recv(s, &mut buf, 0),
+        libc::EAGAIN,
+        "non-blocking recv with no data",
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "a non-blocking recv must not wait"
+    );
     // With data it returns the data.
     k.write_all(b"hello").unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -194,9 +225,15 @@ fn einprogress_connect(engine: &str) {
     }];
     let n = c.poll(&mut fds, 5000).unwrap();
     assert_eq!(n, 1, "poll for POLLOUT after EINPROGRESS");
-    assert_ne!(fds[0].revents & libc::POLLOUT, 0, "revents {:#x}", fds[0].revents);
+    assert_ne!(
+        fds[0].revents & libc::POLLOUT,
+        0,
+        "revents {:#x}",
+        fds[0].revents
+    );
     assert_eq!(
-        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_ERROR).unwrap(),
+        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_ERROR)
+            .unwrap(),
         0,
         "SO_ERROR after the connect completed"
     );
@@ -222,11 +259,16 @@ fn einprogress_connect(engine: &str) {
             }];
             assert_eq!(c.poll(&mut fds, 5000).unwrap(), 1);
             assert_eq!(
-                c.getsockopt_int(s2, libc::SOL_SOCKET, libc::SO_ERROR).unwrap(),
+                c.getsockopt_int(s2, libc::SOL_SOCKET, libc::SO_ERROR)
+                    .unwrap(),
                 libc::ECONNREFUSED
             );
         }
-        r => assert_errno(r, libc::ECONNREFUSED, "non-blocking connect to a closed port"),
+        r => assert_errno(
+            r,
+            libc::ECONNREFUSED,
+            "non-blocking connect to a closed port",
+        ),
     }
     c.close(s).unwrap();
     c.close(s2).unwrap();
@@ -306,8 +348,12 @@ fn child_unprivileged_bind() {
     };
     // SAFETY: no side effects.
     mark("uid", unsafe { libc::geteuid() });
-    let c = Client::attach(env("TCPS_IT_SOCKET"))
-        .unwrap_or_else(|e| panic!("nobody could not attach: {e}: {}", tcps::last_attach_error()));
+    let c = Client::attach(env("TCPS_IT_SOCKET")).unwrap_or_else(|e| {
+        panic!(
+            "nobody could not attach: {e}: {}",
+            tcps::last_attach_error()
+        )
+    });
     let port: u16 = env("TCPS_IT_PORT").parse().unwrap();
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     let r = c.bind(s, &SocketAddr::from(([127, 0, 0, 1], port)));
@@ -320,7 +366,14 @@ fn child_unprivileged_bind() {
     );
     let s2 = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     let r2 = c.bind(s2, &"127.0.0.1:0".parse().unwrap());
-    mark("high-bind", if r2.is_ok() { "ok".into() } else { format!("{r2:?}") });
+    mark(
+        "high-bind",
+        if r2.is_ok() {
+            "ok".into()
+        } else {
+            format!("{r2:?}")
+        },
+    );
 }
 
 /// Calls with bad arguments get the kernel's errno or EINVAL/EAFNOSUPPORT,
@@ -346,9 +399,17 @@ fn bad_arguments(engine: &str) {
         "bind with an unknown address family",
     );
     let mut buf = [0u8; 4];
-    assert_errno(c.recv(s, &mut buf, 0), libc::ENOTCONN, "recv on an unconnected socket");
+    assert_errno(
+        c.recv(s, &mut buf, 0),
+        libc::ENOTCONN,
+        "recv on an unconnected socket",
+    );
     c.listen(s, 1).unwrap();
-    assert_errno(c.connect(s, &closed_port()), libc::EISCONN, "connect on a listener");
+    assert_errno(
+        c.connect(s, &closed_port()),
+        libc::EISCONN,
+        "connect on a listener",
+    );
     c.nop().unwrap();
 }
 

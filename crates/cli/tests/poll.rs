@@ -45,7 +45,9 @@ fn set(socks: &[u32], events: i16) -> Vec<PollFd> {
 }
 
 fn ready(fds: &[PollFd], bit: i16) -> Vec<usize> {
-    (0..fds.len()).filter(|&i| fds[i].revents & bit != 0).collect()
+    (0..fds.len())
+        .filter(|&i| fds[i].revents & bit != 0)
+        .collect()
 }
 
 fn poll_many(engine: &str) {
@@ -85,16 +87,26 @@ fn poll_many(engine: &str) {
     let t = Instant::now();
     let mut seen = std::collections::BTreeSet::new();
     while seen.len() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(10), "poll missed data: {seen:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "poll missed data: {seen:?}"
+        );
         let mut fds = set(&socks, libc::POLLIN);
         let n = c.poll(&mut fds, 10_000).unwrap();
         let r = ready(&fds, libc::POLLIN);
         assert_eq!(n, r.len(), "count matches revents: {fds:?}");
         assert!(n >= 1, "poll(timeout 10 s) returned 0 before its timeout");
-        assert!(r.iter().all(|i| *i == a || *i == b), "unexpected POLLIN on {r:?}");
+        assert!(
+            r.iter().all(|i| *i == a || *i == b),
+            "unexpected POLLIN on {r:?}"
+        );
         seen.extend(r);
     }
-    assert!(t.elapsed() < Duration::from_secs(5), "poll woke late: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "poll woke late: {:?}",
+        t.elapsed()
+    );
     writer.join().unwrap();
     let mut buf = [0u8; 16];
     let n = c.recv(socks[a], &mut buf, 0).unwrap();
@@ -144,14 +156,21 @@ fn poll_woken_by_other_thread(engine: &str) {
     };
     let t = Instant::now();
     let mut fds = set(&[b], libc::POLLIN);
-    let n = within(Duration::from_secs(10), "poll(-1) woken by a send", move || {
-        let n = c.poll(&mut fds, -1).unwrap();
-        (n, fds, c)
-    });
+    let n = within(
+        Duration::from_secs(10),
+        "poll(-1) woken by a send",
+        move || {
+            let n = c.poll(&mut fds, -1).unwrap();
+            (n, fds, c)
+        },
+    );
     let (n, fds, c) = n;
     assert_eq!(n, 1);
     assert_ne!(fds[0].revents & libc::POLLIN, 0);
-    assert!(t.elapsed() >= Duration::from_millis(90), "returned before the send");
+    assert!(
+        t.elapsed() >= Duration::from_millis(90),
+        "returned before the send"
+    );
     sender.join().unwrap();
     let mut buf = [0u8; 16];
     let k = c.recv(b, &mut buf, 0).unwrap();
@@ -168,9 +187,11 @@ fn poll_woken_by_other_thread(engine: &str) {
     std::thread::sleep(Duration::from_millis(100));
     c.close(b).unwrap();
     let t = Instant::now();
-    let (r, fds) = within(Duration::from_secs(10), "poll on a socket closed meanwhile", move || {
-        poller.join().unwrap()
-    });
+    let (r, fds) = within(
+        Duration::from_secs(10),
+        "poll on a socket closed meanwhile",
+        move || poller.join().unwrap(),
+    );
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "poll on a closed socket waited for its timeout"
@@ -205,10 +226,16 @@ fn concurrent_polls(engine: &str) {
     let t = Instant::now();
     let mut fds = set(&socks[1..2], libc::POLLIN);
     assert_eq!(c.poll(&mut fds, 5000).unwrap(), 1);
-    assert!(t.elapsed() < Duration::from_millis(1000), "blocked behind another poll");
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "blocked behind another poll"
+    );
     let (n, el) = long.join().unwrap();
     assert_eq!(n, 0);
-    assert!(el >= Duration::from_millis(1400), "long poll ended early: {el:?}");
+    assert!(
+        el >= Duration::from_millis(1400),
+        "long poll ended early: {el:?}"
+    );
 }
 
 fn capi_poll(engine: &str) {
@@ -266,7 +293,11 @@ fn child_capi_poll() {
     let t = Instant::now();
     // SAFETY: p holds 2 entries.
     assert_eq!(unsafe { tcps_poll(p.as_mut_ptr(), 2, 200) }, 0);
-    assert!(t.elapsed() >= Duration::from_millis(180), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(180),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(p[0].revents, 0);
 
     // A connection makes the listener readable.
@@ -295,4 +326,9 @@ fn child_capi_poll() {
     mark("capi", "ok");
 }
 
-engine_tests!(poll_many, poll_woken_by_other_thread, concurrent_polls, capi_poll);
+engine_tests!(
+    poll_many,
+    poll_woken_by_other_thread,
+    concurrent_polls,
+    capi_poll
+);

@@ -44,7 +44,12 @@ fn forged_indices(engine: &str) {
     // 1. req_tail forged to 3 over three zeroed slots (op 0: no such call).
     let h = RawHost::attach(&srv.socket).unwrap();
     h.region.header().channels_used.store(1, Ordering::Release);
-    h.region.channel(0).unwrap().ctl().req_tail.store(3, Ordering::Release);
+    h.region
+        .channel(0)
+        .unwrap()
+        .ctl()
+        .req_tail
+        .store(3, Ordering::Release);
     h.ring();
     match outcome(&h, 3, Duration::from_secs(3)) {
         Ok(cs) => {
@@ -62,7 +67,12 @@ fn forged_indices(engine: &str) {
     // 2. req_tail forged far past the ring: a protocol violation.
     let h2 = RawHost::attach(&srv.socket).unwrap();
     h2.region.header().channels_used.store(1, Ordering::Release);
-    h2.region.channel(0).unwrap().ctl().req_tail.store(1000, Ordering::Release);
+    h2.region
+        .channel(0)
+        .unwrap()
+        .ctl()
+        .req_tail
+        .store(1000, Ordering::Release);
     h2.ring();
     let r = outcome(&h2, 1000, Duration::from_secs(3));
     match &r {
@@ -98,7 +108,10 @@ fn forged_indices(engine: &str) {
     //    channels_used: clamped, and the request is served (Nop → 0).
     let h4 = RawHost::attach(&srv.socket).unwrap();
     let n = h4.region.layout().n_channels;
-    h4.region.header().channels_used.store(u32::MAX, Ordering::Release);
+    h4.region
+        .header()
+        .channels_used
+        .store(u32::MAX, Ordering::Release);
     let last = h4.region.channel(n - 1).unwrap();
     last.write_request(
         0,
@@ -116,7 +129,10 @@ fn forged_indices(engine: &str) {
             !h4.cut_off(),
             "a huge channels_used alone got the host cut off"
         );
-        assert!(t.elapsed() < Duration::from_secs(3), "Nop on the last channel never completed");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "Nop on the last channel never completed"
+        );
         h4.ring();
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -154,9 +170,13 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
     if keep_rings {
         for i in 0..span {
             let c = h.region.channel(i).unwrap().ctl();
-            c.cq_head.store(c.cq_tail.load(Ordering::Acquire), Ordering::Release);
+            c.cq_head
+                .store(c.cq_tail.load(Ordering::Acquire), Ordering::Release);
         }
-        if ctl.req_tail.load(Ordering::Relaxed).wrapping_sub(ctl.req_head.load(Ordering::Acquire))
+        if ctl
+            .req_tail
+            .load(Ordering::Relaxed)
+            .wrapping_sub(ctl.req_head.load(Ordering::Acquire))
             >= layout.ring_entries
         {
             return "ring full (skipped)";
@@ -180,7 +200,8 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
                 sock: u32::from_le_bytes(b[12..16].try_into().unwrap()),
                 buf_off: u32::from_le_bytes(b[16..20].try_into().unwrap()),
                 buf_len: u32::from_le_bytes(b[20..24].try_into().unwrap()),
-                args: [0, 1, 2, 3, 4].map(|i| u64::from_le_bytes(b[24 + i * 8..32 + i * 8].try_into().unwrap())),
+                args: [0, 1, 2, 3, 4]
+                    .map(|i| u64::from_le_bytes(b[24 + i * 8..32 + i * 8].try_into().unwrap())),
             };
             ch.write_request(tail, &r);
             ctl.req_tail.store(tail.wrapping_add(1), Ordering::Release);
@@ -200,8 +221,16 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
                 buf_len: small(rng) as u32,
                 args: [
                     // socket(AF_INET, SOCK_STREAM) half the time
-                    if rng.below(2) == 0 { libc::AF_INET as u64 } else { rng.next_u64() },
-                    if rng.below(2) == 0 { libc::SOCK_STREAM as u64 } else { small(rng) },
+                    if rng.below(2) == 0 {
+                        libc::AF_INET as u64
+                    } else {
+                        rng.next_u64()
+                    },
+                    if rng.below(2) == 0 {
+                        libc::SOCK_STREAM as u64
+                    } else {
+                        small(rng)
+                    },
                     0,
                     rng.next_u64(),
                     rng.next_u64(),
@@ -294,7 +323,9 @@ fn garbage(engine: &str, keep_rings: bool) {
             attaches += 1;
         }
         for _ in 0..1 + rng.below(3) {
-            *acts.entry(vandalize(&rogue, &mut rng, keep_rings)).or_default() += 1;
+            *acts
+                .entry(vandalize(&rogue, &mut rng, keep_rings))
+                .or_default() += 1;
         }
         if rng.below(4) != 0 {
             rogue.ring();
@@ -314,7 +345,10 @@ fn garbage(engine: &str, keep_rings: bool) {
             t.elapsed() < Duration::from_secs(20),
             "the well-behaved host stalled (seed {seed})"
         );
-        assert!(!worker.is_finished(), "the well-behaved host failed (seed {seed})");
+        assert!(
+            !worker.is_finished(),
+            "the well-behaved host failed (seed {seed})"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     stop.store(true, Ordering::Relaxed);
@@ -322,7 +356,11 @@ fn garbage(engine: &str, keep_rings: bool) {
         worker.join()
     })
     .unwrap_or_else(|_| panic!("the well-behaved host failed during the garbage (seed {seed})"));
-    assert!(srv.is_alive(), "server died (seed {seed}):\n{}", srv.log_text());
+    assert!(
+        srv.is_alive(),
+        "server died (seed {seed}):\n{}",
+        srv.log_text()
+    );
     // A brand-new host works too.
     let fresh = srv.attach();
     echo_roundtrip(&fresh, echo, &Rng::new(seed).bytes(1 << 20));
@@ -333,7 +371,10 @@ fn garbage(engine: &str, keep_rings: bool) {
     assert!(echoes.load(Ordering::Relaxed) >= 3);
     // Clean exit still works after all that.
     let st = srv.terminate(Duration::from_secs(5));
-    assert!(st.is_some_and(|s| s.success()), "exit after garbage: {st:?}");
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after garbage: {st:?}"
+    );
 }
 
 engine_tests!(forged_indices, garbage_never_hurts, garbage_requests_only);

@@ -203,7 +203,11 @@ impl Server {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.socket.exists() {
-            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!(
                     "tcps server ({}) exited before listening: {st}\n{}",
                     self.engine,
@@ -431,7 +435,8 @@ pub fn tcps_echo_exchange(c: &Client, s: u32, payload: &[u8]) -> Vec<u8> {
     std::thread::scope(|sc| {
         let sender = sc.spawn(|| {
             c.send_all(s, payload).expect("tcps send_all");
-            c.shutdown(s, libc::SHUT_WR).expect("tcps shutdown(SHUT_WR)");
+            c.shutdown(s, libc::SHUT_WR)
+                .expect("tcps shutdown(SHUT_WR)");
         });
         let got = tcps_recv_to_eof(c, s, payload.len());
         sender.join().expect("sender thread");
@@ -475,7 +480,9 @@ pub fn tcps_recv_exact(c: &Client, s: u32, n: usize) -> io::Result<Vec<u8>> {
 /// connect, exchange `payload`, compare SHA-256, close.
 #[track_caller]
 pub fn echo_roundtrip(c: &Client, echo: SocketAddr, payload: &[u8]) {
-    let s = c.tcp_connect(echo).expect("tcps connect to the echo server");
+    let s = c
+        .tcp_connect(echo)
+        .expect("tcps connect to the echo server");
     let got = tcps_echo_exchange(c, s, payload);
     assert_eq!(
         got.len(),
@@ -653,7 +660,11 @@ impl ChildProc {
                 Ok(line) => {
                     self.seen.push_str(&line);
                     self.seen.push('\n');
-                    if let Some(v) = line.split(MARK).nth(1).and_then(|r| r.strip_prefix(&prefix)) {
+                    if let Some(v) = line
+                        .split(MARK)
+                        .nth(1)
+                        .and_then(|r| r.strip_prefix(&prefix))
+                    {
                         return v.trim().to_string();
                     }
                 }
@@ -706,7 +717,11 @@ pub fn run_child(mut cmd: Command, limit: Duration) -> (ExitStatus, String, Stri
             );
         }
     };
-    (st, to.join().unwrap_or_default(), te.join().unwrap_or_default())
+    (
+        st,
+        to.join().unwrap_or_default(),
+        te.join().unwrap_or_default(),
+    )
 }
 
 /// The marks `key` a finished child printed.
