@@ -1,3 +1,85 @@
 #!/usr/bin/env bash
+# Runs the tcps test suite.
+#
+#   scripts/test.sh          everything: packages the tests need, release build,
+#                            C examples, `cargo test --release --workspace`
+#                            (unit + integration tests, both engines), then every
+#                            end-to-end script tests/*.sh
+#   scripts/test.sh --quick  unit tests only (`--lib`) and the proto crate's tests
+#
+# Environment: TCPS_IT_SEED replays a seed of the rogue-host garbage test.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+for arg in "$@"; do
+    case "$arg" in
+        --quick) quick=1 ;;
+        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "test.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if [ "$quick" = 1 ]; then
+    step "cargo test --release --workspace --lib"
+    cargo test --release --workspace --lib
+    step "cargo test --release -p tcps-proto"
+    cargo test --release -p tcps-proto
+    echo "test.sh --quick: ok"
+    exit 0
+fi
+
+# Debian packages the tests and end-to-end scripts use; installed only if
+# missing, with one `apt-get update` first.
+need_packages() {
+    local missing=() p
+    for p in curl wrk build-essential strace; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+            missing+=("$p")
+        fi
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if ! command -v apt-get >/dev/null; then
+        echo "test.sh: missing packages ${missing[*]} and no apt-get; continuing" >&2
+        return 0
+    fi
+    local sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null; then sudo=(sudo); else
+            echo "test.sh: missing packages ${missing[*]} (not root, no sudo); continuing" >&2
+            return 0
+        fi
+    fi
+    step "installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+start=$(date +%s)
+if command -v dpkg-query >/dev/null; then need_packages; fi
+
+step "cargo build --release"
+cargo build --release
+
+if [ -f Makefile ]; then
+    step "make examples"
+    make examples
+fi
+
+step "cargo test --release --workspace"
 cargo test --release --workspace
+
+shopt -s nullglob
+scripts=(tests/*.sh)
+for t in "${scripts[@]}"; do
+    step "$t"
+    if ! bash "$t"; then
+        echo "test.sh: $t failed" >&2
+        exit 1
+    fi
+done
+
+echo
+echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
