@@ -68,8 +68,9 @@ if [ -f Makefile ]; then
     make examples
 fi
 
+# --no-fail-fast: one failing test binary must not hide the results of the others.
 step "cargo test --release --workspace"
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast
 
 shopt -s nullglob
 scripts=(tests/*.sh)

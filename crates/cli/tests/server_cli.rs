@@ -180,7 +180,6 @@ fn sigterm_exits_cleanly(engine: &str) {
     assert!(c.nop().is_err());
     // SIGINT too.
     let mut srv = start_server(engine);
-    srv.attach().nop().unwrap();
     srv.signal(libc::SIGINT);
     let mut child = srv.child.take().unwrap();
     let st = wait_timeout(&mut child, Duration::from_secs(5)).expect("exit after SIGINT");
@@ -193,7 +192,7 @@ fn sigterm_exits_cleanly(engine: &str) {
 /// clean exit (status 0, socket file removed), not the default action.
 fn sigterm_right_after_start(engine: &str) {
     for round in 0..10 {
-        let mut srv = start_server(engine);
+        let mut srv = Server::start_raw(engine, &["--poll", "adaptive"]);
         srv.signal(libc::SIGTERM);
         let mut child = srv.child.take().unwrap();
         let st = wait_timeout(&mut child, Duration::from_secs(5)).expect("exit after SIGTERM");

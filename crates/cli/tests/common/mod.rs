@@ -176,6 +176,18 @@ impl Server {
     /// As [`start`](Server::start), with the server's soft RLIMIT_NOFILE
     /// lowered to `nofile_soft` (the hard limit stays: the server may raise it).
     pub fn start_limited(engine: &str, extra: &[&str], nofile_soft: Option<u64>) -> Server {
+        let s = Server::spawn(engine, extra, nofile_soft);
+        s.wait_signals_handled();
+        s
+    }
+
+    /// Starts a server and returns as soon as its control socket exists,
+    /// without waiting for its SIGTERM/SIGINT handling to be in place.
+    pub fn start_raw(engine: &str, extra: &[&str]) -> Server {
+        Server::spawn(engine, extra, None)
+    }
+
+    fn spawn(engine: &str, extra: &[&str], nofile_soft: Option<u64>) -> Server {
         raise_nofile();
         let dir = TempDir::new(&format!("srv-{engine}"));
         let socket = dir.path().join("tcps.sock");
@@ -198,6 +210,35 @@ impl Server {
         };
         s.wait_ready();
         s
+    }
+
+    /// Waits (bounded) until the server catches SIGTERM and SIGINT (`SigCgt`
+    /// in /proc/<pid>/status), so a signal sent by a test gets the clean
+    /// shutdown. (`SigBlk` is no sign: glibc blocks every signal for a moment
+    /// while it creates a thread.)
+    pub fn wait_signals_handled(&self) {
+        let want = (1u64 << (libc::SIGTERM - 1)) | (1u64 << (libc::SIGINT - 1));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+            let mask = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .unwrap_or(0)
+            };
+            if mask("SigCgt:") & want == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tcps server ({}) never caught SIGTERM/SIGINT:\n{status}",
+                self.engine
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     fn wait_ready(&mut self) {
