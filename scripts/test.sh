@@ -68,19 +68,23 @@ if [ -f Makefile ]; then
     make examples
 fi
 
-# --no-fail-fast: one failing test binary must not hide the results of the others.
+# --no-fail-fast: one failing test binary must not hide the results of the
+# others; the end-to-end scripts run even if a cargo test failed.
+failed=()
 step "cargo test --release --workspace"
-cargo test --release --workspace --no-fail-fast
+cargo test --release --workspace --no-fail-fast || failed+=("cargo test --release --workspace")
 
 shopt -s nullglob
 scripts=(tests/*.sh)
 for t in "${scripts[@]}"; do
     step "$t"
-    if ! bash "$t"; then
-        echo "test.sh: $t failed" >&2
-        exit 1
-    fi
+    bash "$t" || failed+=("$t")
 done
 
 echo
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "test.sh: FAILED after $(( $(date +%s) - start )) s:" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+fi
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
