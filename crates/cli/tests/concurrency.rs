@@ -163,6 +163,31 @@ fn thousand_connections_one_blocked(engine: &str) {
         "the recv on the idle connection returned without data: {:?}",
         brx.try_recv()
     );
+    // One poll over all 1000: nothing readable (every request was consumed),
+    // everything writable.
+    let mk = |ev: i16| -> Vec<tcps::PollFd> {
+        host_sock
+            .iter()
+            .map(|&sock| tcps::PollFd {
+                sock,
+                events: ev,
+                revents: 0,
+            })
+            .collect()
+    };
+    let mut fds = mk(libc::POLLIN);
+    assert_eq!(
+        c.poll(&mut fds, 0).unwrap(),
+        0,
+        "POLLIN over 1000 idle sockets"
+    );
+    let mut fds = mk(libc::POLLOUT);
+    assert_eq!(
+        c.poll(&mut fds, 0).unwrap(),
+        CONNS,
+        "POLLOUT over 1000 sockets"
+    );
+    assert!(fds.iter().all(|f| f.revents & libc::POLLOUT != 0));
     // Now give the blocked recv its data: it returns it.
     streams[0].write_all(b"finally").unwrap();
     let got = brx

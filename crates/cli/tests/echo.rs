@@ -132,6 +132,95 @@ fn ordered_small_sends(engine: &str) {
     c.close(s).unwrap();
 }
 
+/// recv flags: MSG_PEEK leaves the data, MSG_WAITALL waits for all of it
+/// (across several sends), MSG_DONTWAIT does not wait.
+fn recv_flags(engine: &str) {
+    use std::io::Write;
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
+    let (mut k, _) = l.accept().unwrap();
+    k.write_all(b"peekaboo").unwrap();
+    let mut b = [0u8; 8];
+    let t = std::time::Instant::now();
+    let n = loop {
+        let n = c.recv(s, &mut b, libc::MSG_PEEK).unwrap();
+        if n == 8 || t.elapsed() > std::time::Duration::from_secs(5) {
+            break n;
+        }
+    };
+    assert_eq!(&b[..n], b"peekaboo");
+    let mut b2 = [0u8; 8];
+    assert_eq!(
+        c.recv(s, &mut b2, 0).unwrap(),
+        8,
+        "peeked data is still there"
+    );
+    assert_eq!(&b2, b"peekaboo");
+
+    let mut rng = Rng::new(9);
+    let payload = rng.bytes(200_000); // < arena: one request
+    let p2 = payload.clone();
+    let writer = std::thread::spawn(move || {
+        for piece in p2.chunks(10_000) {
+            k.write_all(piece).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        k
+    });
+    let mut got = vec![0u8; payload.len()];
+    let n = c.recv(s, &mut got, libc::MSG_WAITALL).unwrap();
+    assert_eq!(n, payload.len(), "MSG_WAITALL returned early");
+    assert_eq!(sha256(&got), sha256(&payload));
+    let _k = writer.join().unwrap();
+    assert_errno(
+        c.recv(s, &mut b, libc::MSG_DONTWAIT),
+        libc::EAGAIN,
+        "MSG_DONTWAIT with nothing to read",
+    );
+}
+
+/// Socket options travel both ways.
+fn socket_options(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    assert_eq!(
+        c.getsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            .unwrap(),
+        0
+    );
+    c.setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+        .unwrap();
+    assert_eq!(
+        c.getsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_NODELAY)
+            .unwrap(),
+        1
+    );
+    c.setsockopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF, 65536)
+        .unwrap();
+    // Linux doubles the value.
+    assert_eq!(
+        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF)
+            .unwrap(),
+        131072
+    );
+    assert_eq!(
+        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_TYPE)
+            .unwrap(),
+        libc::SOCK_STREAM
+    );
+    assert_errno(
+        c.setsockopt_int(s, libc::SOL_SOCKET, 9999, 1),
+        libc::ENOPROTOOPT,
+        "unknown option",
+    );
+    c.close(s).unwrap();
+}
+
+engine_tests!(recv_flags, socket_options,);
+
 engine_tests!(
     echo_sizes,
     reverse_echo_v4,

@@ -206,6 +206,91 @@ fn eagain_nonblocking_recv(engine: &str) {
     c.close(s).unwrap();
 }
 
+/// Non-blocking send to a peer that does not read: a short count or
+/// EAGAIN once the buffers are full, never a hang. Non-blocking accept with
+/// nothing pending: EAGAIN.
+fn eagain_nonblocking_send_and_accept(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (s, k) = connected_pair(&c);
+    c.set_nonblocking(s, true).unwrap();
+    let chunk = vec![7u8; 64 * 1024];
+    let mut total = 0usize;
+    let mut short = false;
+    let t = Instant::now();
+    let e = loop {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "non-blocking send never reported EAGAIN"
+        );
+        assert!(total < 1 << 30, "sent 1 GiB to a peer that does not read");
+        match c.send(s, &chunk, 0) {
+            Ok(n) => {
+                short |= n < chunk.len();
+                total += n
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(errno_of(&e), libc::EAGAIN, "{e}");
+    assert!(total > 0, "nothing was sent before EAGAIN");
+    eprintln!("{engine}: {total} bytes queued before EAGAIN (short write seen: {short})");
+    // MSG_DONTWAIT on a blocking socket behaves the same.
+    c.set_nonblocking(s, false).unwrap();
+    assert_errno(
+        c.send(s, &chunk, libc::MSG_DONTWAIT),
+        libc::EAGAIN,
+        "send(MSG_DONTWAIT) with full buffers",
+    );
+    // The bytes that were accepted all arrive, in order.
+    let reader = std::thread::spawn(move || {
+        let mut k = k;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        while got < total {
+            let n = k.read(&mut buf).unwrap();
+            assert!(n > 0, "EOF after {got} of {total}");
+            assert!(buf[..n].iter().all(|&b| b == 7));
+            got += n;
+        }
+        got
+    });
+    assert_eq!(
+        within(
+            Duration::from_secs(20),
+            "reading what was queued",
+            move || reader.join().unwrap()
+        ),
+        total
+    );
+
+    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+    c.set_nonblocking(l, true).unwrap();
+    assert_errno(
+        c.accept(l, 0),
+        libc::EAGAIN,
+        "non-blocking accept, nothing pending",
+    );
+    let _k = TcpStream::connect(c.getsockname(l).unwrap()).unwrap();
+    let t = Instant::now();
+    let (a, _) = loop {
+        match c.accept(l, libc::SOCK_NONBLOCK) {
+            Ok(v) => break v,
+            Err(e) if errno_of(&e) == libc::EAGAIN && t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("non-blocking accept with a pending connection: {e}"),
+        }
+    };
+    // SOCK_NONBLOCK on accept gives a non-blocking socket.
+    let mut b = [0u8; 4];
+    assert_errno(
+        c.recv(a, &mut b, 0),
+        libc::EAGAIN,
+        "recv on an accept4(SOCK_NONBLOCK) socket",
+    );
+}
+
 fn einprogress_connect(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
@@ -419,6 +504,7 @@ engine_tests!(
     ebadf,
     epipe_after_reset,
     eagain_nonblocking_recv,
+    eagain_nonblocking_send_and_accept,
     einprogress_connect,
     eacces_unprivileged_low_port,
     bad_arguments,
