@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -279,7 +279,62 @@ fn child_echo_host() {
     mark("done", "ok");
 }
 
+/// A thread-per-connection server with more idle connections than the host
+/// has channels: every channel is held by a recv that waits for data. A call
+/// on another socket (here: the send that would wake one of them, and a
+/// plain echo) must still run: "a blocking call on one socket never delays
+/// another".
+fn more_blocked_calls_than_channels(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let n = c.n_channels() + 2;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut kernel = Vec::new();
+    let mut socks = Vec::new();
+    for _ in 0..n {
+        socks.push(c.tcp_connect(l.local_addr().unwrap()).unwrap());
+        kernel.push(l.accept().unwrap().0);
+    }
+    let (tx, rx) = mpsc::channel();
+    for &s in &socks {
+        let (c, tx) = (c.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let _ = tx.send((s, c.recv(s, &mut b, 0).map(|k| b[..k].to_vec())));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let echo = kernel_echo_server("127.0.0.1:0");
+    let c2 = c.clone();
+    let r = std::thread::spawn(move || {
+        echo_roundtrip(&c2, echo, b"am I delayed?");
+    });
+    let t = Instant::now();
+    while !r.is_finished() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let finished = r.is_finished();
+    // Release the blocked recvs either way, so the test ends.
+    for k in kernel.iter_mut() {
+        k.write_all(b"bye").unwrap();
+    }
+    for _ in 0..n {
+        let (_, got) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("recv released");
+        assert_eq!(got.unwrap(), b"bye");
+    }
+    assert!(
+        finished,
+        "{} recvs blocked on idle connections ({} channels) stalled an unrelated echo for 5 s",
+        n,
+        c.n_channels()
+    );
+    r.join().unwrap();
+}
+
 engine_tests!(
+    more_blocked_calls_than_channels,
     thousand_connections_one_blocked,
     many_threads_one_host,
     two_host_processes

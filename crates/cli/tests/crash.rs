@@ -185,7 +185,41 @@ fn server_sigterm_fails_blocked_calls(engine: &str) {
     );
 }
 
+/// A recv blocked in one host thread is ended, not left hanging, when
+/// another thread closes its socket, shuts it down, or the host detaches.
+fn blocked_recv_is_released(engine: &str) {
+    let srv = start_server(engine);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    for how in ["shutdown", "close", "detach"] {
+        let c = srv.attach();
+        let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
+        let (_k, _) = l.accept().unwrap();
+        let c2 = c.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 16];
+            let _ = tx.send(c2.recv(s, &mut b, 0).map_err(|e| errno_of(&e)));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        match how {
+            "shutdown" => c.shutdown(s, libc::SHUT_RDWR).unwrap(),
+            "close" => c.close(s).unwrap(),
+            _ => c.detach(),
+        }
+        let r = rx
+            .recv_timeout(Duration::from_secs(2))
+            .unwrap_or_else(|_| panic!("{how}: the blocked recv still hangs 2 s later"));
+        match (how, r) {
+            ("shutdown", Ok(0)) => {}
+            ("close", Err(e)) if e == libc::EBADF => {}
+            ("detach", Err(e)) if [libc::ECONNRESET, libc::ENOTCONN].contains(&e) => {}
+            (how, r) => panic!("{how}: blocked recv ended with {:?}", r.map_err(errno_name)),
+        }
+    }
+}
+
 engine_tests!(
+    blocked_recv_is_released,
     host_sigkill_frees_ports,
     server_sigkill_fails_calls,
     server_sigkill_idle_host,

@@ -267,7 +267,83 @@ fn control_socket_lifecycle(engine: &str) {
     assert!(!Path::new(&sock).exists());
 }
 
+/// `--channels` and `--arena-kib` shape every host's region; transfers
+/// larger than a small arena are split and still arrive intact.
+fn geometry_flags(engine: &str) {
+    let srv = Server::start(
+        engine,
+        &["--poll", "adaptive", "--channels", "3", "--arena-kib", "16"],
+    );
+    let c = srv.attach();
+    assert_eq!(c.n_channels(), 3);
+    assert_eq!(c.arena_size(), 16 * 1024);
+    let echo = kernel_echo_server("127.0.0.1:0");
+    let mut rng = Rng::new(11);
+    for n in [1usize, 16 * 1024, 16 * 1024 + 1, 1 << 20] {
+        echo_roundtrip(&c, echo, &rng.bytes(n));
+    }
+    // More threads than channels: short calls queue for a channel, all complete.
+    let threads: Vec<_> = (0..6u64)
+        .map(|_| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    c.nop().unwrap();
+                }
+            })
+        })
+        .collect();
+    within(
+        Duration::from_secs(30),
+        "6 threads on 3 channels",
+        move || {
+            for t in threads {
+                t.join().unwrap();
+            }
+        },
+    );
+}
+
+/// `--cpus 0,1`: one worker per CPU, pinned; hosts spread over the workers
+/// all work.
+fn cpus_flag(engine: &str) {
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let list = if ncpu >= 2 { "0,1" } else { "0" };
+    let srv = Server::start(engine, &["--poll", "adaptive", "--cpus", list]);
+    let hosts: Vec<Client> = (0..3).map(|_| srv.attach()).collect();
+    let echo = kernel_echo_server("127.0.0.1:0");
+    for (i, c) in hosts.iter().enumerate() {
+        echo_roundtrip(c, echo, &Rng::new(i as u64).bytes(100_000));
+    }
+    let mut pinned = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{}/task", srv.pid())).unwrap() {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if let Some(idx) = comm.trim().strip_prefix("tcps-worker-") {
+            let status = std::fs::read_to_string(t.join("status")).unwrap();
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim()
+                .to_string();
+            pinned.push((idx.to_string(), cpus));
+        }
+    }
+    pinned.sort();
+    let want: Vec<(String, String)> = list
+        .split(',')
+        .enumerate()
+        .map(|(i, c)| (i.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(pinned, want, "worker threads and their CPUs");
+}
+
 engine_tests!(
+    geometry_flags,
+    cpus_flag,
     bad_flags,
     config_file,
     sigterm_exits_cleanly,
