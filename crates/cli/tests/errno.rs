@@ -400,7 +400,8 @@ fn eacces_unprivileged_low_port(engine: &str) {
 
     // uid/gid 65534 may not.
     let port = free_low_port(&mut rng);
-    let mut cmd = child_command("child_unprivileged_bind", "unprivileged-bind");
+    let exe = world_executable_self(srv.dir.path());
+    let mut cmd = child_command_exe(&exe, "child_unprivileged_bind", "unprivileged-bind");
     cmd.env("TCPS_IT_SOCKET", &srv.socket)
         .env("TCPS_IT_PORT", port.to_string())
         .uid(65534)

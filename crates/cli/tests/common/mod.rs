@@ -147,7 +147,7 @@ pub fn raise_nofile() -> u64 {
         }
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
     }
-    rl.rlim_cur as u64
+    rl.rlim_cur
 }
 
 // ---- the server subprocess -------------------------------------------------
@@ -652,7 +652,40 @@ pub fn mark(key: &str, value: impl std::fmt::Display) {
 
 /// Re-executes this test binary to run only test `test_name` as `role`.
 pub fn child_command(test_name: &str, role: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().expect("current_exe"));
+    child_command_exe(
+        &std::env::current_exe().expect("current_exe"),
+        test_name,
+        role,
+    )
+}
+
+/// This test binary as a path any user can execute: itself if every
+/// directory above it is searchable and it is world-executable, else a copy
+/// in `dir` (which must be world-searchable).
+pub fn world_executable_self(dir: &Path) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mode = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0)
+    };
+    let ok = mode(&exe) & 0o005 == 0o005
+        && exe
+            .ancestors()
+            .skip(1)
+            .all(|d| d.as_os_str().is_empty() || mode(d) & 0o001 != 0);
+    if ok {
+        return exe;
+    }
+    let copy = dir.join("test-binary");
+    std::fs::copy(&exe, &copy).expect("copy the test binary");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+/// As [`child_command`], running the binary at `exe`.
+pub fn child_command_exe(exe: &Path, test_name: &str, role: &str) -> Command {
+    let mut c = Command::new(exe);
     die_with_parent(&mut c);
     c.args(["--exact", test_name, "--nocapture", "--test-threads=1"])
         .env(ROLE_ENV, role)
