@@ -191,7 +191,7 @@ fn sigterm_exits_cleanly(engine: &str) {
 /// server is up: a SIGTERM sent as soon as it appears must already get the
 /// clean exit (status 0, socket file removed), not the default action.
 fn sigterm_right_after_start(engine: &str) {
-    for round in 0..10 {
+    for round in 0..30 {
         let mut srv = Server::start_raw(engine, &["--poll", "adaptive"]);
         srv.signal(libc::SIGTERM);
         let mut child = srv.child.take().unwrap();
