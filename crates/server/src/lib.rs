@@ -85,11 +85,14 @@ pub struct Shared {
     pub refused_hosts: AtomicU64,
 }
 
-/// The eventfd a signal handler rings to stop the server (-1: none).
+/// The eventfd a signal handler rings to stop the server (-1: none yet).
 static SHUTDOWN_FD: AtomicI32 = AtomicI32::new(-1);
+/// A stop signal that arrived before the server was up.
+static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    let fd = SHUTDOWN_FD.load(Ordering::Relaxed);
+    STOP_REQUESTED.store(true, Ordering::SeqCst);
+    let fd = SHUTDOWN_FD.load(Ordering::SeqCst);
     if fd >= 0 {
         let one = 1u64.to_ne_bytes();
         // SAFETY: write(2) is async-signal-safe; the buffer is valid.
@@ -97,19 +100,23 @@ extern "C" fn on_signal(_: libc::c_int) {
     }
 }
 
-/// Runs a server until SIGINT/SIGTERM (if `handle_signals`) or until the
-/// returned [`Stopper`] is used from another thread (see [`start`]).
+/// Runs a server until SIGINT or SIGTERM, then shuts it down cleanly.
 pub fn run(cfg: Config) -> io::Result<()> {
-    let server = start(cfg)?;
-    SHUTDOWN_FD.store(server.shutdown.as_raw_fd(), Ordering::Relaxed);
+    // Handlers first: a signal that arrives while the server starts must
+    // still stop it cleanly (and remove its socket file).
     // SAFETY: installing an async-signal-safe handler for two signals.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    let server = start(cfg)?;
+    SHUTDOWN_FD.store(server.shutdown.as_raw_fd(), Ordering::SeqCst);
+    if STOP_REQUESTED.load(Ordering::SeqCst) {
+        server.stop();
+    }
     server.wait();
-    SHUTDOWN_FD.store(-1, Ordering::Relaxed);
+    SHUTDOWN_FD.store(-1, Ordering::SeqCst);
     Ok(())
 }
 

@@ -178,6 +178,7 @@ impl Server {
     pub fn start_limited(engine: &str, extra: &[&str], nofile_soft: Option<u64>) -> Server {
         let s = Server::spawn(engine, extra, nofile_soft);
         s.wait_signals_handled();
+        s.wait_listening_logged();
         s
     }
 
@@ -279,6 +280,20 @@ impl Server {
                 self.log_text()
             )
         })
+    }
+
+    /// Waits (bounded) for the server's "listening" log line, written once
+    /// every worker runs, so tests that read the log see the startup lines.
+    fn wait_listening_logged(&self) {
+        let t = Instant::now();
+        while !self.log_text().contains("tcps server listening") {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "server never logged that it listens:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn log_text(&self) -> String {
