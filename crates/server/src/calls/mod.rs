@@ -1,0 +1,294 @@
+//! Executing host calls on kernel sockets.
+//!
+//! Every call is tried at once with a non-blocking syscall. A call that
+//! would block on a blocking socket is *parked* on its socket (accept/recv
+//! on `readers`, send/connect on `writers`, in issue order) and its
+//! descriptor armed in the engine; when the engine reports readiness the
+//! parked calls are retried in order. So one waiting socket never delays
+//! another, and calls on one socket complete in the order they were issued.
+//!
+//! Data moves straight between the kernel and the host's arena: `send`
+//! reads from it and `recv` writes into it, with no buffer at the server.
+
+mod blocking;
+mod poll;
+
+pub use blocking::on_socket_ready;
+pub use poll::on_poll_timeout;
+
+use crate::engine::Engine;
+use crate::host::{Host, Sock};
+use crate::sys::{self, RawAddr};
+use crate::token::{GEN_MASK, MAX_SOCKETS_PER_HOST};
+use crate::Config;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+use tcps_proto::msg::{ArenaRange, Call};
+use tcps_proto::{addr, futex, Completion, Op, Request};
+use tracing::{debug, warn};
+
+/// A call's outcome: `(result, aux)` or an errno.
+pub type Res = Result<(i64, u64), i32>;
+
+/// Deadline of a parked poll: (when, host key, poll key, poll serial).
+pub type Timers = BinaryHeap<Reverse<(Instant, usize, usize, u64)>>;
+
+/// What a call needs from the worker besides its host.
+pub struct Ctx<'a> {
+    pub engine: &'a mut dyn Engine,
+    pub cfg: &'a Config,
+    pub hkey: usize,
+    pub timers: &'a mut Timers,
+    pub next_serial: &'a mut u64,
+}
+
+/// Publishes a completion; a host that broke its ring is doomed.
+pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
+    let (result, errno, aux) = match res {
+        Ok((r, aux)) => (r, 0, aux),
+        Err(e) => (-1, e, 0),
+    };
+    let Some(chan) = host.region.channel(ch) else {
+        return;
+    };
+    let c = Completion {
+        user_data,
+        op: op as u16,
+        _pad: 0,
+        errno,
+        result,
+        aux,
+    };
+    match host.cursors[ch as usize].complete(&chan, &c) {
+        Ok(true) => futex::wake_all(&chan.ctl().cq_tail),
+        Ok(false) => {}
+        Err(e) => host.doomed = Some(format!("channel {ch}: {e}")),
+    }
+}
+
+/// Executes (or parks) one request a host published on channel `ch`.
+pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
+    let call = match Call::decode(&req, host.layout.arena_size) {
+        Ok(c) => c,
+        Err(why) => {
+            host.stats.invalid += 1;
+            debug!(host = host.id, ch, ?why, "invalid request");
+            let op = Op::from_u16(req.op).unwrap_or(Op::Nop);
+            return complete(host, ch, req.user_data, op, Err(libc::EINVAL));
+        }
+    };
+    let Some(op) = Op::from_u16(req.op) else {
+        return;
+    };
+    host.stats.calls[op as usize % 32] += 1;
+    let res = match call {
+        Call::Nop => Ok((0, 0)),
+        Call::Socket {
+            domain,
+            ty,
+            protocol,
+        } => new_socket(cx, host, domain, ty, protocol),
+        Call::Bind { sock, addr } => bind(cx, host, ch, sock, addr),
+        Call::Listen { sock, backlog } => {
+            with_fd(host, sock, |fd| sys::listen(fd, backlog).map(|_| (0, 0)))
+        }
+        Call::Accept { sock, .. }
+        | Call::Recv { sock, .. }
+        | Call::Send { sock, .. }
+        | Call::Connect { sock, .. } => {
+            return blocking::start(cx, host, ch, req.user_data, op, call, sock)
+        }
+        Call::Shutdown { sock, how } => {
+            with_fd(host, sock, |fd| sys::shutdown(fd, how).map(|_| (0, 0)))
+        }
+        Call::Close { sock } => close_socket(cx, host, sock),
+        Call::SetSockOpt {
+            sock,
+            level,
+            name,
+            value,
+        } => setsockopt(host, ch, sock, level, name, value),
+        Call::GetSockOpt {
+            sock,
+            level,
+            name,
+            value,
+        } => getsockopt(host, ch, sock, level, name, value),
+        Call::GetSockName { sock, addr } => sockname(host, ch, sock, addr, sys::getsockname),
+        Call::GetPeerName { sock, addr } => sockname(host, ch, sock, addr, sys::getpeername),
+        Call::Poll {
+            entries,
+            timeout_ms,
+            ..
+        } => return poll::start(cx, host, ch, req.user_data, entries, timeout_ms),
+        Call::Fcntl { sock, cmd, arg } => fcntl(host, sock, cmd, arg),
+    };
+    complete(host, ch, req.user_data, op, res);
+}
+
+fn with_fd(host: &Host, sock: u32, f: impl FnOnce(i32) -> sys::SysResult<(i64, u64)>) -> Res {
+    let s = host.socket(sock).ok_or(libc::EBADF)?;
+    f(s.fd.as_raw_fd())
+}
+
+/// Admission control per host: EMFILE once the host holds its quota of sockets.
+pub(crate) fn check_quota(cx: &Ctx<'_>, host: &mut Host) -> Result<(), i32> {
+    if host.sockets.len() >= cx.cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
+        host.stats.refused_sockets += 1;
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            limit = cx.cfg.max_sockets_per_host,
+            "socket refused: per-host quota reached (--max-sockets-per-host)"
+        );
+        return Err(libc::EMFILE);
+    }
+    Ok(())
+}
+
+pub(crate) fn insert_socket(
+    cx: &Ctx<'_>,
+    host: &mut Host,
+    fd: OwnedFd,
+    nonblocking: bool,
+) -> Result<u32, i32> {
+    check_quota(cx, host)?;
+    host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
+    let id = host
+        .sockets
+        .insert(Sock::new(fd, host.next_gen, nonblocking));
+    Ok(id as u32)
+}
+
+fn new_socket(cx: &Ctx<'_>, host: &mut Host, domain: i32, ty: i32, protocol: i32) -> Res {
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    if ty & !flags != libc::SOCK_STREAM {
+        return Err(libc::ESOCKTNOSUPPORT); // only TCP is offloaded
+    }
+    if protocol != 0 && protocol != libc::IPPROTO_TCP {
+        return Err(libc::EPROTONOSUPPORT);
+    }
+    check_quota(cx, host)?;
+    let fd = sys::socket(domain, libc::SOCK_STREAM, protocol)?;
+    let id = insert_socket(cx, host, fd, flags & libc::SOCK_NONBLOCK != 0)?;
+    Ok((id as i64, 0))
+}
+
+pub(crate) fn arena_bytes(host: &Host, ch: u32, r: ArenaRange) -> Vec<u8> {
+    let mut b = vec![0u8; r.len as usize];
+    if let Some(c) = host.region.channel(ch) {
+        c.copy_from_arena(r.off, &mut b);
+    }
+    b
+}
+
+/// Writes `bytes` (truncated to the range) into the arena; returns the full length.
+pub(crate) fn write_arena(host: &Host, ch: u32, r: ArenaRange, bytes: &[u8]) -> u64 {
+    let n = bytes.len().min(r.len as usize);
+    if let Some(c) = host.region.channel(ch) {
+        c.copy_to_arena(r.off, &bytes[..n]);
+    }
+    bytes.len() as u64
+}
+
+fn bind(cx: &Ctx<'_>, host: &mut Host, ch: u32, sock: u32, a: ArenaRange) -> Res {
+    let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
+    let bytes = arena_bytes(host, ch, a);
+    let parsed = addr::parse(&bytes).map_err(|e| match e {
+        addr::AddrError::TooShort => libc::EINVAL,
+        addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
+    })?;
+    if !host
+        .privileges
+        .may_bind(parsed.port(), cx.cfg.unprivileged_port_start)
+    {
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            port = parsed.port(),
+            "bind refused: host lacks CAP_NET_BIND_SERVICE"
+        );
+        return Err(libc::EACCES);
+    }
+    sys::bind(fd, &RawAddr::from_bytes(&bytes)).map(|_| (0, 0))
+}
+
+fn setsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
+    let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
+    let value = arena_bytes(host, ch, v);
+    if !host.privileges.may_setsockopt(level, name, &value) {
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            level,
+            name,
+            "setsockopt refused: host lacks the capability"
+        );
+        return Err(libc::EPERM);
+    }
+    sys::setsockopt(fd, level, name, &value).map(|_| (0, 0))
+}
+
+fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
+    let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
+    let mut buf = vec![0u8; v.len as usize];
+    let len = sys::getsockopt(fd, level, name, &mut buf)?;
+    write_arena(host, ch, v, &buf[..len.min(buf.len())]);
+    Ok((0, len as u64))
+}
+
+fn sockname(
+    host: &Host,
+    ch: u32,
+    sock: u32,
+    a: ArenaRange,
+    f: fn(i32) -> sys::SysResult<RawAddr>,
+) -> Res {
+    let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
+    let raw = f(fd)?;
+    Ok((0, write_arena(host, ch, a, raw.as_bytes())))
+}
+
+fn fcntl(host: &mut Host, sock: u32, cmd: i32, arg: i64) -> Res {
+    let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
+    match cmd {
+        libc::F_GETFL => Ok((
+            (libc::O_RDWR | if s.nonblocking { libc::O_NONBLOCK } else { 0 }) as i64,
+            0,
+        )),
+        libc::F_SETFL => {
+            s.nonblocking = arg & libc::O_NONBLOCK as i64 != 0;
+            Ok((0, 0))
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
+    let s = host.sockets.remove(sock as usize).ok_or(libc::EBADF)?;
+    cx.engine.forget(s.fd.as_raw_fd(), 0);
+    for p in s.readers.iter().chain(s.writers.iter()) {
+        complete(host, p.ch, p.user_data, p.op, Err(libc::EBADF));
+    }
+    drop(s.fd);
+    for (pkey, _) in s.pollers {
+        poll::recheck(host, pkey);
+    }
+    Ok((0, 0))
+}
+
+/// Closes every socket of a host that is going away. Parked calls are not
+/// answered: the host is dead or being cut off.
+pub fn close_all(engine: &mut dyn Engine, host: &mut Host) {
+    for k in host.sockets.keys() {
+        if let Some(s) = host.sockets.remove(k) {
+            engine.forget(s.fd.as_raw_fd(), 0);
+        }
+    }
+}

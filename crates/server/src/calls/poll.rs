@@ -1,0 +1,146 @@
+//! `Poll`: readiness over many sockets, like poll(2). Evaluated at once with
+//! one poll(2) over the kernel descriptors; if nothing is ready and the
+//! timeout allows, the call is parked on every socket of its set and
+//! re-evaluated when any of them reports readiness, or when its deadline
+//! (a worker timer) expires.
+
+use super::blocking::{announce_parked, rearm};
+use super::{arena_bytes, complete, write_arena, Ctx, Res};
+use crate::host::{Host, ParkedPoll};
+use crate::sys;
+use std::cmp::Reverse;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+use tcps_proto::msg::{ArenaRange, PollEntry};
+use tcps_proto::Op;
+
+fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry> {
+    arena_bytes(host, ch, r)
+        .chunks_exact(8)
+        .map(|c| PollEntry {
+            sock: u32::from_ne_bytes([c[0], c[1], c[2], c[3]]),
+            events: i16::from_ne_bytes([c[4], c[5]]),
+            revents: 0,
+        })
+        .collect()
+}
+
+/// Polls the sockets of a poll set once; writes revents back to the arena.
+/// Returns how many entries are ready.
+fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<PollEntry>), i32> {
+    let mut entries = read_entries(host, ch, r);
+    let mut pfds = Vec::with_capacity(entries.len());
+    let mut idx = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter_mut().enumerate() {
+        match host.socket(e.sock) {
+            Some(s) => {
+                pfds.push(libc::pollfd {
+                    fd: s.fd.as_raw_fd(),
+                    events: e.events,
+                    revents: 0,
+                });
+                idx.push(i);
+            }
+            None => e.revents = libc::POLLNVAL,
+        }
+    }
+    if !pfds.is_empty() {
+        sys::poll_now(&mut pfds)?;
+    }
+    for (pfd, &i) in pfds.iter().zip(&idx) {
+        entries[i].revents = pfd.revents;
+    }
+    let ready = entries.iter().filter(|e| e.revents != 0).count();
+    let mut out = Vec::with_capacity(entries.len() * 8);
+    for e in &entries {
+        out.extend_from_slice(&e.sock.to_ne_bytes());
+        out.extend_from_slice(&e.events.to_ne_bytes());
+        out.extend_from_slice(&e.revents.to_ne_bytes());
+    }
+    write_arena(host, ch, r, &out);
+    Ok((ready, entries))
+}
+
+pub(super) fn start(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    ch: u32,
+    user_data: u64,
+    r: ArenaRange,
+    timeout_ms: i64,
+) {
+    let (ready, entries) = match evaluate_poll(host, ch, r) {
+        Ok(v) => v,
+        Err(e) => return complete(host, ch, user_data, Op::Poll, Err(e)),
+    };
+    if ready > 0 || timeout_ms == 0 {
+        return complete(host, ch, user_data, Op::Poll, Ok((ready as i64, 0)));
+    }
+    *cx.next_serial += 1;
+    let serial = *cx.next_serial;
+    let deadline =
+        (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let mut socks: Vec<u32> = entries.iter().map(|e| e.sock).collect();
+    socks.sort_unstable();
+    socks.dedup();
+    let pkey = host.polls.insert(ParkedPoll {
+        ch,
+        user_data,
+        entries: r,
+        socks: socks.clone(),
+        serial,
+    });
+    if let Some(d) = deadline {
+        cx.timers.push(Reverse((d, cx.hkey, pkey, serial)));
+    }
+    host.stats.parked += 1;
+    announce_parked(host, ch, user_data);
+    let hkey = cx.hkey;
+    for e in &entries {
+        if let Some(sock) = host.socket_mut(e.sock) {
+            sock.pollers.push((pkey, e.events));
+        }
+    }
+    for sid in socks {
+        if let Some(sock) = host.socket_mut(sid) {
+            rearm(cx.engine, hkey, sid, sock);
+        }
+    }
+}
+
+fn finish_poll(host: &mut Host, pkey: usize, res: Res) {
+    let Some(p) = host.polls.remove(pkey) else {
+        return;
+    };
+    for sid in &p.socks {
+        if let Some(s) = host.socket_mut(*sid) {
+            s.pollers.retain(|(k, _)| *k != pkey);
+        }
+    }
+    complete(host, p.ch, p.user_data, Op::Poll, res);
+}
+
+pub(super) fn recheck(host: &mut Host, pkey: usize) {
+    let Some(p) = host.polls.get(pkey) else {
+        return;
+    };
+    let (ch, r) = (p.ch, p.entries);
+    match evaluate_poll(host, ch, r) {
+        Ok((0, _)) => {}
+        Ok((ready, _)) => finish_poll(host, pkey, Ok((ready as i64, 0))),
+        Err(e) => finish_poll(host, pkey, Err(e)),
+    }
+}
+
+/// A parked poll's timeout expired.
+pub fn on_poll_timeout(host: &mut Host, pkey: usize, serial: u64) {
+    let Some(p) = host.polls.get(pkey) else {
+        return;
+    };
+    if p.serial != serial {
+        return;
+    }
+    let (ch, r) = (p.ch, p.entries);
+    let res = evaluate_poll(host, ch, r).map(|(ready, _)| (ready as i64, 0));
+    finish_poll(host, pkey, res);
+}
