@@ -1,8 +1,10 @@
 //! [`Client`]: BSD socket calls executed by the TCP server.
 //!
-//! Each call checks out a channel, puts its input bytes in the channel's
-//! arena, runs one request/completion exchange and copies output bytes back.
-//! Everything in a completion is bounded by what the request offered.
+//! Each call checks out a piece of a channel (an arena range; see
+//! `channel`), puts its input bytes in it, runs one request/completion
+//! exchange and copies output bytes back. Arena offsets here are relative to
+//! the call's range. Everything in a completion is bounded by what the
+//! request offered.
 
 use crate::attach::{self, default_path};
 use crate::channel::{Conn, HostStats, Lease};
@@ -88,12 +90,15 @@ impl Client {
         self.conn.is_open()
     }
 
-    /// Bytes of data arena per channel: the most one send/recv request moves.
+    /// Bytes of data arena per channel. One send/recv request moves at most
+    /// 15/16 of it (the rest is kept for calls that may share the channel
+    /// while this one waits), and less when it shares a busy channel.
     pub fn arena_size(&self) -> usize {
         self.conn.arena_size() as usize
     }
 
-    /// Channels in the region: how many calls can be in flight at once.
+    /// Channels in the region. Calls beyond this many in flight at once
+    /// share channels (each carries up to `ring_entries - 1` calls).
     pub fn n_channels(&self) -> usize {
         self.conn.n_channels() as usize
     }
@@ -103,26 +108,29 @@ impl Client {
         self.conn.stats()
     }
 
-    /// Runs `f` on a checked-out channel; `dead` is the errno when the
-    /// attachment is gone before the call starts.
+    /// Runs `f` on a checked-out channel with an arena range of at least
+    /// `min` and up to `want` bytes (`Lease::room`); `dead` is the errno
+    /// when the attachment is gone before the call starts.
     fn with_channel<T>(
         &self,
         dead: i32,
+        min: usize,
+        want: usize,
         f: impl FnOnce(&mut Lease<'_>) -> io::Result<T>,
     ) -> io::Result<T> {
         self.conn.check_open(dead)?;
-        let mut lease = self.conn.checkout(dead)?;
-        f(&mut lease)
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        self.conn.with_lease(dead, clamp(min), clamp(want), f)
     }
 
     /// A call with no arena traffic.
     fn simple(&self, req: Request) -> io::Result<Completion> {
-        self.with_channel(libc::ENOTCONN, |l| l.exchange(req))
+        self.with_channel(libc::ENOTCONN, 0, 0, |l| l.exchange(req))
     }
 
     /// A call whose only input is `bytes` at arena offset 0.
     fn with_input(&self, mut req: Request, bytes: &[u8]) -> io::Result<Completion> {
-        self.with_channel(libc::ENOTCONN, |l| {
+        self.with_channel(libc::ENOTCONN, bytes.len(), bytes.len(), |l| {
             l.put(0, bytes)?;
             req.buf_off = 0;
             req.buf_len = bytes.len() as u32;
@@ -139,8 +147,8 @@ impl Client {
         out: &mut [u8],
         max: u32,
     ) -> io::Result<(Completion, usize)> {
-        self.with_channel(libc::ENOTCONN, |l| {
-            let cap = out.len().min(max as usize);
+        let cap = out.len().min(max as usize);
+        self.with_channel(libc::ENOTCONN, cap, cap, |l| {
             req.buf_off = 0;
             req.buf_len = cap as u32;
             let c = l.exchange(req)?;
@@ -217,12 +225,12 @@ impl Client {
         self.with_input(request(Op::Connect, s), sockaddr).map(drop)
     }
 
-    /// send(2). Data larger than the arena goes in arena-sized requests;
-    /// the result is short if a request was (a non-blocking socket), and an
-    /// error only if nothing was sent.
+    /// send(2). Data larger than the call's arena range goes in range-sized
+    /// requests; the result is short if a request was (a non-blocking
+    /// socket), and an error only if nothing was sent.
     pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
-        self.with_channel(libc::EPIPE, |l| {
-            let chunk = l.arena_size() as usize;
+        self.with_channel(libc::EPIPE, buf.len().min(1), buf.len(), |l| {
+            let chunk = (l.room() as usize).max(1);
             let mut total = 0;
             loop {
                 let piece = &buf[total..buf.len().min(total + chunk)];
@@ -257,10 +265,11 @@ impl Client {
         Ok(())
     }
 
-    /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call.
+    /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call
+    /// (less when the call shares a busy channel).
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        self.with_channel(libc::ENOTCONN, |l| {
-            let cap = buf.len().min(l.arena_size() as usize);
+        self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
+            let cap = buf.len().min(l.room() as usize);
             let mut r = request(Op::Recv, s);
             r.buf_len = cap as u32;
             r.args[0] = signed(flags.into());
@@ -344,10 +353,11 @@ impl Client {
         if fds.len() > MAX_POLL_ENTRIES as usize {
             return Err(errno(libc::EINVAL));
         }
-        self.with_channel(libc::ENOTCONN, |l| {
-            if fds.len() * POLL_ENTRY_LEN > l.arena_size() as usize {
-                return Err(errno(libc::EINVAL));
-            }
+        let bytes = fds.len() * POLL_ENTRY_LEN;
+        if bytes > self.conn.arena_size() as usize {
+            return Err(errno(libc::EINVAL));
+        }
+        self.with_channel(libc::ENOTCONN, bytes, bytes, |l| {
             for (i, f) in fds.iter().enumerate() {
                 let mut e = [0u8; POLL_ENTRY_LEN];
                 e[0..4].copy_from_slice(&f.sock.to_ne_bytes());

@@ -158,3 +158,162 @@ fn server_death_fails_calls_promptly() {
     assert_eq!(raw(&c.nop().unwrap_err()), libc::ENOTCONN);
     assert_eq!(raw(&c.send(l, b"x", 0).unwrap_err()), libc::EPIPE);
 }
+
+/// A kernel echo server on loopback: echoes every connection until EOF.
+fn kernel_echo() -> SocketAddr {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 65536];
+                loop {
+                    match s.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&b[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn recv_exact(c: &Client, s: u32, n: usize) -> Vec<u8> {
+    let mut got = Vec::with_capacity(n);
+    let mut buf = vec![0u8; n.max(1)];
+    while got.len() < n {
+        let k = c.recv(s, &mut buf[..n - got.len()], 0).unwrap();
+        assert!(k > 0, "EOF after {} of {n} bytes", got.len());
+        got.extend_from_slice(&buf[..k]);
+    }
+    got
+}
+
+/// One channel carries a recv parked at the server and another thread's
+/// echoes: the echoes are not delayed, completions are handed between the
+/// two threads through the channel's mailbox, and both get their own bytes.
+#[test]
+fn one_channel_carries_a_blocked_recv_and_echoes() {
+    let (_server, c) = start("share1", &["--channels", "1"]);
+    assert_eq!(c.n_channels(), 1);
+    let c1 = c.clone();
+    let s = within(Duration::from_secs(60), "30 rounds", move || {
+        use std::io::Write;
+        let c = c1;
+        let e = c.tcp_connect(kernel_echo()).unwrap();
+        let quiet = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = c.tcp_connect(quiet.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = quiet.accept().unwrap();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for round in 0..30u32 {
+            // Thread A blocks in recv on a quiet connection (parked at the
+            // server).
+            let (c2, want) = (c.clone(), format!("round {round}: wake up").into_bytes());
+            let n = want.len();
+            let blocked = std::thread::spawn(move || recv_exact(&c2, a, n));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!blocked.is_finished(), "recv returned with nothing sent");
+            // Thread B (this one) echoes on the same channel; half way the
+            // peer of A writes, so A's completion lands while B is busy.
+            let t = Instant::now();
+            for i in 0..40 {
+                if i == 20 {
+                    peer.write_all(&want).unwrap();
+                }
+                let len = 1 + (next() % 40_000) as usize;
+                let msg: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                c.send_all(e, &msg).unwrap();
+                assert!(
+                    recv_exact(&c, e, len) == msg,
+                    "echo corrupted (round {round}, {len} B)"
+                );
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "echoes took {:?} next to a blocked recv",
+                t.elapsed()
+            );
+            assert_eq!(blocked.join().unwrap(), want);
+        }
+        c.stats()
+    });
+    eprintln!("{s:?}");
+    assert!(s.shared > 0, "the echoes never shared the channel: {s:?}");
+    assert!(s.handed_off > 0, "no completion was handed over: {s:?}");
+    assert_eq!(s.stray_completions, 0, "{s:?}");
+}
+
+/// Runs `f` on a thread of its own; fails the test if it takes longer than
+/// `limit` (a deadlock), instead of hanging it.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what}: not done after {limit:?}"))
+}
+
+/// Many blocked calls on few channels: each channel carries up to
+/// ring_entries - 1 calls, and calls still go through — also when every
+/// channel is held by a recv whose buffer is larger than the arena.
+#[test]
+fn many_blocked_recvs_share_two_channels() {
+    let (_server, c) = start("share2", &["--channels", "2"]);
+    let c2 = c.clone();
+    let s = within(
+        Duration::from_secs(30),
+        "40 blocked recvs and an echo",
+        move || {
+            use std::io::Write;
+            let c = c2;
+            let quiet = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut peers = Vec::new();
+            let mut threads = Vec::new();
+            for i in 0..40u32 {
+                let s = c.tcp_connect(quiet.local_addr().unwrap()).unwrap();
+                peers.push(quiet.accept().unwrap().0);
+                let c = c.clone();
+                // Big buffers: the first recv of a channel gets most of its
+                // arena, sharers a part; recv returns what fits.
+                threads.push(std::thread::spawn(move || {
+                    let mut b = vec![0u8; 1 << 20];
+                    let n = c.recv(s, &mut b, 0).unwrap();
+                    assert_eq!(&b[..n], format!("conn {i}").as_bytes());
+                }));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            c.nop().unwrap();
+            let e = c.tcp_connect(kernel_echo()).unwrap();
+            let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            c.send_all(e, &big).unwrap();
+            assert!(recv_exact(&c, e, big.len()) == big);
+            for (i, p) in peers.iter_mut().enumerate() {
+                p.write_all(format!("conn {i}").as_bytes()).unwrap();
+            }
+            for t in threads {
+                t.join().unwrap();
+            }
+            c.stats()
+        },
+    );
+    assert!(s.shared >= 38, "{s:?}");
+    assert_eq!(s.stray_completions, 0, "{s:?}");
+}
