@@ -8,6 +8,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tcps::Client;
 
@@ -129,21 +131,62 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A kernel-socket receiver that drains every connection as fast as it can.
-fn spawn_drain() -> std::io::Result<SocketAddr> {
+/// A kernel-socket receiver that drains every connection as fast as it can
+/// and counts the bytes it read, so the sender can wait until it caught up.
+fn spawn_drain(read: Arc<AtomicU64>) -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
+            let read = read.clone();
             std::thread::spawn(move || {
                 let mut s = s;
                 let mut buf = vec![0u8; 1 << 20];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    read.fetch_add(n as u64, Ordering::Relaxed);
+                }
             });
         }
     });
     Ok(addr)
 }
+
+/// Times `iters` calls of `send` (each sending `size` bytes) in bursts of at
+/// most 1 MiB, waiting untimed after each burst until the reader has drained
+/// everything: the reader keeps up, so no timed call finds the socket
+/// buffers full (the thesis measured against a remote receiver).
+fn send_cost_ns(iters: usize, size: usize, read: &AtomicU64, mut send: impl FnMut()) -> u64 {
+    let burst = (MAX_BURST_BYTES / size.max(1)).clamp(1, 256);
+    let mut sent = read.load(Ordering::Relaxed);
+    let mut samples = Vec::with_capacity(iters);
+    let warmup = iters / 10 + 10;
+    let mut done = 0;
+    while done < iters + warmup {
+        for _ in 0..burst.min(iters + warmup - done) {
+            let t = Instant::now();
+            send();
+            let ns = t.elapsed().as_nanos() as u64;
+            if done >= warmup {
+                samples.push(ns);
+            }
+            done += 1;
+            sent += size as u64;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while read.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+const MAX_BURST_BYTES: usize = 1 << 20;
+/// Socket buffers of the benchmark connections: a whole burst fits.
+const BENCH_SOCKET_BUFFER: i32 = 4 << 20;
 
 fn pin_self_away_from(cpu: usize) {
     let n = std::thread::available_parallelism()
@@ -177,17 +220,33 @@ fn median_ns(iters: usize, mut f: impl FnMut()) -> u64 {
     v[v.len() / 2]
 }
 
-fn big_buffers(fd: i32) {
-    let v: libc::c_int = 8 << 20;
-    // SAFETY: setting an int option from a valid local.
+/// Sets a socket buffer to BENCH_SOCKET_BUFFER, past net.core.[rw]mem_max
+/// when allowed (`*BUFFORCE` needs CAP_NET_ADMIN), else as far as allowed.
+fn force_buffers(fd: i32, force_opt: i32) {
+    let plain = if force_opt == libc::SO_SNDBUFFORCE {
+        libc::SO_SNDBUF
+    } else {
+        libc::SO_RCVBUF
+    };
+    let v: libc::c_int = BENCH_SOCKET_BUFFER;
+    // SAFETY: setting an int option from a valid local on our own socket.
     unsafe {
-        libc::setsockopt(
+        if libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
+            force_opt,
             &v as *const _ as *const libc::c_void,
             4,
-        );
+        ) != 0
+        {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                plain,
+                &v as *const _ as *const libc::c_void,
+                4,
+            );
+        }
     }
 }
 
@@ -211,16 +270,30 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .or(server.as_ref().map(|s| s.socket.clone()))
         .ok_or("no server")?;
+    // The drain threads start before this thread pins itself, so they may
+    // run on any CPU.
+    let read = Arc::new(AtomicU64::new(0));
+    let drain = spawn_drain(read.clone())?;
     pin_self_away_from(a.server_cpu);
     let client = Client::attach(&socket)?;
-    let drain = spawn_drain()?;
-
     let kernel = TcpStream::connect(drain)?;
     kernel.set_nodelay(true)?;
-    big_buffers(kernel.as_raw_fd());
+    force_buffers(kernel.as_raw_fd(), libc::SO_SNDBUFFORCE);
     let ts = client.tcp_connect(drain)?;
     client.setsockopt_int(ts, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
-    client.setsockopt_int(ts, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20)?;
+    // Without CAP_NET_ADMIN the server refuses the FORCE variant (EPERM):
+    // fall back to the capped SO_SNDBUF, as a kernel socket would.
+    if client
+        .setsockopt_int(
+            ts,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            BENCH_SOCKET_BUFFER,
+        )
+        .is_err()
+    {
+        client.setsockopt_int(ts, libc::SOL_SOCKET, libc::SO_SNDBUF, BENCH_SOCKET_BUFFER)?;
+    }
 
     let nop_ns = median_ns(a.iters, || {
         let _ = client.nop();
@@ -229,7 +302,7 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
     for &size in &a.sizes {
         let buf = vec![0x5au8; size];
         let kfd = kernel.as_raw_fd();
-        let kernel_ns = median_ns(a.iters, || {
+        let kernel_ns = send_cost_ns(a.iters, size, &read, || {
             // SAFETY: sending from a valid buffer on our own socket.
             unsafe {
                 libc::send(
@@ -240,7 +313,7 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
                 )
             };
         });
-        let sync_ns = median_ns(a.iters, || {
+        let sync_ns = send_cost_ns(a.iters, size, &read, || {
             let _ = client.send(ts, &buf, 0);
         });
         if !a.json {

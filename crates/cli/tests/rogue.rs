@@ -41,15 +41,14 @@ fn forged_indices(engine: &str) {
     let echo = kernel_echo_server("127.0.0.1:0");
     let good = srv.attach();
 
-    // 1. req_tail forged to 3 over three zeroed slots (op 0: no such call).
+    // 1. Three zeroed requests, published (op 0: no such call): EINVAL.
     let h = RawHost::attach(&srv.socket).unwrap();
     h.region.header().channels_used.store(1, Ordering::Release);
-    h.region
-        .channel(0)
-        .unwrap()
-        .ctl()
-        .req_tail
-        .store(3, Ordering::Release);
+    let ch = h.region.channel(0).unwrap();
+    for i in 0..3 {
+        ch.write_request(i, &Request::default());
+    }
+    ch.ctl().req_tail.store(3, Ordering::Release);
     h.ring();
     match outcome(&h, 3, Duration::from_secs(3)) {
         Ok(cs) => {
@@ -60,49 +59,70 @@ fn forged_indices(engine: &str) {
             }
         }
         Err("cut off") => {}
-        Err(e) => panic!("forged req_tail 3: {e} (no EINVAL completions, not cut off)"),
+        Err(e) => panic!("zeroed requests: {e} (no EINVAL completions, not cut off)"),
     }
     echo_roundtrip(&good, echo, &Rng::new(1).bytes(50_000));
 
-    // 2. req_tail forged far past the ring: a protocol violation.
+    // 2. req_tail forged far past the ring is ignored (the server reads
+    //    slots by their stamps): a valid request afterwards is served.
     let h2 = RawHost::attach(&srv.socket).unwrap();
     h2.region.header().channels_used.store(1, Ordering::Release);
-    h2.region
-        .channel(0)
-        .unwrap()
-        .ctl()
-        .req_tail
-        .store(1000, Ordering::Release);
+    let ch2 = h2.region.channel(0).unwrap();
+    ch2.ctl().req_tail.store(1000, Ordering::Release);
     h2.ring();
-    let r = outcome(&h2, 1000, Duration::from_secs(3));
-    match &r {
-        Err("cut off") => {}
-        Ok(cs) if cs.iter().all(|c| c.errno == libc::EINVAL) => {}
-        other => panic!("forged req_tail 1000: {other:?}"),
-    }
-    echo_roundtrip(&good, echo, &Rng::new(2).bytes(50_000));
-
-    // 3. cq_head forged ahead of the server's tail, with a valid request.
-    let h3 = RawHost::attach(&srv.socket).unwrap();
-    h3.region.header().channels_used.store(1, Ordering::Release);
-    let ch = h3.region.channel(0).unwrap();
-    ch.write_request(
+    ch2.write_request(
         0,
         &Request {
-            user_data: 9,
+            user_data: 5,
             op: Op::Nop as u16,
             ..Default::default()
         },
     );
-    ch.ctl().cq_head.store(50, Ordering::Release);
-    ch.ctl().req_tail.store(1, Ordering::Release);
-    h3.ring();
-    let r3 = outcome(&h3, 1, Duration::from_secs(3));
-    match &r3 {
-        Err("cut off") => {}
-        Ok(cs) if cs.iter().all(|c| c.errno == libc::EINVAL) => {}
-        other => panic!("forged cq_head: {other:?}"),
+    h2.ring();
+    let r = outcome(&h2, 1, Duration::from_secs(3));
+    match &r {
+        Ok(cs) => assert_eq!((cs[0].user_data, cs[0].errno, cs[0].result), (5, 0, 0)),
+        other => panic!("forged req_tail 1000, then a Nop: {other:?}"),
     }
+    echo_roundtrip(&good, echo, &Rng::new(2).bytes(50_000));
+
+    // 3. cq_head forged ahead of anything the server published: once the
+    //    server has to look at it (its completion ring looks full) the rogue
+    //    is cut off.
+    let h3 = RawHost::attach(&srv.socket).unwrap();
+    h3.region.header().channels_used.store(1, Ordering::Release);
+    let ch3 = h3.region.channel(0).unwrap();
+    ch3.ctl().cq_head.store(1000, Ordering::Release);
+    let entries = h3.region.layout().ring_entries;
+    let t = Instant::now();
+    let mut published = 0u32;
+    while !h3.cut_off() && t.elapsed() < Duration::from_secs(3) {
+        let head = ch3.ctl().req_head.load(Ordering::Acquire);
+        if published < 2 * entries && published.wrapping_sub(head) < entries {
+            ch3.write_request(
+                published,
+                &Request {
+                    user_data: published as u64,
+                    op: Op::Nop as u16,
+                    ..Default::default()
+                },
+            );
+            published += 1;
+            ch3.ctl().req_tail.store(published, Ordering::Release);
+        }
+        h3.ring();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r3: Result<Vec<Completion>, &str> = if h3.cut_off() {
+        Err("cut off")
+    } else {
+        Ok(Vec::new())
+    };
+    assert_eq!(
+        r3,
+        Err("cut off"),
+        "forged cq_head 1000: the rogue was not cut off"
+    );
 
     // 4. A valid request on a channel beyond channels_used + a huge
     //    channels_used: clamped, and the request is served (Nop → 0).
@@ -196,7 +216,7 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
             let r = Request {
                 user_data: u64::from_le_bytes(b[0..8].try_into().unwrap()),
                 op: u16::from_le_bytes([b[8], b[9]]),
-                flags: u16::from_le_bytes([b[10], b[11]]),
+                stamp: u16::from_le_bytes([b[10], b[11]]),
                 sock: u32::from_le_bytes(b[12..16].try_into().unwrap()),
                 buf_off: u32::from_le_bytes(b[16..20].try_into().unwrap()),
                 buf_len: u32::from_le_bytes(b[20..24].try_into().unwrap()),
@@ -215,7 +235,7 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
             let r = Request {
                 user_data: rng.next_u64(),
                 op: op as u16,
-                flags: 0,
+                stamp: 0,
                 sock: rng.below(8) as u32,
                 buf_off: (small(rng) as u32) * 8,
                 buf_len: small(rng) as u32,

@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 use tcps_proto::futex;
 use tcps_proto::layout::ChannelCtl;
 use tcps_proto::region::ChannelRef;
-use tcps_proto::ring::{HostCursor, RingFull};
+use tcps_proto::ring::{self, HostCursor, RingFull};
 use tcps_proto::{Completion, Region, Request};
 
 /// How long one futex sleep lasts, and how often a sleeping call checks
@@ -83,7 +83,7 @@ const SLEEP_SLICE: Duration = Duration::from_millis(100);
 const RING_FULL_PATIENCE: Duration = Duration::from_secs(1);
 /// The adaptive spin budget never shrinks below this (a server polling on
 /// its own core answers in about a microsecond).
-const MIN_SPIN_NS: u64 = 2_000;
+const MIN_SPIN_NS: u64 = 10_000;
 /// Default number of host threads of one attachment that may spin at once.
 const DEFAULT_SPINNERS: u32 = 1;
 /// Default spin before sleeping, in microseconds (`TCPS_SPIN_US`).
@@ -1023,8 +1023,14 @@ impl<'a> Lease<'a> {
         let max = conn.spin.as_nanos() as u64;
         let start = Instant::now();
         let mut i = 0u32;
+        let entries = self.ch.ring_entries();
         loop {
-            if ctl.cq_tail.load(Ordering::Acquire) != seen {
+            // The next completion's slot stamp is the fast signal (one cache
+            // line from the server); `cq_tail` moving also covers a completion
+            // another thread of this channel took for us.
+            let head = ctl.cq_head.load(Ordering::Relaxed);
+            let published = self.ch.completion_stamp(head) == ring::stamp(head, entries);
+            if published || ctl.cq_tail.load(Ordering::Acquire) != seen {
                 let (c, now) = self.try_take(true);
                 seen = now;
                 if let Some(c) = c {

@@ -112,7 +112,6 @@ impl Welcome {
     }
 }
 
-
 /// Where a server listens and a host looks when no path is given:
 /// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
 pub fn default_socket_path() -> std::path::PathBuf {

@@ -176,8 +176,18 @@ mod tests {
     #[test]
     fn bad_geometry_is_refused() {
         let d = Layout::default();
-        assert!(Layout { ring_entries: 3, ..d }.validate().is_err());
-        assert!(Layout { arena_size: 100, ..d }.validate().is_err());
+        assert!(Layout {
+            ring_entries: 3,
+            ..d
+        }
+        .validate()
+        .is_err());
+        assert!(Layout {
+            arena_size: 100,
+            ..d
+        }
+        .validate()
+        .is_err());
         assert!(Layout { n_channels: 0, ..d }.validate().is_err());
     }
 }

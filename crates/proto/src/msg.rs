@@ -19,8 +19,9 @@ pub struct Request {
     pub user_data: u64,
     /// An [`Op`] code.
     pub op: u16,
-    /// Reserved, must be zero.
-    pub flags: u16,
+    /// Publication stamp of the slot, written last by the producer (see
+    /// [`crate::ring`]); not part of the call and not validated here.
+    pub stamp: u16,
     /// The socket id the call is for (ignored by `Socket`, `Poll`, `Nop`).
     pub sock: u32,
     /// Arena range holding in- or out-arguments.
@@ -37,7 +38,8 @@ pub struct Completion {
     pub user_data: u64,
     /// The [`Op`] code of the request this answers.
     pub op: u16,
-    pub _pad: u16,
+    /// Publication stamp of the slot (see [`crate::ring`]).
+    pub stamp: u16,
     /// 0 on success, else the errno the call got at the server.
     pub errno: i32,
     /// The call's return value (bytes, a socket id, a count); -1 on error.
@@ -186,7 +188,6 @@ pub enum Call {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Invalid {
     UnknownOp(u16),
-    ReservedFlags,
     RangeOutsideArena,
     TooLong,
     BadArgument(&'static str),
@@ -197,9 +198,6 @@ impl Call {
     /// `arena_size` bytes. Total: never panics, whatever the input.
     pub fn decode(r: &Request, arena_size: u32) -> Result<Call, Invalid> {
         let op = Op::from_u16(r.op).ok_or(Invalid::UnknownOp(r.op))?;
-        if r.flags != 0 {
-            return Err(Invalid::ReservedFlags);
-        }
         let range = |max: u32| -> Result<ArenaRange, Invalid> {
             if r.buf_len > max {
                 return Err(Invalid::TooLong);
@@ -428,10 +426,10 @@ mod tests {
             any::<[u64; 5]>(),
         )
             .prop_map(
-                |(user_data, op, flags, sock, buf_off, buf_len, args)| Request {
+                |(user_data, op, stamp, sock, buf_off, buf_len, args)| Request {
                     user_data,
                     op,
-                    flags: if flags % 4 == 0 { flags } else { 0 },
+                    stamp,
                     sock,
                     buf_off: buf_off % (ARENA * 2),
                     buf_len: buf_len % (ARENA * 2),

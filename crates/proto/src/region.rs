@@ -6,10 +6,12 @@
 
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
 use crate::msg::{ArenaRange, Completion, Request};
+use crate::ring::stamp;
 use crate::{MAGIC, VERSION};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
 
 /// A `MAP_SHARED` mapping of a channel region; unmapped on drop.
 pub struct Region {
@@ -181,42 +183,76 @@ impl<'a> ChannelRef<'a> {
         self.layout.arena_size
     }
 
-    /// Copies the request in slot `index % entries` out of shared memory.
-    pub fn read_request(&self, index: u32) -> Request {
+    fn request_ptr(&self, index: u32) -> *mut Request {
         let slot = (index & (self.layout.ring_entries - 1)) as usize;
-        // SAFETY: slot < entries; the slot is inside the channel. A volatile
-        // read yields *some* bit pattern even if the host writes concurrently,
-        // and every bit pattern is a valid Request (plain integers).
-        unsafe {
-            let p = self.base.add(self.layout.requests_offset()) as *const Request;
-            std::ptr::read_volatile(p.add(slot))
-        }
+        // SAFETY: slot < entries, so the slot lies inside this channel.
+        unsafe { (self.base.add(self.layout.requests_offset()) as *mut Request).add(slot) }
     }
 
-    pub fn write_request(&self, index: u32, r: &Request) {
+    fn completion_ptr(&self, index: u32) -> *mut Completion {
         let slot = (index & (self.layout.ring_entries - 1)) as usize;
-        // SAFETY: slot < entries; the producer owns this slot until it publishes.
+        // SAFETY: slot < entries, so the slot lies inside this channel.
+        unsafe { (self.base.add(self.layout.completions_offset()) as *mut Completion).add(slot) }
+    }
+
+    /// The publication stamp of request slot `index` (acquire).
+    pub fn request_stamp(&self, index: u32) -> u16 {
+        // SAFETY: the stamp is an aligned u16 inside the slot; the producer
+        // writes it only atomically, so an atomic view is sound.
+        unsafe { AtomicU16::from_ptr(std::ptr::addr_of_mut!((*self.request_ptr(index)).stamp)) }
+            .load(Ordering::Acquire)
+    }
+
+    /// The publication stamp of completion slot `index` (acquire).
+    pub fn completion_stamp(&self, index: u32) -> u16 {
+        // SAFETY: as for request_stamp.
+        unsafe { AtomicU16::from_ptr(std::ptr::addr_of_mut!((*self.completion_ptr(index)).stamp)) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Copies the request in slot `index % entries` out of shared memory.
+    pub fn read_request(&self, index: u32) -> Request {
+        // SAFETY: the slot is inside the channel. A volatile read yields
+        // *some* bit pattern even if the host writes concurrently, and every
+        // bit pattern is a valid Request (plain integers).
+        unsafe { std::ptr::read_volatile(self.request_ptr(index)) }
+    }
+
+    /// Writes a request into slot `index` and publishes it: the body first,
+    /// then the slot's stamp for `index` with release ordering.
+    pub fn write_request(&self, index: u32, r: &Request) {
+        let p = self.request_ptr(index);
+        // SAFETY: the producer owns this slot until it publishes it; every
+        // field but the stamp is written plainly, the stamp atomically last.
         unsafe {
-            let p = self.base.add(self.layout.requests_offset()) as *mut Request;
-            std::ptr::write_volatile(p.add(slot), *r);
+            std::ptr::addr_of_mut!((*p).user_data).write_volatile(r.user_data);
+            std::ptr::addr_of_mut!((*p).op).write_volatile(r.op);
+            std::ptr::addr_of_mut!((*p).sock).write_volatile(r.sock);
+            std::ptr::addr_of_mut!((*p).buf_off).write_volatile(r.buf_off);
+            std::ptr::addr_of_mut!((*p).buf_len).write_volatile(r.buf_len);
+            std::ptr::addr_of_mut!((*p).args).write_volatile(r.args);
+            AtomicU16::from_ptr(std::ptr::addr_of_mut!((*p).stamp))
+                .store(stamp(index, self.layout.ring_entries), Ordering::Release);
         }
     }
 
     pub fn read_completion(&self, index: u32) -> Completion {
-        let slot = (index & (self.layout.ring_entries - 1)) as usize;
         // SAFETY: as for read_request; every bit pattern is a valid Completion.
-        unsafe {
-            let p = self.base.add(self.layout.completions_offset()) as *const Completion;
-            std::ptr::read_volatile(p.add(slot))
-        }
+        unsafe { std::ptr::read_volatile(self.completion_ptr(index)) }
     }
 
+    /// Writes a completion into slot `index` and publishes it (stamp last).
     pub fn write_completion(&self, index: u32, c: &Completion) {
-        let slot = (index & (self.layout.ring_entries - 1)) as usize;
-        // SAFETY: slot < entries; the server owns this slot until it publishes.
+        let p = self.completion_ptr(index);
+        // SAFETY: the server owns this slot until it publishes it.
         unsafe {
-            let p = self.base.add(self.layout.completions_offset()) as *mut Completion;
-            std::ptr::write_volatile(p.add(slot), *c);
+            std::ptr::addr_of_mut!((*p).user_data).write_volatile(c.user_data);
+            std::ptr::addr_of_mut!((*p).op).write_volatile(c.op);
+            std::ptr::addr_of_mut!((*p).errno).write_volatile(c.errno);
+            std::ptr::addr_of_mut!((*p).result).write_volatile(c.result);
+            std::ptr::addr_of_mut!((*p).aux).write_volatile(c.aux);
+            AtomicU16::from_ptr(std::ptr::addr_of_mut!((*p).stamp))
+                .store(stamp(index, self.layout.ring_entries), Ordering::Release);
         }
     }
 

@@ -1,31 +1,45 @@
 //! The two single-producer/single-consumer rings of a channel and the
 //! sleep/wake handshakes around them.
 //!
-//! Indices are free-running `u32`s; a slot is `index % entries`. Each side
-//! keeps its own cursor in private memory and only *publishes* it to the
-//! shared control block, so the server never depends on a value the host can
-//! change: it reads the host's indices, checks them against its own, and
-//! treats an impossible value as a protocol violation by that host.
+//! Indices are free-running `u32`s; a slot is `index % entries`. A slot is
+//! *published* by its stamp: the producer writes the body, then stores
+//! [`stamp`]`(index)` into the slot's `stamp` field with release ordering;
+//! the consumer at `index` polls that stamp. So a round trip costs one cache
+//! line each way (the slot), not two (an index, then the slot). The shared
+//! indices (`req_tail`, `req_head`, `cq_head`, `cq_tail`) are still
+//! published, but read only when a ring looks full and for sleeping.
+//!
+//! Each side keeps its cursor in private memory. The server never depends on
+//! a value the host can change: it reads only its own head's slot, checks
+//! the host's `cq_head` against its own tail, and treats an impossible value
+//! as a protocol violation by that host.
 //!
 //! Sleeping uses the Dekker pattern on both sides: "store my flag; full fence;
 //! load the other side's progress". Whichever side goes second sees the first.
 //!
-//! * server → sleep: store `server_sleeping = 1`, fence, re-check every
-//!   `req_tail`; a host publishing a request stores `req_tail`, fences, and
-//!   rings the doorbell eventfd if it sees `server_sleeping`.
-//! * host → sleep: store `host_waiting = 1`, fence, re-check `cq_tail`, then
-//!   futex-wait on `cq_tail`; the server publishing a completion stores
-//!   `cq_tail`, fences, and futex-wakes if it sees `host_waiting`.
+//! * server → sleep: store `server_sleeping = 1`, fence, re-check the head
+//!   slot of every channel; a host publishing a request stamps the slot,
+//!   fences, and rings the doorbell eventfd if it sees `server_sleeping`.
+//! * host → sleep: store `host_waiting = 1`, fence, load `cq_tail`, re-check
+//!   the completion stamp, then futex-wait on `cq_tail`; the server
+//!   publishing a completion stamps it, bumps `cq_tail`, fences, and
+//!   futex-wakes if it sees `host_waiting`.
 
 use crate::msg::{Completion, Request};
 use crate::region::ChannelRef;
 use std::sync::atomic::{fence, Ordering};
 
+/// The stamp that publishes slot `index` of a ring of `entries` slots (a
+/// power of two): the lap number modulo 2^15, plus one. It never equals the
+/// stamp of the same slot one lap earlier — also across the wrap of the u32
+/// index, since the lap count wraps at a multiple of 2^15 — nor zeroed memory.
+pub fn stamp(index: u32, entries: u32) -> u16 {
+    ((index / entries) & 0x7fff) as u16 + 1
+}
+
 /// A host broke the ring protocol; the server detaches that host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingError {
-    /// The host's published request tail is more than a ring ahead of the server.
-    RequestOverrun { head: u32, tail: u32 },
     /// The host's completion head is ahead of what the server published, or too far behind.
     CompletionHeadInvalid { head: u32, tail: u32 },
 }
@@ -33,12 +47,6 @@ pub enum RingError {
 impl std::fmt::Display for RingError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RingError::RequestOverrun { head, tail } => {
-                write!(
-                    f,
-                    "request ring overrun (server head {head}, host tail {tail})"
-                )
-            }
             RingError::CompletionHeadInvalid { head, tail } => {
                 write!(
                     f,
@@ -60,6 +68,9 @@ pub struct ServerCursor {
     req_head: u32,
     cq_tail: u32,
     outstanding: u32,
+    /// The host's `cq_head` as last read (validated); re-read only when the
+    /// completion ring looks full.
+    cq_head_seen: u32,
 }
 
 impl ServerCursor {
@@ -68,40 +79,42 @@ impl ServerCursor {
         self.outstanding
     }
 
-    /// Host's consumed-completions index, validated against ours.
-    fn unconsumed(&self, ch: &ChannelRef<'_>) -> Result<u32, RingError> {
+    /// Reads and validates the host's consumed-completions index.
+    fn refresh_cq_head(&mut self, ch: &ChannelRef<'_>) -> Result<(), RingError> {
         let head = ch.ctl().cq_head.load(Ordering::Acquire);
         let unconsumed = self.cq_tail.wrapping_sub(head);
-        if unconsumed > ch.ring_entries() {
+        if unconsumed > ch.ring_entries()
+            || head.wrapping_sub(self.cq_head_seen) > ch.ring_entries()
+        {
             return Err(RingError::CompletionHeadInvalid {
                 head,
                 tail: self.cq_tail,
             });
         }
-        Ok(unconsumed)
+        self.cq_head_seen = head;
+        Ok(())
     }
 
-    /// Whether the host has published requests we have not taken.
+    /// Whether a completion slot is guaranteed for one more request.
+    fn has_credit(&mut self, ch: &ChannelRef<'_>) -> Result<bool, RingError> {
+        let entries = ch.ring_entries();
+        if self.outstanding + self.cq_tail.wrapping_sub(self.cq_head_seen) < entries {
+            return Ok(true);
+        }
+        self.refresh_cq_head(ch)?;
+        Ok(self.outstanding + self.cq_tail.wrapping_sub(self.cq_head_seen) < entries)
+    }
+
+    /// Whether the host has published a request we have not taken.
     pub fn has_requests(&self, ch: &ChannelRef<'_>) -> bool {
-        ch.ctl().req_tail.load(Ordering::Relaxed) != self.req_head
+        ch.request_stamp(self.req_head) == stamp(self.req_head, ch.ring_entries())
     }
 
     /// Takes the next request, copied out of shared memory, if there is one
     /// and its completion is guaranteed a slot.
     pub fn pop(&mut self, ch: &ChannelRef<'_>) -> Result<Option<Request>, RingError> {
-        let tail = ch.ctl().req_tail.load(Ordering::Acquire);
-        let pending = tail.wrapping_sub(self.req_head);
-        if pending == 0 {
+        if !self.has_requests(ch) || !self.has_credit(ch)? {
             return Ok(None);
-        }
-        if pending > ch.ring_entries() {
-            return Err(RingError::RequestOverrun {
-                head: self.req_head,
-                tail,
-            });
-        }
-        if self.outstanding + self.unconsumed(ch)? >= ch.ring_entries() {
-            return Ok(None); // host must consume completions first
         }
         let req = ch.read_request(self.req_head);
         self.req_head = self.req_head.wrapping_add(1);
@@ -123,12 +136,15 @@ impl ServerCursor {
     pub fn complete(&mut self, ch: &ChannelRef<'_>, c: &Completion) -> Result<bool, RingError> {
         debug_assert!(self.outstanding > 0);
         // The credit check in `pop` reserved this slot, unless the host moved
-        // its head backwards since, which `unconsumed` reports.
-        if self.unconsumed(ch)? >= ch.ring_entries() {
-            return Err(RingError::CompletionHeadInvalid {
-                head: ch.ctl().cq_head.load(Ordering::Relaxed),
-                tail: self.cq_tail,
-            });
+        // its head backwards since, which the re-read reports.
+        if self.cq_tail.wrapping_sub(self.cq_head_seen) >= ch.ring_entries() {
+            self.refresh_cq_head(ch)?;
+            if self.cq_tail.wrapping_sub(self.cq_head_seen) >= ch.ring_entries() {
+                return Err(RingError::CompletionHeadInvalid {
+                    head: self.cq_head_seen,
+                    tail: self.cq_tail,
+                });
+            }
         }
         ch.write_completion(self.cq_tail, c);
         self.cq_tail = self.cq_tail.wrapping_add(1);
@@ -144,6 +160,9 @@ impl ServerCursor {
 pub struct HostCursor {
     req_tail: u32,
     cq_head: u32,
+    /// The server's `req_head` as last read; re-read only when the request
+    /// ring looks full.
+    req_head_seen: u32,
 }
 
 /// The request ring is full: wait for the server to take requests.
@@ -154,9 +173,11 @@ impl HostCursor {
     /// Publishes a request. Returns true if the server may be asleep and the
     /// doorbell must be rung.
     pub fn submit(&mut self, ch: &ChannelRef<'_>, r: &Request) -> Result<bool, RingFull> {
-        let head = ch.ctl().req_head.load(Ordering::Acquire);
-        if self.req_tail.wrapping_sub(head) >= ch.ring_entries() {
-            return Err(RingFull);
+        if self.req_tail.wrapping_sub(self.req_head_seen) >= ch.ring_entries() {
+            self.req_head_seen = ch.ctl().req_head.load(Ordering::Acquire);
+            if self.req_tail.wrapping_sub(self.req_head_seen) >= ch.ring_entries() {
+                return Err(RingFull);
+            }
         }
         ch.write_request(self.req_tail, r);
         self.req_tail = self.req_tail.wrapping_add(1);
@@ -165,10 +186,19 @@ impl HostCursor {
         Ok(ch.header().server_sleeping.load(Ordering::Relaxed) != 0)
     }
 
+    /// Whether the next completion has been published.
+    pub fn completion_ready(&self, ch: &ChannelRef<'_>) -> bool {
+        ch.completion_stamp(self.cq_head) == stamp(self.cq_head, ch.ring_entries())
+    }
+
+    /// Completions consumed so far (free-running).
+    pub fn cq_head(&self) -> u32 {
+        self.cq_head
+    }
+
     /// Takes the next completion, if the server published one.
     pub fn reap(&mut self, ch: &ChannelRef<'_>) -> Option<Completion> {
-        let tail = ch.ctl().cq_tail.load(Ordering::Acquire);
-        if tail == self.cq_head {
+        if !self.completion_ready(ch) {
             return None;
         }
         let c = ch.read_completion(self.cq_head);
@@ -184,13 +214,15 @@ impl HostCursor {
     }
 
     /// Announces that this host thread is about to sleep on `cq_tail`.
-    /// Returns the tail value to pass to the futex wait, or `None` if a
-    /// completion arrived meanwhile (do not sleep).
+    /// Returns the value to pass to the futex wait, or `None` if a
+    /// completion arrived meanwhile (do not sleep). `cq_tail` is read before
+    /// the stamp is checked: a completion published after the check bumps
+    /// `cq_tail` past the returned value, so the wait cannot miss it.
     pub fn prepare_sleep(&self, ch: &ChannelRef<'_>) -> Option<u32> {
         ch.ctl().host_waiting.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let tail = ch.ctl().cq_tail.load(Ordering::Acquire);
-        if tail != self.cq_head {
+        if self.completion_ready(ch) {
             ch.ctl().host_waiting.store(0, Ordering::Relaxed);
             return None;
         }
@@ -312,18 +344,55 @@ mod tests {
     }
 
     #[test]
-    fn forged_indices_are_protocol_errors() {
+    fn forged_indices_are_protocol_errors_or_ignored() {
         let r = region(small());
         let ch = r.channel(1).unwrap();
         let mut s = ServerCursor::default();
+        // req_tail is informational: the server reads slots by their stamps.
         ch.ctl().req_tail.store(1000, Ordering::Release);
-        assert!(matches!(s.pop(&ch), Err(RingError::RequestOverrun { .. })));
-        ch.ctl().req_tail.store(1, Ordering::Release);
+        assert_eq!(s.pop(&ch), Ok(None));
+        // A completion head the server never published is a violation once
+        // the server needs to look at it.
+        let mut h = HostCursor::default();
+        for i in 0..4 {
+            h.submit(&ch, &req(i)).unwrap();
+        }
+        for _ in 0..4 {
+            let q = s.pop(&ch).unwrap().unwrap();
+            s.complete(
+                &ch,
+                &Completion {
+                    user_data: q.user_data,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
         ch.ctl().cq_head.store(7, Ordering::Release);
+        h.submit(&ch, &req(9)).unwrap_or(false);
         assert!(matches!(
             s.pop(&ch),
             Err(RingError::CompletionHeadInvalid { .. })
         ));
+    }
+
+    #[test]
+    fn stamps_never_match_the_previous_lap_or_zeroed_memory() {
+        for entries in [2u32, 64, 65536] {
+            for lap in [0u32, 1, 0x7ffe, 0x7fff, 0x8000, 65535, 1 << 20] {
+                let i = lap.wrapping_mul(entries);
+                let now = stamp(i, entries);
+                assert_ne!(now, 0);
+                if lap > 0 {
+                    assert_ne!(now, stamp(i.wrapping_sub(entries), entries));
+                }
+            }
+            // Across the wrap of the free-running index.
+            assert_ne!(
+                stamp(0, entries),
+                stamp(0u32.wrapping_sub(entries), entries)
+            );
+        }
     }
 
     #[test]

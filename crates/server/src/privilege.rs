@@ -52,6 +52,10 @@ impl Privileges {
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => self.net_raw,
             (libc::SOL_SOCKET, libc::SO_MARK) => self.net_admin,
+            // The kernel checks the *server's* CAP_NET_ADMIN for these.
+            (libc::SOL_SOCKET, libc::SO_SNDBUFFORCE) | (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE) => {
+                self.net_admin
+            }
             (libc::SOL_SOCKET, libc::SO_PRIORITY) => {
                 let v = value
                     .get(..4)
@@ -93,5 +97,15 @@ mod tests {
         assert!(!nobody.may_setsockopt(libc::SOL_SOCKET, libc::SO_PRIORITY, &7i32.to_ne_bytes()));
         assert!(nobody.may_setsockopt(libc::SOL_SOCKET, libc::SO_PRIORITY, &3i32.to_ne_bytes()));
         assert!(nobody.may_setsockopt(libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_ne_bytes()));
+        assert!(!nobody.may_setsockopt(
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            &(1i32 << 24).to_ne_bytes()
+        ));
+        assert!(root.may_setsockopt(
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &(1i32 << 24).to_ne_bytes()
+        ));
     }
 }

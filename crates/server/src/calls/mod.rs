@@ -56,7 +56,7 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
     let c = Completion {
         user_data,
         op: op as u16,
-        _pad: 0,
+        stamp: 0,
         errno,
         result,
         aux,
