@@ -86,6 +86,10 @@ struct CallCostReport {
     results: Vec<CallCostRow>,
     /// One channel round trip with no socket work (a `Nop` call).
     nop_ns: u64,
+    /// The floor under `nop_ns`: two threads on the host's and the server's
+    /// CPUs bouncing a cache line (this VM's core-to-core round trip, which
+    /// varies from run to run with where the vCPUs are placed).
+    core_to_core_rtt_ns: u64,
     iters: usize,
     poll: String,
     engine: String,
@@ -188,6 +192,45 @@ const MAX_BURST_BYTES: usize = 1 << 20;
 /// Socket buffers of the benchmark connections: a whole burst fits.
 const BENCH_SOCKET_BUFFER: i32 = 4 << 20;
 
+/// Median round trip of a cache line between this thread and a thread
+/// pinned to `cpu`: the hardware floor of any shared-memory channel.
+fn core_to_core_rtt_ns(cpu: usize, iters: usize) -> u64 {
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let ping = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
+    let pong = ping.clone();
+    const STOP: u64 = u64::MAX;
+    let t = std::thread::spawn(move || {
+        // SAFETY: cpu_set_t is plain data; the call only affects this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        let mut last = 0;
+        while last != STOP {
+            let v = pong.0 .0.load(Ordering::Acquire);
+            if v != last {
+                last = v;
+                pong.1 .0.store(v, Ordering::Release);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let mut i = 0u64;
+    let ns = median_ns(iters, || {
+        i += 1;
+        ping.0 .0.store(i, Ordering::Release);
+        while ping.1 .0.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+    });
+    ping.0 .0.store(STOP, Ordering::Release);
+    let _ = t.join();
+    ns
+}
+
 fn pin_self_away_from(cpu: usize) {
     let n = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -254,6 +297,13 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.sizes.is_empty() || a.iters == 0 {
         return Err("--sizes and --iters must be non-empty / positive".into());
     }
+    // The drain threads start before this thread pins itself, so they may
+    // run on any CPU.
+    let read = Arc::new(AtomicU64::new(0));
+    let drain = spawn_drain(read.clone())?;
+    pin_self_away_from(a.server_cpu);
+    // Before the server starts spinning on its CPU.
+    let core_to_core_rtt_ns = core_to_core_rtt_ns(a.server_cpu, a.iters);
     let server = match &a.socket {
         Some(_) => None,
         None => Some(ServerProcess::start(&[
@@ -270,11 +320,6 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .or(server.as_ref().map(|s| s.socket.clone()))
         .ok_or("no server")?;
-    // The drain threads start before this thread pins itself, so they may
-    // run on any CPU.
-    let read = Arc::new(AtomicU64::new(0));
-    let drain = spawn_drain(read.clone())?;
-    pin_self_away_from(a.server_cpu);
     let client = Client::attach(&socket)?;
     let kernel = TcpStream::connect(drain)?;
     kernel.set_nodelay(true)?;
@@ -330,6 +375,7 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
     let report = CallCostReport {
         results: rows,
         nop_ns,
+        core_to_core_rtt_ns,
         iters: a.iters,
         poll: a.poll.clone(),
         engine: a.engine.clone(),
@@ -341,7 +387,10 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
             "cost of one send call (median of {} calls), TCP server --poll {} --engine {}",
             a.iters, a.poll, a.engine
         );
-        println!("channel round trip (nop): {} ns", report.nop_ns);
+        println!(
+            "channel round trip (nop): {} ns; core-to-core cache-line round trip: {} ns",
+            report.nop_ns, report.core_to_core_rtt_ns
+        );
         println!(
             "{:>8} {:>12} {:>12} {:>8}",
             "size", "kernel_ns", "sync_ns", "ratio"

@@ -83,9 +83,10 @@ pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
             None => out.push(part.parse().map_err(|_| bad())?),
         }
     }
-    let n = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // Online CPUs, not this process's affinity mask: a server started by a
+    // pinned parent may still be told to run on another CPU.
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
     if let Some(c) = out.iter().find(|&&c| c >= n) {
         return Err(format!("CPU {c} does not exist (this machine has {n})"));
     }
