@@ -28,7 +28,7 @@ examples: $(EXAMPLES)
 
 # Relinks when libtcps.so changes, so `make` after a cargo rebuild picks up
 # a new ABI.
-$(BUILD)/%: examples/%.c include/tcps.h $(LIBDIR)/libtcps.so | $(BUILD)
+$(BUILD)/%: examples/%.c examples/net.h include/tcps.h $(LIBDIR)/libtcps.so | $(BUILD)
 	$(CC) $(EXCFLAGS) -o $@ $< $(EXLDFLAGS)
 
 $(LIBDIR)/libtcps.so:

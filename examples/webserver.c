@@ -42,70 +42,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tcps.h"
+#include "net.h"
 
 /* ------------------------------------------------------------------------ */
 /* The network switch.                                                       */
 /* ------------------------------------------------------------------------ */
-
-struct net_ops {
-    const char *name;
-    int (*socket)(int domain, int type, int protocol);
-    int (*bind)(int s, const struct sockaddr *addr, socklen_t len);
-    int (*listen)(int s, int backlog);
-    int (*accept)(int s, struct sockaddr *addr, socklen_t *len);
-    ssize_t (*send)(int s, const void *buf, size_t len, int flags);
-    ssize_t (*recv)(int s, void *buf, size_t len, int flags);
-    int (*close)(int s);
-    int (*setsockopt)(int s, int level, int name, const void *val, socklen_t len);
-    int (*shutdown)(int s, int how);
-    int (*getsockname)(int s, struct sockaddr *addr, socklen_t *len);
-};
-
-static int k_socket(int d, int t, int p) { return socket(d, t, p); }
-static int k_bind(int s, const struct sockaddr *a, socklen_t l) { return bind(s, a, l); }
-static int k_listen(int s, int b) { return listen(s, b); }
-static int k_accept(int s, struct sockaddr *a, socklen_t *l) { return accept(s, a, l); }
-static ssize_t k_send(int s, const void *b, size_t n, int f)
-{
-    return send(s, b, n, f | MSG_NOSIGNAL);
-}
-static ssize_t k_recv(int s, void *b, size_t n, int f) { return recv(s, b, n, f); }
-static int k_close(int s) { return close(s); }
-static int k_setsockopt(int s, int lv, int nm, const void *v, socklen_t l)
-{
-    return setsockopt(s, lv, nm, v, l);
-}
-static int k_shutdown(int s, int how) { return shutdown(s, how); }
-static int k_getsockname(int s, struct sockaddr *a, socklen_t *l) { return getsockname(s, a, l); }
-
-static const struct net_ops kernel_ops = {
-    .name = "kernel",
-    .socket = k_socket,
-    .bind = k_bind,
-    .listen = k_listen,
-    .accept = k_accept,
-    .send = k_send,
-    .recv = k_recv,
-    .close = k_close,
-    .setsockopt = k_setsockopt,
-    .shutdown = k_shutdown,
-    .getsockname = k_getsockname,
-};
-
-static const struct net_ops tcps_ops = {
-    .name = "tcps",
-    .socket = tcps_socket,
-    .bind = tcps_bind,
-    .listen = tcps_listen,
-    .accept = tcps_accept,
-    .send = tcps_send,
-    .recv = tcps_recv,
-    .close = tcps_close,
-    .setsockopt = tcps_setsockopt,
-    .shutdown = tcps_shutdown,
-    .getsockname = tcps_getsockname,
-};
 
 /* ------------------------------------------------------------------------ */
 /* Configuration and global state.                                           */
@@ -781,11 +722,8 @@ static void parse_args(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case O_NET:
-            if (strcmp(optarg, "kernel") == 0)
-                net = &kernel_ops;
-            else if (strcmp(optarg, "tcps") == 0)
-                net = &tcps_ops;
-            else {
+            net = net_ops_by_name(optarg);
+            if (!net) {
                 fprintf(stderr, "webserver: --net must be kernel or tcps, not '%s'\n", optarg);
                 exit(2);
             }
