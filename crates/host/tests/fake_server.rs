@@ -27,16 +27,17 @@ fn sleeping_host_is_woken_by_the_futex() {
     let fake = Fake::start(Mode::Accept);
     let c = Client::attach(&fake.path).unwrap();
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
-    for _ in 0..10 {
-        let t = Instant::now();
-        c.shutdown(s, SLOW_HOW).unwrap();
-        // Well under the 100 ms futex timeout: the wake got through.
-        assert!(
-            t.elapsed() < Duration::from_millis(60),
-            "took {:?}",
+    let mut took: Vec<Duration> = (0..10)
+        .map(|_| {
+            let t = Instant::now();
+            c.shutdown(s, SLOW_HOW).unwrap();
             t.elapsed()
-        );
-    }
+        })
+        .collect();
+    took.sort();
+    // Well under the 100 ms futex timeout: the wakes got through (the
+    // median, so one call delayed by a loaded machine does not decide).
+    assert!(took[5] < Duration::from_millis(60), "took {took:?}");
     assert!(c.stats().sleeps >= 10, "{:?}", c.stats());
 }
 
@@ -45,12 +46,28 @@ fn idle_server_is_rung() {
     let fake = Fake::start(Mode::Accept);
     let c = Client::attach(&fake.path).unwrap();
     c.nop().unwrap();
-    // Let the fake fall asleep behind the doorbell.
-    std::thread::sleep(Duration::from_millis(50));
-    c.nop().unwrap();
-    // The host saw the sleeping flag and rang; the fake read the ring.
-    assert!(c.stats().doorbells >= 1, "{:?}", c.stats());
-    assert!(fake.doorbells() >= 1);
+    // Let the fake fall asleep behind the doorbell, then call: the host must
+    // see the sleeping flag and ring. (Retried: on a loaded machine the fake
+    // may not have been scheduled to fall asleep yet.)
+    let t = Instant::now();
+    while c.stats().doorbells == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "never rang: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        c.nop().unwrap();
+    }
+    // The fake read the ring.
+    let t = Instant::now();
+    while fake.doorbells() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the fake never saw the ring"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
