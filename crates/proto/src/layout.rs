@@ -48,11 +48,18 @@ pub struct RegionHeader {
     pub server_sleeping: AtomicU32,
     /// Server-written: 1 while the server runs, 0 once it shut down cleanly.
     pub server_alive: AtomicU32,
-    _pad1: [u8; 56],
+    /// Server-written once at attach: `SERVER_*` flags.
+    pub server_flags: AtomicU32,
+    _pad1: [u8; 52],
     /// Host-written: one past the highest channel index the host has used, so
     /// the server need not scan the whole pool. Clamped by the server.
     pub channels_used: AtomicU32,
 }
+
+/// `server_flags`: the server's workers poll on cores of their own
+/// (`tcps server --cpus`), so a host thread waiting a moment for a
+/// completion by spinning does not take the CPU the server needs.
+pub const SERVER_DEDICATED_CORES: u32 = 1;
 
 /// A channel's indices. Cache line 0 is written by the host, line 1 by the server.
 #[repr(C, align(64))]

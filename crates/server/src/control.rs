@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tcps_proto::handshake::{Hello, Welcome, HELLO_LEN};
+use tcps_proto::layout::SERVER_DEDICATED_CORES;
 use tcps_proto::{Region, MAGIC, VERSION};
 use tracing::{info, warn};
 
@@ -295,6 +296,12 @@ fn attach(
         let memfd = sys::memfd(c"tcps-channels", size).map_err(io::Error::from_raw_os_error)?;
         let region = Region::map(std::os::fd::AsFd::as_fd(&memfd), cfg.layout)?;
         region.init_header();
+        if !cfg.cpus.is_empty() {
+            region
+                .header()
+                .server_flags
+                .store(SERVER_DEDICATED_CORES, Ordering::Release);
+        }
         send_welcome(
             fd,
             &Welcome::accepted(size as u64),

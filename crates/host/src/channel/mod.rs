@@ -71,7 +71,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tcps_proto::futex;
-use tcps_proto::layout::ChannelCtl;
+use tcps_proto::layout::{ChannelCtl, SERVER_DEDICATED_CORES};
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::{self, HostCursor, RingFull};
 use tcps_proto::{Completion, Region, Request};
@@ -196,10 +196,16 @@ impl Conn {
         let layout = *a.region.layout();
         let n = layout.n_channels as usize;
         let max_users = layout.ring_entries.saturating_sub(1).max(1);
+        // Spinning pays only when the server polls on cores of its own
+        // (`tcps server --cpus`); otherwise a spinning host thread competes
+        // for the CPU the server needs to answer it, and sleeping at once is
+        // cheaper. TCPS_SPIN_US overrides either way.
+        let dedicated =
+            a.region.header().server_flags.load(Ordering::Acquire) & SERVER_DEDICATED_CORES != 0;
         let spin_us = std::env::var("TCPS_SPIN_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(DEFAULT_SPIN_US)
+            .unwrap_or(if dedicated { DEFAULT_SPIN_US } else { 0 })
             .min(1_000_000);
         Conn {
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
