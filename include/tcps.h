@@ -22,6 +22,14 @@
  * ECONNRESET, and later calls fail with ENOTCONN (EPIPE for send).
  *
  * All functions are thread-safe.
+ *
+ * Waiting for the server: a call spins briefly (no system call) when the
+ * server polls on cores of its own (`tcps server --cpus`), else it sleeps on
+ * a futex at once and the server wakes it. Environment:
+ *   TCPS_SOCKET    control socket of the server (see above)
+ *   TCPS_SPIN_US   longest spin in microseconds (default 50 with a dedicated
+ *                  server, 0 otherwise); the budget adapts below it
+ *   TCPS_SPINNERS  how many threads of the process may spin at once (1)
  */
 #ifndef TCPS_H
 #define TCPS_H
