@@ -46,9 +46,18 @@ pub trait Engine: Send {
     fn name(&self) -> &'static str;
 }
 
+/// Creates the engine asked for. Where io_uring is unavailable (an old
+/// kernel, `io_uring_disabled`, a seccomp filter) the server falls back to
+/// epoll and says so in the log, rather than refusing to start.
 pub fn new(kind: EngineKind) -> io::Result<Box<dyn Engine>> {
     Ok(match kind {
-        EngineKind::Uring => Box::new(UringEngine::new()?),
+        EngineKind::Uring => match UringEngine::new() {
+            Ok(e) => Box::new(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "io_uring unavailable; falling back to the epoll engine");
+                Box::new(EpollEngine::new()?)
+            }
+        },
         EngineKind::Epoll => Box::new(EpollEngine::new()?),
     })
 }
