@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -300,6 +301,41 @@ fn vandalize(h: &RawHost, rng: &mut Rng, keep_rings: bool) -> &'static str {
     }
 }
 
+/// The region's memfd is sealed: a host cannot shrink (or grow) it under
+/// the server's mapping, which would make the server fault.
+fn region_cannot_be_resized(engine: &str) {
+    let mut srv = start_server(engine);
+    let echo = kernel_echo_server("127.0.0.1:0");
+    let good = srv.attach();
+    let h = RawHost::attach(&srv.socket).unwrap();
+    for size in [0i64, 4096, (h.region_size as i64) * 2] {
+        // SAFETY: ftruncate on a descriptor we own.
+        let r = unsafe { libc::ftruncate(h.memfd.as_raw_fd(), size) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(
+            (r, e),
+            (-1, Some(libc::EPERM)),
+            "ftruncate to {size} was not refused"
+        );
+    }
+    // The server still serves everybody, the rogue included.
+    h.region.header().channels_used.store(1, Ordering::Release);
+    let ch = h.region.channel(0).unwrap();
+    ch.write_request(
+        0,
+        &Request {
+            user_data: 3,
+            op: Op::Nop as u16,
+            ..Default::default()
+        },
+    );
+    h.ring();
+    let cs = outcome(&h, 1, Duration::from_secs(3)).expect("Nop after the resize attempts");
+    assert_eq!((cs[0].user_data, cs[0].errno), (3, 0));
+    echo_roundtrip(&good, echo, &Rng::new(4).bytes(100_000));
+    assert!(srv.is_alive());
+}
+
 fn garbage_never_hurts(engine: &str) {
     garbage(engine, false)
 }
@@ -397,4 +433,9 @@ fn garbage(engine: &str, keep_rings: bool) {
     );
 }
 
-engine_tests!(forged_indices, garbage_never_hurts, garbage_requests_only);
+engine_tests!(
+    forged_indices,
+    region_cannot_be_resized,
+    garbage_never_hurts,
+    garbage_requests_only
+);

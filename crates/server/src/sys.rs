@@ -219,13 +219,19 @@ pub fn eventfd_drain(fd: RawFd) {
     unsafe { libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, 8) };
 }
 
+/// A memfd of `size` bytes, sealed so its size can never change again: the
+/// host gets this descriptor, and a host that could shrink the file would
+/// make the server's mapping fault (SIGBUS) — a host must only hurt itself.
 pub fn memfd(name: &std::ffi::CStr, size: usize) -> SysResult<OwnedFd> {
     // SAFETY: name is a valid C string.
     let fd = own(check(unsafe {
-        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
     })?);
     // SAFETY: fd is ours; size fits in off_t for any region we create.
     check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) })?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: adding seals to our own memfd.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
     Ok(fd)
 }
 

@@ -847,6 +847,8 @@ pub fn clock_ticks_per_sec() -> u64 {
 pub struct RawHost {
     pub ctl: OwnedFd,
     pub doorbell: OwnedFd,
+    /// The region's memfd, as the server handed it over.
+    pub memfd: OwnedFd,
     pub region: Region,
     pub region_size: usize,
 }
@@ -886,6 +888,7 @@ impl RawHost {
         Ok(RawHost {
             ctl,
             doorbell,
+            memfd,
             region,
             region_size: w.region_size as usize,
         })
