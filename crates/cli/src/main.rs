@@ -26,7 +26,7 @@ enum Command {
     /// Benchmarks (cost of a send call, ...).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Build-free demo: a web server through tcps vs kernel sockets, driven by wrk.
+    /// The demo: the example web server through tcps and on kernel sockets, driven by wrk, side by side.
     Demo(demo::DemoArgs),
 }
 

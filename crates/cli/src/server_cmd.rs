@@ -34,7 +34,9 @@ pub struct ServerArgs {
     /// Control socket hosts attach to [default: $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`)
+    /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`).
+    /// Declares them the server's own: hosts then spin briefly for completions
+    /// instead of sleeping (without --cpus: one unpinned worker, hosts sleep at once)
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
     /// How workers wait for work
