@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicU32;
 pub const PAGE: usize = 4096;
 pub const HEADER_SIZE: usize = PAGE;
 /// Bytes of a channel's control block.
-pub const CTL_SIZE: usize = 128;
+pub const CTL_SIZE: usize = 192;
 
 /// Default number of channels per host region (one per concurrently calling host thread).
 pub const DEFAULT_CHANNELS: u32 = 64;
@@ -61,16 +61,23 @@ pub struct RegionHeader {
 /// completion by spinning does not take the CPU the server needs.
 pub const SERVER_DEDICATED_CORES: u32 = 1;
 
-/// A channel's indices. Cache line 0 is written by the host, line 1 by the server.
+/// A channel's indices, on three cache lines so that neither side's common
+/// path writes a line the other side reads on its common path:
+///
+/// * line 0, host-written, read by the server only when a ring looks full;
+/// * line 1, `host_waiting`: written by the host only around a sleep, read by
+///   the server after every completion;
+/// * line 2, server-written.
 #[repr(C, align(64))]
 pub struct ChannelCtl {
     /// Host-written: requests published (free-running).
     pub req_tail: AtomicU32,
     /// Host-written: completions consumed (free-running).
     pub cq_head: AtomicU32,
-    /// Host-written: 1 while a host thread sleeps on `cq_tail` (futex).
+    _pad0: [u8; 56],
+    /// Host-written: non-zero while a host thread sleeps on `cq_tail` (futex).
     pub host_waiting: AtomicU32,
-    _pad0: [u8; 52],
+    _pad1: [u8; 60],
     /// Server-written: requests consumed (free-running).
     pub req_head: AtomicU32,
     /// Server-written: completions published (free-running); the host's futex word.
@@ -79,7 +86,7 @@ pub struct ChannelCtl {
     /// server parked (it will complete only when its socket is ready). A host
     /// waiting for that request stops spinning and sleeps at once.
     pub parked_tag: AtomicU32,
-    _pad1: [u8; 52],
+    _pad2: [u8; 52],
 }
 
 const _: () = assert!(std::mem::size_of::<ChannelCtl>() == CTL_SIZE);

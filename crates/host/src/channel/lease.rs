@@ -389,12 +389,15 @@ impl<'a> Lease<'a> {
         let mut i = 0u32;
         let entries = self.ch.ring_entries();
         loop {
-            // The next completion's slot stamp is the fast signal (one cache
-            // line from the server); `cq_tail` moving also covers a completion
-            // another thread of this channel took for us.
+            // The next completion's slot stamp is the signal: one cache line
+            // from the server. Only when other calls share the channel can
+            // another thread have taken ours meanwhile; then `cq_tail` moving
+            // tells. (Polling `cq_tail` always would pull the server's line
+            // away from it on every completion.)
             let head = ctl.cq_head.load(Ordering::Relaxed);
             let published = self.ch.completion_stamp(head) == ring::stamp(head, entries);
-            if published || ctl.cq_tail.load(Ordering::Acquire) != seen {
+            let shared = self.slot.users.load(Ordering::Relaxed) > 1;
+            if published || (shared && ctl.cq_tail.load(Ordering::Acquire) != seen) {
                 let (c, now) = self.try_take(true);
                 seen = now;
                 if let Some(c) = c {
