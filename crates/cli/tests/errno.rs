@@ -499,7 +499,57 @@ fn bad_arguments(engine: &str) {
     c.nop().unwrap();
 }
 
+/// SO_RCVTIMEO bounds a blocking recv and accept parked at the server: they
+/// return EAGAIN after the timeout (the server's kernel socket is
+/// non-blocking, so the server times them out itself), and a timeout of
+/// zero means wait forever again.
+fn rcvtimeo_bounds_parked_calls(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let mut tv = [0u8; 16];
+    tv[8..16].copy_from_slice(&200_000i64.to_ne_bytes()); // 200 ms
+    let quiet = TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = c.tcp_connect(quiet.local_addr().unwrap()).unwrap();
+    let (mut peer, _) = quiet.accept().unwrap();
+    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let t = Instant::now();
+    let e = c.recv(s, &mut buf, 0).unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(errno_of(&e), libc::EAGAIN, "{e}");
+    assert!(
+        took >= Duration::from_millis(150),
+        "timed out early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "timed out late: {took:?}");
+    // The socket still works, and data that arrives in time is received.
+    peer.write_all(b"late").unwrap();
+    assert_eq!(c.recv(s, &mut buf, 0).unwrap(), 4);
+    assert_eq!(&buf[..4], b"late");
+
+    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+    c.setsockopt(l, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
+        .unwrap();
+    let t = Instant::now();
+    let e = c.accept(l, 0).unwrap_err();
+    assert_eq!(errno_of(&e), libc::EAGAIN, "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(150));
+
+    // Zero: blocking without a bound again — the recv waits for data.
+    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &[0u8; 16])
+        .unwrap();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        peer.write_all(b"x").unwrap();
+        peer
+    });
+    assert_eq!(c.recv(s, &mut buf, 0).unwrap(), 1);
+    drop(writer.join().unwrap());
+}
+
 engine_tests!(
+    rcvtimeo_bounds_parked_calls,
     econnrefused,
     eaddrinuse,
     ebadf,

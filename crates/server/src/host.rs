@@ -91,6 +91,10 @@ pub struct Sock {
     /// Directions currently armed in the engine (0: none).
     pub armed_mask: u32,
     pub arm_seq: u8,
+    /// SO_RCVTIMEO / SO_SNDTIMEO as the host set them: how long a parked
+    /// recv/accept or send/connect may wait before it returns EAGAIN.
+    pub rcv_timeout: Option<std::time::Duration>,
+    pub snd_timeout: Option<std::time::Duration>,
 }
 
 impl Sock {
@@ -104,6 +108,8 @@ impl Sock {
             pollers: Vec::new(),
             armed_mask: 0,
             arm_seq: 0,
+            rcv_timeout: None,
+            snd_timeout: None,
         }
     }
 
@@ -140,6 +146,8 @@ pub struct Parked {
     pub progress: usize,
     /// Non-blocking for this call (O_NONBLOCK or MSG_DONTWAIT).
     pub nonblocking: bool,
+    /// Names this call for its timeout timer (0: not parked yet).
+    pub serial: u64,
 }
 
 /// A `Poll` call parked until one of its sockets is ready or it times out.

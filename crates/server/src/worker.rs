@@ -289,14 +289,28 @@ impl Worker {
 
     fn fire_timers(&mut self, now: Instant) -> usize {
         let mut fired = 0;
-        while let Some(std::cmp::Reverse((when, hkey, pkey, serial))) = self.timers.peek().copied()
-        {
+        while let Some(std::cmp::Reverse((when, hkey, serial, key))) = self.timers.peek().copied() {
             if when > now {
                 break;
             }
             self.timers.pop();
-            if let Some(host) = self.hosts.get_mut(hkey) {
-                calls::on_poll_timeout(host, pkey, serial);
+            let Worker {
+                hosts,
+                engine,
+                cfg,
+                timers,
+                next_serial,
+                ..
+            } = self;
+            if let Some(host) = hosts.get_mut(hkey) {
+                let mut cx = Ctx {
+                    engine: engine.as_mut(),
+                    cfg,
+                    hkey,
+                    timers,
+                    next_serial,
+                };
+                calls::on_timer(&mut cx, host, serial, key);
                 fired += 1;
             }
         }

@@ -4,12 +4,14 @@
 //! (send, connect) queue, in issue order, and the socket is armed in the
 //! engine. On readiness the queue is retried front to back.
 
-use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res};
+use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
 use crate::engine::Engine;
 use crate::host::{Host, Parked, Sock};
 use crate::sys::{self, RawAddr};
 use crate::token::Token;
+use std::cmp::Reverse;
 use std::os::fd::AsRawFd;
+use std::time::Instant;
 use tcps_proto::msg::{ArenaRange, Call};
 use tcps_proto::{addr, Op};
 use tracing::warn;
@@ -68,6 +70,7 @@ pub(super) fn start(
         call,
         progress: 0,
         nonblocking,
+        serial: 0,
     };
     let step = if queued {
         // Earlier calls on this socket wait: keep the issue order.
@@ -94,13 +97,28 @@ pub(super) fn announce_parked(host: &Host, ch: u32, user_data: u64) {
     }
 }
 
-fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: Parked, is_reader: bool) {
+fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: bool) {
     host.stats.parked += 1;
     announce_parked(host, p.ch, p.user_data);
     let hkey = cx.hkey;
     let Some(sock) = host.socket_mut(sid) else {
         return;
     };
+    *cx.next_serial += 1;
+    p.serial = *cx.next_serial;
+    let timeout = if is_reader {
+        sock.rcv_timeout
+    } else {
+        sock.snd_timeout
+    };
+    if let Some(t) = timeout {
+        cx.timers.push(Reverse((
+            Instant::now() + t,
+            hkey,
+            p.serial,
+            TimerKey::Call { sock: sid },
+        )));
+    }
     if is_reader {
         sock.readers.push_back(p);
     } else {
@@ -307,5 +325,33 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
     let hkey = cx.hkey;
     if let Some(sock) = host.socket_mut(sid32) {
         rearm(cx.engine, hkey, sid32, sock);
+    }
+}
+
+/// SO_RCVTIMEO / SO_SNDTIMEO expired for a parked call: it returns what it
+/// moved so far, or EAGAIN (as a blocking kernel socket with a timeout does).
+pub fn on_call_timeout(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, serial: u64) {
+    let Some(sock) = host.socket_mut(sid) else {
+        return;
+    };
+    let found = [&mut sock.readers, &mut sock.writers]
+        .into_iter()
+        .find_map(|q| {
+            q.iter()
+                .position(|p| p.serial == serial)
+                .and_then(|i| q.remove(i))
+        });
+    let Some(p) = found else {
+        return; // completed meanwhile
+    };
+    let res = match p.call {
+        Call::Send { .. } | Call::Recv { .. } if p.progress > 0 => Ok((p.progress as i64, 0)),
+        Call::Connect { .. } => Err(libc::EINPROGRESS),
+        _ => Err(libc::EAGAIN),
+    };
+    complete(host, p.ch, p.user_data, p.op, res);
+    let hkey = cx.hkey;
+    if let Some(sock) = host.socket_mut(sid) {
+        rearm(cx.engine, hkey, sid, sock);
     }
 }

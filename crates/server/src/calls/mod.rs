@@ -14,7 +14,6 @@ mod blocking;
 mod poll;
 
 pub use blocking::on_socket_ready;
-pub use poll::on_poll_timeout;
 
 use crate::engine::Engine;
 use crate::host::{Host, Sock};
@@ -24,6 +23,7 @@ use crate::Config;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
 use std::time::Instant;
 use tcps_proto::msg::{ArenaRange, Call};
 use tcps_proto::{addr, futex, Completion, Op, Request};
@@ -32,8 +32,24 @@ use tracing::{debug, warn};
 /// A call's outcome: `(result, aux)` or an errno.
 pub type Res = Result<(i64, u64), i32>;
 
-/// Deadline of a parked poll: (when, host key, poll key, poll serial).
-pub type Timers = BinaryHeap<Reverse<(Instant, usize, usize, u64)>>;
+/// What a timer fires for: a parked poll (by its slab key) or a parked
+/// socket call (by its socket); the timer's serial names the exact call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerKey {
+    Poll { pkey: usize },
+    Call { sock: u32 },
+}
+
+/// Deadlines of parked calls: (when, host key, serial, what).
+pub type Timers = BinaryHeap<Reverse<(Instant, usize, u64, TimerKey)>>;
+
+/// Fires an expired timer of a host.
+pub fn on_timer(cx: &mut Ctx<'_>, host: &mut Host, serial: u64, key: TimerKey) {
+    match key {
+        TimerKey::Poll { pkey } => poll::on_poll_timeout(host, pkey, serial),
+        TimerKey::Call { sock } => blocking::on_call_timeout(cx, host, sock, serial),
+    }
+}
 
 /// What a call needs from the worker besides its host.
 pub struct Ctx<'a> {
@@ -219,7 +235,7 @@ fn bind(cx: &Ctx<'_>, host: &mut Host, ch: u32, sock: u32, a: ArenaRange) -> Res
     sys::bind(fd, &RawAddr::from_bytes(&bytes)).map(|_| (0, 0))
 }
 
-fn setsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
+fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
     let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
     let value = arena_bytes(host, ch, v);
     if !host.privileges.may_setsockopt(level, name, &value) {
@@ -232,7 +248,29 @@ fn setsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRa
         );
         return Err(libc::EPERM);
     }
-    sys::setsockopt(fd, level, name, &value).map(|_| (0, 0))
+    sys::setsockopt(fd, level, name, &value)?;
+    // The kernel socket is non-blocking, so it would ignore these: the
+    // server times parked calls out itself.
+    if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
+        let t = timeval(&value);
+        if let Some(s) = host.socket_mut(sock) {
+            if name == libc::SO_RCVTIMEO {
+                s.rcv_timeout = t;
+            } else {
+                s.snd_timeout = t;
+            }
+        }
+    }
+    Ok((0, 0))
+}
+
+/// A `struct timeval` option value as a timeout (`None`: wait forever).
+fn timeval(v: &[u8]) -> Option<Duration> {
+    let sec = i64::from_ne_bytes(v.get(0..8)?.try_into().ok()?);
+    let usec = i64::from_ne_bytes(v.get(8..16)?.try_into().ok()?);
+    let d = Duration::from_secs(sec.max(0) as u64)
+        + Duration::from_micros(usec.clamp(0, 999_999) as u64);
+    (!d.is_zero()).then_some(d)
 }
 
 fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {

@@ -5,7 +5,7 @@
 //! (a worker timer) expires.
 
 use super::blocking::{announce_parked, rearm};
-use super::{arena_bytes, complete, write_arena, Ctx, Res};
+use super::{arena_bytes, complete, write_arena, Ctx, Res, TimerKey};
 use crate::host::{Host, ParkedPoll};
 use crate::sys;
 use std::cmp::Reverse;
@@ -91,7 +91,8 @@ pub(super) fn start(
         serial,
     });
     if let Some(d) = deadline {
-        cx.timers.push(Reverse((d, cx.hkey, pkey, serial)));
+        cx.timers
+            .push(Reverse((d, cx.hkey, serial, TimerKey::Poll { pkey })));
     }
     host.stats.parked += 1;
     announce_parked(host, ch, user_data);
@@ -133,7 +134,7 @@ pub(super) fn recheck(host: &mut Host, pkey: usize) {
 }
 
 /// A parked poll's timeout expired.
-pub fn on_poll_timeout(host: &mut Host, pkey: usize, serial: u64) {
+pub(super) fn on_poll_timeout(host: &mut Host, pkey: usize, serial: u64) {
     let Some(p) = host.polls.get(pkey) else {
         return;
     };
