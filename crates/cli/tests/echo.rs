@@ -219,7 +219,77 @@ fn socket_options(engine: &str) {
     c.close(s).unwrap();
 }
 
-engine_tests!(recv_flags, socket_options,);
+/// The options the foundation must carry, each set through the server and
+/// read back, and the ones with visible behaviour exercised.
+fn required_socket_options(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    for (level, name) in [
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    ] {
+        assert_eq!(
+            c.getsockopt_int(s, level, name).unwrap(),
+            0,
+            "({level}, {name}) default"
+        );
+        c.setsockopt_int(s, level, name, 1).unwrap();
+        assert_eq!(
+            c.getsockopt_int(s, level, name).unwrap(),
+            1,
+            "({level}, {name}) after set"
+        );
+    }
+    c.setsockopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF, 100_000)
+        .unwrap();
+    // Linux doubles the value it is given.
+    assert_eq!(
+        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF)
+            .unwrap(),
+        200_000
+    );
+    assert_eq!(
+        c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_ERROR)
+            .unwrap(),
+        0
+    );
+
+    // SO_REUSEPORT: a second listener on the same port.
+    c.bind(s, &"127.0.0.1:0".parse().unwrap()).unwrap();
+    c.listen(s, 4).unwrap();
+    let port = c.getsockname(s).unwrap().port();
+    let s2 = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.setsockopt_int(s2, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
+        .unwrap();
+    c.bind(s2, &SocketAddr::from(([127, 0, 0, 1], port)))
+        .unwrap();
+    c.listen(s2, 4).unwrap();
+
+    // SO_LINGER {on, 0}: close resets the connection; the peer sees ECONNRESET.
+    let peer_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let t = c.tcp_connect(peer_l.local_addr().unwrap()).unwrap();
+    let (mut peer, _) = peer_l.accept().unwrap();
+    let mut linger = [0u8; 8];
+    linger[0..4].copy_from_slice(&1i32.to_ne_bytes());
+    c.setsockopt(t, libc::SOL_SOCKET, libc::SO_LINGER, &linger)
+        .unwrap();
+    let mut back = [0u8; 8];
+    assert_eq!(
+        c.getsockopt(t, libc::SOL_SOCKET, libc::SO_LINGER, &mut back)
+            .unwrap(),
+        8
+    );
+    assert_eq!(back, linger);
+    c.close(t).unwrap();
+    let mut b = [0u8; 4];
+    let e = std::io::Read::read(&mut peer, &mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
+engine_tests!(recv_flags, socket_options, required_socket_options,);
 
 engine_tests!(
     echo_sizes,
