@@ -130,6 +130,29 @@ impl Worker {
             .any(|(_, h)| h.cursors.iter().any(|c| c.outstanding() > 0))
     }
 
+    /// A host and the context its calls run in, borrowed apart.
+    fn host_and_cx(&mut self, hkey: usize) -> Option<(&mut Host, Ctx<'_>)> {
+        let Worker {
+            hosts,
+            engine,
+            cfg,
+            timers,
+            next_serial,
+            ..
+        } = self;
+        let host = hosts.get_mut(hkey)?;
+        Some((
+            host,
+            Ctx {
+                engine: engine.as_mut(),
+                cfg,
+                hkey,
+                timers,
+                next_serial,
+            },
+        ))
+    }
+
     /// Takes and executes requests from every channel; returns how many.
     fn scan_channels(&mut self) -> usize {
         let mut handled = 0;
@@ -196,22 +219,7 @@ impl Worker {
                 gen,
                 seq,
             }) => {
-                let Worker {
-                    hosts,
-                    engine,
-                    cfg,
-                    timers,
-                    next_serial,
-                    ..
-                } = self;
-                if let Some(host) = hosts.get_mut(hkey) {
-                    let mut cx = Ctx {
-                        engine: engine.as_mut(),
-                        cfg,
-                        hkey,
-                        timers,
-                        next_serial,
-                    };
+                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
                     calls::on_socket_ready(&mut cx, host, sock, gen, seq);
                 }
             }
@@ -294,22 +302,7 @@ impl Worker {
                 break;
             }
             self.timers.pop();
-            let Worker {
-                hosts,
-                engine,
-                cfg,
-                timers,
-                next_serial,
-                ..
-            } = self;
-            if let Some(host) = hosts.get_mut(hkey) {
-                let mut cx = Ctx {
-                    engine: engine.as_mut(),
-                    cfg,
-                    hkey,
-                    timers,
-                    next_serial,
-                };
+            if let Some((host, mut cx)) = self.host_and_cx(hkey) {
                 calls::on_timer(&mut cx, host, serial, key);
                 fired += 1;
             }
