@@ -24,7 +24,7 @@ pub const HEADER_SIZE: usize = PAGE;
 pub const CTL_SIZE: usize = 192;
 
 /// Default number of channels per host region (one per concurrently calling host thread).
-pub const DEFAULT_CHANNELS: u32 = 64;
+pub const DEFAULT_CHANNELS: u32 = 256;
 /// Default entries per ring (a power of two).
 pub const DEFAULT_RING_ENTRIES: u32 = 64;
 /// Default bytes of data arena per channel; the largest single transfer.
@@ -184,7 +184,10 @@ mod tests {
         assert_eq!(l.arena_offset() % PAGE, 0);
         assert_eq!(l.channel_stride() % PAGE, 0);
         assert!(l.completions_offset() >= l.requests_offset() + 64 * 64);
-        assert_eq!(l.region_size(), HEADER_SIZE + 64 * l.channel_stride());
+        assert_eq!(
+            l.region_size(),
+            HEADER_SIZE + DEFAULT_CHANNELS as usize * l.channel_stride()
+        );
     }
 
     #[test]
