@@ -74,6 +74,19 @@ int tcps_poll(struct pollfd *fds, nfds_t nfds, int timeout_ms);
 /* F_GETFL and F_SETFL (O_NONBLOCK). `arg` is ignored for F_GETFL. */
 int tcps_fcntl(int s, int cmd, long arg);
 
+/* Counters of this process's attachment (all zero before it attaches).
+ * bytes_copied / (bytes_sent + bytes_received) is the host's memory traffic
+ * per network byte: about 1 for the copying calls above. */
+struct tcps_stats {
+    unsigned long long calls;          /* request/completion exchanges */
+    unsigned long long doorbells;      /* times the server had to be woken */
+    unsigned long long sleeps;         /* futex sleeps while waiting */
+    unsigned long long bytes_copied;   /* bytes the library copied */
+    unsigned long long bytes_sent;     /* bytes the server sent for us */
+    unsigned long long bytes_received; /* bytes the server received for us */
+};
+int tcps_stats(struct tcps_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

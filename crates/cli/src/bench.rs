@@ -418,6 +418,8 @@ struct PingpongReport {
     sleeps: u64,
     /// Channel exchanges completed while spinning (no system call).
     spins_satisfied: u64,
+    /// Host bytes copied per network byte (copying API: about 1).
+    copies_per_network_byte: f64,
 }
 
 fn pingpong(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -469,6 +471,10 @@ fn pingpong(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
         doorbells: after.doorbells - before.doorbells,
         sleeps: after.sleeps - before.sleeps,
         spins_satisfied: after.spins_satisfied - before.spins_satisfied,
+        copies_per_network_byte: (after.bytes_copied - before.bytes_copied) as f64
+            / ((after.bytes_sent - before.bytes_sent)
+                + (after.bytes_received - before.bytes_received))
+                .max(1) as f64,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -522,12 +522,54 @@ pub extern "C" fn tcps_fcntl(s: c_int, cmd: c_int, arg: c_long) -> c_int {
     })
 }
 
+/// `struct tcps_stats` of tcps.h.
+#[repr(C)]
+pub struct TcpsStats {
+    pub calls: u64,
+    pub doorbells: u64,
+    pub sleeps: u64,
+    pub bytes_copied: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// # Safety
+/// `out` is null or valid for writing one `struct tcps_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn tcps_stats(out: *mut TcpsStats) -> c_int {
+    ffi(|| {
+        if out.is_null() {
+            return Err(errno(libc::EFAULT));
+        }
+        // Not attached yet: all zero, without attaching just to report that.
+        let s = global().as_ref().map(|c| c.stats()).unwrap_or_default();
+        let v = TcpsStats {
+            calls: s.calls,
+            doorbells: s.doorbells,
+            sleeps: s.sleeps,
+            bytes_copied: s.bytes_copied,
+            bytes_sent: s.bytes_sent,
+            bytes_received: s.bytes_received,
+        };
+        // SAFETY: the caller passes a writable tcps_stats (checked non-null).
+        unsafe { out.write(v) };
+        Ok(0)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn last_errno() -> i32 {
         io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    #[test]
+    fn stats_need_somewhere_to_go() {
+        // SAFETY: null is allowed and refused.
+        assert_eq!(unsafe { tcps_stats(std::ptr::null_mut()) }, -1);
+        assert_eq!(last_errno(), libc::EFAULT);
     }
 
     #[test]

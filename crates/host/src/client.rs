@@ -243,6 +243,7 @@ impl Client {
                     Err(e) if total == 0 => return Err(e),
                     Err(_) => return Ok(total),
                 };
+                l.count_network(n, 0);
                 total += n;
                 if n < piece.len() || total == buf.len() {
                     return Ok(total);
@@ -274,6 +275,7 @@ impl Client {
             r.buf_len = cap as u32;
             r.args[0] = signed(flags.into());
             let n = count(&l.exchange(r)?, cap)?;
+            l.count_network(0, n);
             l.get(0, &mut buf[..n])?;
             Ok(n)
         })

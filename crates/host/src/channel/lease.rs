@@ -107,12 +107,30 @@ impl<'a> Lease<'a> {
         self.len
     }
 
+    /// Counts bytes the library copied (see `HostStats::bytes_copied`).
+    /// Several threads may share the slot, hence the atomic add.
+    fn count_copy(&self, n: usize) {
+        self.slot
+            .stats
+            .copied
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts bytes the server moved on the network for this call.
+    pub fn count_network(&self, sent: usize, received: usize) {
+        let st = &self.slot.stats;
+        st.net_sent.fetch_add(sent as u64, Ordering::Relaxed);
+        st.net_received
+            .fetch_add(received as u64, Ordering::Relaxed);
+    }
+
     /// Copies `src` into the call's range at `off`; EINVAL if it does not fit.
     pub fn put(&mut self, off: u32, src: &[u8]) -> io::Result<()> {
         let (off, end) = (off as usize, off as usize + src.len());
         if end > self.len as usize {
             return Err(errno(libc::EINVAL));
         }
+        self.count_copy(src.len());
         if self.staged {
             self.stage[off..end].copy_from_slice(src);
             return Ok(());
@@ -132,6 +150,7 @@ impl<'a> Lease<'a> {
         if end > self.len as usize {
             return Err(errno(libc::EIO));
         }
+        self.count_copy(dst.len());
         if self.staged {
             dst.copy_from_slice(&self.stage[off..end]);
             return Ok(());
@@ -207,6 +226,7 @@ impl<'a> Lease<'a> {
                 if n > 0 && !self.ch.copy_to_arena(0, &self.stage[..n]) {
                     return Err(errno(libc::EIO));
                 }
+                self.count_copy(n);
                 req.user_data = tag;
                 if let Ok(must_ring) = st.cursor.submit(&self.ch, req) {
                     st.uses.push(Use {
@@ -242,6 +262,7 @@ impl<'a> Lease<'a> {
                 if n > 0 && !self.ch.copy_to_arena(off, &self.stage[..n]) {
                     return Err(errno(libc::EIO));
                 }
+                self.count_copy(n);
                 i
             } else {
                 let i = st.find(self.tag).ok_or_else(|| errno(libc::EIO))?;
@@ -298,6 +319,7 @@ impl<'a> Lease<'a> {
                     if n > 0 && !self.ch.copy_from_arena(self.off, &mut self.stage[..n]) {
                         self.stage[..n].fill(0);
                     }
+                    self.count_copy(n);
                     st.uses.clear();
                     self.slot.users.store(0, Ordering::Relaxed);
                     self.tag = 0;
@@ -323,6 +345,7 @@ impl<'a> Lease<'a> {
             if n > 0 && !self.ch.copy_from_arena(self.off, &mut self.stage[..n]) {
                 self.stage[..n].fill(0);
             }
+            self.count_copy(n);
             st.free(i);
             self.slot
                 .users

@@ -135,6 +135,20 @@ pub struct HostStats {
     pub handed_off: u64,
     /// Completions whose tag belonged to no call in flight (dropped).
     pub stray_completions: u64,
+    /// Bytes the host library copied (application memory ⇄ channel arena,
+    /// including small calls' staging): the host's memory traffic for data.
+    pub bytes_copied: u64,
+    /// Bytes the server reported sent on the network / received from it.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+impl HostStats {
+    /// Host bytes copied per network byte (seed 004's measure; the copying
+    /// API is about 1, a zero-copy path 0).
+    pub fn copies_per_network_byte(&self) -> f64 {
+        self.bytes_copied as f64 / (self.bytes_sent + self.bytes_received).max(1) as f64
+    }
 }
 
 /// Per-channel counters, written under the channel's lock (so a load and a
@@ -148,6 +162,9 @@ struct SlotStats {
     shared: AtomicU64,
     handed_off: AtomicU64,
     stray: AtomicU64,
+    copied: AtomicU64,
+    net_sent: AtomicU64,
+    net_received: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -453,6 +470,9 @@ impl Conn {
             s.shared += st.shared.load(Ordering::Relaxed);
             s.handed_off += st.handed_off.load(Ordering::Relaxed);
             s.stray_completions += st.stray.load(Ordering::Relaxed);
+            s.bytes_copied += st.copied.load(Ordering::Relaxed);
+            s.bytes_sent += st.net_sent.load(Ordering::Relaxed);
+            s.bytes_received += st.net_received.load(Ordering::Relaxed);
         }
         s
     }
