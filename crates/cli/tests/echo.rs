@@ -308,7 +308,7 @@ fn copy_accounting(engine: &str) {
     let copied = s.bytes_copied - before.bytes_copied;
     // Data copies plus the few bytes of addresses and options.
     assert!(
-        copied >= 2 << 20 && copied < (2 << 20) + 4096,
+        (2 << 20..(2 << 20) + 4096).contains(&copied),
         "copied {copied}: {s:?}"
     );
     assert!((s.copies_per_network_byte() - 1.0).abs() < 0.01, "{s:?}");
