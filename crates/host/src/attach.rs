@@ -18,12 +18,16 @@ use tcps_proto::{Region, MAGIC, VERSION};
 /// How long the handshake may take before we give up on the server.
 const HANDSHAKE_TIMEOUT_SECS: libc::time_t = 10;
 
-/// What a successful attach yields.
-pub(crate) struct Attached {
-    /// The control socket; kept open for the attachment's lifetime.
+/// What a successful attach yields: the raw pieces of an attachment, for
+/// [`Client`](crate::Client) and for tools and tests that speak the channel
+/// protocol themselves.
+pub struct Attached {
+    /// The control socket; keep it open for the attachment's lifetime.
     pub ctl: OwnedFd,
     /// The server's doorbell eventfd.
     pub doorbell: OwnedFd,
+    /// The region's memfd, as the server handed it over (sealed).
+    pub memfd: OwnedFd,
     pub region: Region,
 }
 
@@ -67,8 +71,9 @@ pub fn default_path() -> PathBuf {
     }
 }
 
-/// Attaches to the server listening at `path`.
-pub(crate) fn attach(path: &Path) -> io::Result<Attached> {
+/// Does the attach handshake with the server listening at `path` and maps
+/// the region it hands over, without building a [`Client`](crate::Client).
+pub fn attach(path: &Path) -> io::Result<Attached> {
     attach_inner(path).map_err(|f| {
         record_failure(&f.message);
         io::Error::from_raw_os_error(f.errno)
@@ -118,6 +123,7 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
     Ok(Attached {
         ctl,
         doorbell,
+        memfd,
         region,
     })
 }

@@ -17,6 +17,6 @@ pub mod capi;
 mod channel;
 mod client;
 
-pub use attach::{default_path, last_attach_error};
+pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};

@@ -7,10 +7,8 @@
 use sha2::{Digest, Sha256};
 use std::ffi::OsStr;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::mem::size_of;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -18,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tcps::Client;
-use tcps_proto::handshake::{Hello, Welcome, WELCOME_LEN};
 use tcps_proto::Region;
 
 /// The `tcps` binary under test.
@@ -854,43 +851,24 @@ pub struct RawHost {
 }
 
 impl RawHost {
-    /// Connects the SEQPACKET control socket, sends Hello, receives the
-    /// Welcome + [memfd, doorbell] and maps the region.
+    /// Attaches with the host library's raw handshake (`tcps::attach_raw`:
+    /// SEQPACKET control socket, Hello, Welcome + [memfd, doorbell], region
+    /// mapped) and keeps every piece to abuse.
     pub fn attach(path: &Path) -> io::Result<RawHost> {
-        let ctl = seqpacket_connect(path)?;
-        let hello = Hello::new(std::process::id()).encode();
-        // SAFETY: valid buffer of its length.
-        let n = unsafe {
-            libc::send(
-                ctl.as_raw_fd(),
-                hello.as_ptr() as *const libc::c_void,
-                hello.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n != hello.len() as isize {
-            return Err(io::Error::last_os_error());
-        }
-        let (bytes, mut fds) = recvmsg_fds(ctl.as_raw_fd())?;
-        let w = Welcome::decode(&bytes).ok_or_else(|| io::Error::other("bad Welcome"))?;
-        if w.status != 0 {
-            return Err(io::Error::new(
-                io::Error::from_raw_os_error(w.status).kind(),
-                format!("refused ({}): {}", w.status, w.message),
-            ));
-        }
-        if fds.len() != 2 {
-            return Err(io::Error::other(format!("{} fds in Welcome", fds.len())));
-        }
-        let doorbell = fds.pop().unwrap();
-        let memfd = fds.pop().unwrap();
-        let region = Region::map_from_header(memfd.as_fd(), w.region_size)?;
+        let tcps::Attached {
+            ctl,
+            doorbell,
+            memfd,
+            region,
+        } = tcps::attach_raw(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{e}: {}", tcps::last_attach_error())))?;
+        let region_size = region.layout().region_size();
         Ok(RawHost {
             ctl,
             doorbell,
             memfd,
             region,
-            region_size: w.region_size as usize,
+            region_size,
         })
     }
 
@@ -933,85 +911,4 @@ impl RawHost {
             unsafe { std::ptr::write_volatile(self.base().add(off + i), *b) };
         }
     }
-}
-
-fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: zeroed sockaddr_un is valid.
-    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = path.as_os_str().as_bytes();
-    assert!(b.len() < sa.sun_path.len(), "socket path too long");
-    for (d, s) in sa.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    let tv = libc::timeval {
-        tv_sec: 10,
-        tv_usec: 0,
-    };
-    // SAFETY: valid pointers and sizes.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const _ as *const libc::c_void,
-            size_of::<libc::timeval>() as libc::socklen_t,
-        );
-        if libc::connect(
-            fd.as_raw_fd(),
-            &sa as *const _ as *const libc::sockaddr,
-            size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(fd)
-}
-
-#[repr(C, align(8))]
-struct Cmsg([u8; 128]);
-
-fn recvmsg_fds(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; WELCOME_LEN + 1];
-    let mut cbuf = Cmsg([0; 128]);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = cbuf.0.len() as _;
-    // SAFETY: msg describes valid buffers.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut fds = Vec::new();
-    // SAFETY: walking the control messages the kernel wrote.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const libc::c_int;
-                let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                for i in 0..k {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    buf.truncate(n as usize);
-    Ok((buf, fds))
 }
