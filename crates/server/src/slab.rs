@@ -47,6 +47,11 @@ impl<T> Slab<T> {
         self.entries.get_mut(k)?.as_mut()
     }
 
+    /// One past the highest key ever handed out: every key is below it.
+    pub fn key_bound(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -65,13 +70,6 @@ impl<T> Slab<T> {
             .iter()
             .enumerate()
             .filter_map(|(k, e)| e.as_ref().map(|v| (k, v)))
-    }
-
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> {
-        self.entries
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(k, e)| e.as_mut().map(|v| (k, v)))
     }
 }
 

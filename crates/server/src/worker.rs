@@ -156,25 +156,13 @@ impl Worker {
     /// Takes and executes requests from every channel; returns how many.
     fn scan_channels(&mut self) -> usize {
         let mut handled = 0;
-        let Worker {
-            hosts,
-            engine,
-            cfg,
-            timers,
-            next_serial,
-            ..
-        } = self;
-        for (hkey, host) in hosts.iter_mut() {
+        for hkey in 0..self.hosts.key_bound() {
+            let Some((host, mut cx)) = self.host_and_cx(hkey) else {
+                continue;
+            };
             if host.doomed.is_some() {
                 continue;
             }
-            let mut cx = Ctx {
-                engine: engine.as_mut(),
-                cfg,
-                hkey,
-                timers,
-                next_serial,
-            };
             for ch in 0..host.channels_in_use() {
                 for _ in 0..BATCH_PER_CHANNEL {
                     let Some(chan) = host.region.channel(ch) else {
