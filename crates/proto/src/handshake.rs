@@ -8,8 +8,18 @@
 //!
 //! A refused attach (admission control, version mismatch) has a non-zero
 //! `status` (an errno) and a human-readable `message`. After a successful
-//! attach the control socket stays open and carries nothing: its hang-up is
-//! how each side learns that the other died.
+//! attach the control socket stays open; its hang-up is how each side learns
+//! that the other died. It then carries only memory registration
+//! ([`ControlMsg`]), which needs to pass a descriptor:
+//!
+//! ```text
+//! host   → server  Register   { handle, len } + SCM_RIGHTS [memfd]
+//! host   → server  Deregister { handle }
+//! server → host    Reply      { handle, errno }      (one per message above)
+//! ```
+//!
+//! The memfd must be sealed against shrinking (`F_SEAL_SHRINK`), so the
+//! server's mapping can never lose its pages (SIGBUS) under it.
 
 use crate::{MAGIC, VERSION};
 
@@ -112,6 +122,60 @@ impl Welcome {
     }
 }
 
+/// Length of an encoded [`ControlMsg`].
+pub const CONTROL_MSG_LEN: usize = 24;
+
+/// A memory-registration message on an attached control socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMsg {
+    /// Map the memfd that comes with this message (`len` bytes from offset 0)
+    /// as registration `handle` (< [`crate::sendq::MAX_REGISTRATIONS`]).
+    Register { handle: u32, len: u64 },
+    /// Unmap registration `handle`; refused with EBUSY while sends use it.
+    Deregister { handle: u32 },
+    /// The server's answer to either: 0 or an errno.
+    Reply { handle: u32, errno: i32 },
+}
+
+const CTL_REGISTER: u32 = 1;
+const CTL_DEREGISTER: u32 = 2;
+const CTL_REPLY: u32 = 3;
+
+impl ControlMsg {
+    pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
+        let (kind, handle, arg) = match *self {
+            ControlMsg::Register { handle, len } => (CTL_REGISTER, handle, len),
+            ControlMsg::Deregister { handle } => (CTL_DEREGISTER, handle, 0),
+            ControlMsg::Reply { handle, errno } => (CTL_REPLY, handle, errno as u32 as u64),
+        };
+        let mut b = [0u8; CONTROL_MSG_LEN];
+        b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
+        b[4..8].copy_from_slice(&kind.to_le_bytes());
+        b[8..12].copy_from_slice(&handle.to_le_bytes());
+        b[16..24].copy_from_slice(&arg.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<ControlMsg> {
+        if b.len() != CONTROL_MSG_LEN
+            || u32::from_le_bytes(b[0..4].try_into().ok()?) != MAGIC as u32
+        {
+            return None;
+        }
+        let handle = u32::from_le_bytes(b[8..12].try_into().ok()?);
+        let arg = u64::from_le_bytes(b[16..24].try_into().ok()?);
+        match u32::from_le_bytes(b[4..8].try_into().ok()?) {
+            CTL_REGISTER => Some(ControlMsg::Register { handle, len: arg }),
+            CTL_DEREGISTER => Some(ControlMsg::Deregister { handle }),
+            CTL_REPLY => Some(ControlMsg::Reply {
+                handle,
+                errno: arg as u32 as i32,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Where a server listens and a host looks when no path is given:
 /// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
 pub fn default_socket_path() -> std::path::PathBuf {
@@ -135,5 +199,23 @@ mod tests {
         let w = Welcome::refused(libc::EAGAIN, "too many hosts");
         assert_eq!(Welcome::decode(&w.encode()), Some(w));
         assert_eq!(Hello::decode(&[0u8; 3]), None);
+    }
+
+    #[test]
+    fn control_messages_round_trip() {
+        for m in [
+            ControlMsg::Register {
+                handle: 3,
+                len: 1 << 40,
+            },
+            ControlMsg::Deregister { handle: 1023 },
+            ControlMsg::Reply {
+                handle: 7,
+                errno: libc::EBUSY,
+            },
+        ] {
+            assert_eq!(ControlMsg::decode(&m.encode()), Some(m));
+        }
+        assert_eq!(ControlMsg::decode(&[0u8; CONTROL_MSG_LEN]), None);
     }
 }

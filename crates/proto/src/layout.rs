@@ -1,14 +1,17 @@
-//! Geometry of the shared region: a header page followed by `n_channels`
-//! channels, each a control block, a request ring, a completion ring and a
-//! data arena.
+//! Geometry of the shared region: a header page, `n_channels` channels,
+//! each a control block, a request ring, a completion ring and a data arena,
+//! then `send_queues` asynchronous send queues (see [`crate::sendq`]).
 //!
 //! ```text
 //! offset 0            RegionHeader (one page)
 //! header_size + i*stride:
-//!   +0                ChannelCtl   (two cache lines: host-written, server-written)
+//!   +0                ChannelCtl   (three cache lines)
 //!   +CTL_SIZE         Request   [ring_entries]   (64 B each)
 //!   +...              Completion[ring_entries]   (32 B each)
 //!   +arena_offset     arena [arena_size]         (page aligned)
+//! send_queues_offset + q*sq_stride:
+//!   +0                SendQueueCtl (three cache lines)
+//!   +SQ_CTL_SIZE      SendDesc[sq_entries]       (32 B each)
 //! ```
 //!
 //! The server creates the region and writes the header; the host reads the
@@ -29,6 +32,12 @@ pub const DEFAULT_CHANNELS: u32 = 256;
 pub const DEFAULT_RING_ENTRIES: u32 = 64;
 /// Default bytes of data arena per channel; the largest single transfer.
 pub const DEFAULT_ARENA_SIZE: u32 = 256 * 1024;
+/// Default number of asynchronous send queues per host: how many sockets
+/// can have asynchronous sends at once.
+pub const DEFAULT_SEND_QUEUES: u32 = 1024;
+/// Default descriptors per send queue (a power of two): the most
+/// asynchronous sends one socket may have in flight (the thesis' `maxPipeline`).
+pub const DEFAULT_SQ_ENTRIES: u32 = 64;
 
 /// The first page of the region. Fields a host may write are atomics; the
 /// geometry is written once by the server before the region is handed out.
@@ -42,7 +51,9 @@ pub struct RegionHeader {
     pub arena_size: u32,
     pub channel_stride: u32,
     pub region_size: u64,
-    _pad0: [u8; 24],
+    pub send_queues: u32,
+    pub sq_entries: u32,
+    _pad0: [u8; 16],
     /// Server-written: non-zero while the server may be asleep; a host that
     /// publishes a request must then ring the doorbell eventfd.
     pub server_sleeping: AtomicU32,
@@ -108,6 +119,10 @@ pub struct Layout {
     pub n_channels: u32,
     pub ring_entries: u32,
     pub arena_size: u32,
+    /// Asynchronous send queues (0: no asynchronous sends).
+    pub send_queues: u32,
+    /// Descriptors per send queue (a power of two).
+    pub sq_entries: u32,
 }
 
 impl Default for Layout {
@@ -116,6 +131,8 @@ impl Default for Layout {
             n_channels: DEFAULT_CHANNELS,
             ring_entries: DEFAULT_RING_ENTRIES,
             arena_size: DEFAULT_ARENA_SIZE,
+            send_queues: DEFAULT_SEND_QUEUES,
+            sq_entries: DEFAULT_SQ_ENTRIES,
         }
     }
 }
@@ -138,6 +155,14 @@ impl Layout {
         }
         if self.arena_size > 64 << 20 {
             return Err(LayoutError("arena_size must be at most 64 MiB"));
+        }
+        if self.send_queues > 65536 {
+            return Err(LayoutError("send_queues must be at most 65536"));
+        }
+        if !self.sq_entries.is_power_of_two() || !(2..=4096).contains(&self.sq_entries) {
+            return Err(LayoutError(
+                "sq_entries must be a power of two in 2..=4096",
+            ));
         }
         if self.region_size() > 1 << 36 {
             return Err(LayoutError("region larger than 64 GiB"));
@@ -168,8 +193,23 @@ impl Layout {
         HEADER_SIZE + index as usize * self.channel_stride()
     }
 
-    pub fn region_size(&self) -> usize {
+    /// Where the send queues start (page aligned: after the last channel).
+    pub fn send_queues_offset(&self) -> usize {
         HEADER_SIZE + self.n_channels as usize * self.channel_stride()
+    }
+
+    pub fn sq_stride(&self) -> usize {
+        crate::sendq::SQ_CTL_SIZE
+            + self.sq_entries as usize * std::mem::size_of::<crate::sendq::SendDesc>()
+    }
+
+    pub fn send_queue_offset(&self, q: u32) -> usize {
+        self.send_queues_offset() + q as usize * self.sq_stride()
+    }
+
+    pub fn region_size(&self) -> usize {
+        (self.send_queues_offset() + self.send_queues as usize * self.sq_stride())
+            .next_multiple_of(PAGE)
     }
 }
 
@@ -185,9 +225,12 @@ mod tests {
         assert_eq!(l.channel_stride() % PAGE, 0);
         assert!(l.completions_offset() >= l.requests_offset() + 64 * 64);
         assert_eq!(
-            l.region_size(),
+            l.send_queues_offset(),
             HEADER_SIZE + DEFAULT_CHANNELS as usize * l.channel_stride()
         );
+        assert_eq!(l.region_size() % PAGE, 0);
+        assert!(l.region_size() >= l.send_queue_offset(l.send_queues));
+        assert_eq!(l.sq_stride() % 64, 0);
     }
 
     #[test]
@@ -206,5 +249,12 @@ mod tests {
         .validate()
         .is_err());
         assert!(Layout { n_channels: 0, ..d }.validate().is_err());
+        assert!(Layout { sq_entries: 48, ..d }.validate().is_err());
+        assert!(Layout {
+            send_queues: 0,
+            ..d
+        }
+        .validate()
+        .is_ok());
     }
 }

@@ -6,6 +6,8 @@
 //! Requests and completions are fixed-size records ([`msg`]); every field a
 //! host writes is checked by [`msg::Call::decode`] before the server acts on
 //! it. Socket addresses travel as raw `sockaddr` bytes ([`addr`]).
+//! Asynchronous sends from registered memory go through per-socket send
+//! queues ([`sendq`]) instead of request/completion pairs.
 //!
 //! This crate does no I/O. The one OS primitive the protocol needs, the futex
 //! a waiting host sleeps on, lives in [`futex`].
@@ -17,6 +19,7 @@ pub mod layout;
 pub mod msg;
 pub mod region;
 pub mod ring;
+pub mod sendq;
 
 pub use layout::Layout;
 pub use msg::{Call, Completion, Op, Request};
@@ -25,4 +28,4 @@ pub use region::Region;
 /// Identifies a tcps channel region and control message ("TCPSCHN1").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
 /// Protocol version; bumped on any change to the shared layout or messages.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;

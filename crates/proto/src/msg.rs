@@ -76,6 +76,7 @@ ops! {
     Nop = 1, Socket = 2, Bind = 3, Listen = 4, Accept = 5, Connect = 6, Send = 7,
     Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
     GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
+    SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20,
 }
 
 /// A byte range of the channel arena, checked to lie inside it.
@@ -89,6 +90,16 @@ impl ArenaRange {
     pub fn end(&self) -> usize {
         self.off as usize + self.len as usize
     }
+}
+
+/// A byte range of a host's registered memory (see [`crate::sendq`]):
+/// `len` bytes at `off` in registration `mem`. Checked against the
+/// server's own table of registrations before use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemRange {
+    pub mem: u16,
+    pub off: u64,
+    pub len: u32,
 }
 
 /// One entry of a `Poll` request's arena array (like `struct pollfd`).
@@ -182,6 +193,36 @@ pub enum Call {
         cmd: i32,
         arg: i64,
     },
+    /// A synchronous send straight from registered memory.
+    SendReg {
+        sock: u32,
+        data: MemRange,
+        flags: i32,
+    },
+    /// A synchronous receive straight into registered memory.
+    RecvReg {
+        sock: u32,
+        data: MemRange,
+        flags: i32,
+    },
+    /// Binds send queue `queue` to the socket; its first descriptor is `start`.
+    AsyncBind {
+        sock: u32,
+        queue: u32,
+        start: u32,
+    },
+    /// "Look at this socket's send queue": new descriptors while the server
+    /// was not watching. Answered by no completion.
+    AsyncKick {
+        sock: u32,
+    },
+}
+
+impl Call {
+    /// Whether the request gets a completion (an `AsyncKick` does not).
+    pub fn completes(&self) -> bool {
+        !matches!(self, Call::AsyncKick { .. })
+    }
 }
 
 /// Why a request was refused before execution (answered with `EINVAL`).
@@ -216,6 +257,24 @@ impl Call {
                 .map_err(|_| Invalid::BadArgument("integer argument out of range"))
         };
         let sock = r.sock;
+        let mem = || -> Result<MemRange, Invalid> {
+            let handle = r.args[0];
+            if handle >= u64::from(crate::sendq::MAX_REGISTRATIONS) {
+                return Err(Invalid::BadArgument("registration handle out of range"));
+            }
+            let len = u32::try_from(r.args[2]).map_err(|_| Invalid::TooLong)?;
+            r.args[1]
+                .checked_add(u64::from(len))
+                .ok_or(Invalid::BadArgument("registered range overflows"))?;
+            Ok(MemRange {
+                mem: handle as u16,
+                off: r.args[1],
+                len,
+            })
+        };
+        let u32_arg = |i: usize, what: &'static str| -> Result<u32, Invalid> {
+            u32::try_from(r.args[i]).map_err(|_| Invalid::BadArgument(what))
+        };
         Ok(match op {
             Op::Nop => Call::Nop,
             Op::Socket => Call::Socket {
@@ -297,6 +356,22 @@ impl Call {
                 cmd: int(0)?,
                 arg: r.args[1] as i64,
             },
+            Op::SendReg => Call::SendReg {
+                sock,
+                data: mem()?,
+                flags: int(3)?,
+            },
+            Op::RecvReg => Call::RecvReg {
+                sock,
+                data: mem()?,
+                flags: int(3)?,
+            },
+            Op::AsyncBind => Call::AsyncBind {
+                sock,
+                queue: u32_arg(0, "send queue index")?,
+                start: u32_arg(1, "send queue start")?,
+            },
+            Op::AsyncKick => Call::AsyncKick { sock },
         })
     }
 
@@ -362,6 +437,49 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(Call::decode(&r, ARENA), Ok(Call::Send { .. })));
+    }
+
+    #[test]
+    fn registered_ranges_are_checked_for_handle_and_overflow() {
+        let r = Request {
+            op: Op::SendReg as u16,
+            args: [3, 4096, 100, 0, 0],
+            ..Default::default()
+        };
+        assert_eq!(
+            Call::decode(&r, ARENA),
+            Ok(Call::SendReg {
+                sock: 0,
+                data: MemRange {
+                    mem: 3,
+                    off: 4096,
+                    len: 100
+                },
+                flags: 0
+            })
+        );
+        let bad_handle = Request {
+            args: [u64::from(crate::sendq::MAX_REGISTRATIONS), 0, 1, 0, 0],
+            ..r
+        };
+        assert!(Call::decode(&bad_handle, ARENA).is_err());
+        let overflow = Request {
+            args: [0, u64::MAX, 1, 0, 0],
+            ..r
+        };
+        assert!(Call::decode(&overflow, ARENA).is_err());
+        let too_long = Request {
+            args: [0, 0, 1 << 32, 0, 0],
+            ..r
+        };
+        assert_eq!(Call::decode(&too_long, ARENA), Err(Invalid::TooLong));
+        let kick = Request {
+            op: Op::AsyncKick as u16,
+            sock: 9,
+            ..Default::default()
+        };
+        let k = Call::decode(&kick, ARENA).unwrap();
+        assert!(!k.completes());
     }
 
     #[test]

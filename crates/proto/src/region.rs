@@ -6,6 +6,7 @@
 
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
 use crate::msg::{ArenaRange, Completion, Request};
+use crate::sendq::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use crate::ring::stamp;
 use crate::{MAGIC, VERSION};
 use std::io;
@@ -64,6 +65,8 @@ impl Region {
             n_channels: 1,
             ring_entries: 2,
             arena_size: 4096,
+            send_queues: 0,
+            sq_entries: 2,
         };
         // Map just the header first to read the geometry.
         let head = Region::map(fd, probe)?;
@@ -87,6 +90,8 @@ impl Region {
             n_channels: h.n_channels,
             ring_entries: h.ring_entries,
             arena_size: h.arena_size,
+            send_queues: h.send_queues,
+            sq_entries: h.sq_entries,
         };
         drop(head);
         if layout.region_size() as u64 != region_size {
@@ -113,6 +118,8 @@ impl Region {
             std::ptr::addr_of_mut!((*h).arena_size).write(l.arena_size);
             std::ptr::addr_of_mut!((*h).channel_stride).write(l.channel_stride() as u32);
             std::ptr::addr_of_mut!((*h).region_size).write(l.region_size() as u64);
+            std::ptr::addr_of_mut!((*h).send_queues).write(l.send_queues);
+            std::ptr::addr_of_mut!((*h).sq_entries).write(l.sq_entries);
         }
         self.header()
             .server_alive
@@ -142,6 +149,61 @@ impl Region {
             layout: &self.layout,
             header: self.header(),
         })
+    }
+}
+
+impl Region {
+    /// Send queue `q`, or `None` if out of range.
+    pub fn send_queue(&self, q: u32) -> Option<SendQueueRef<'_>> {
+        if q >= self.layout.send_queues {
+            return None;
+        }
+        // SAFETY: q < send_queues, so the queue lies inside the mapping.
+        let base = unsafe { self.base.as_ptr().add(self.layout.send_queue_offset(q)) };
+        Some(SendQueueRef {
+            base,
+            entries: self.layout.sq_entries,
+            _region: std::marker::PhantomData,
+        })
+    }
+}
+
+/// One asynchronous send queue of a mapped region (see [`crate::sendq`]).
+#[derive(Clone, Copy)]
+pub struct SendQueueRef<'a> {
+    base: *mut u8,
+    entries: u32,
+    _region: std::marker::PhantomData<&'a Region>,
+}
+
+impl<'a> SendQueueRef<'a> {
+    pub fn ctl(&self) -> &'a SendQueueCtl {
+        // SAFETY: the control block is at the (64-aligned) start of the queue.
+        unsafe { &*(self.base as *const SendQueueCtl) }
+    }
+
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    fn desc_ptr(&self, seq: u32) -> *mut SendDesc {
+        let slot = (seq & (self.entries - 1)) as usize;
+        // SAFETY: slot < entries, so the descriptor lies inside this queue.
+        unsafe { (self.base.add(SQ_CTL_SIZE) as *mut SendDesc).add(slot) }
+    }
+
+    /// Copies descriptor `seq` out (the host may be writing it: the copy is
+    /// what gets validated and used).
+    pub fn read_desc(&self, seq: u32) -> SendDesc {
+        // SAFETY: an aligned slot inside the mapping; a volatile read of plain
+        // data, racing writes at worst give garbage that validation refuses.
+        unsafe { std::ptr::read_volatile(self.desc_ptr(seq)) }
+    }
+
+    /// Writes descriptor `seq` (host side; published by storing `head`).
+    pub fn write_desc(&self, seq: u32, d: &SendDesc) {
+        // SAFETY: as for read_desc.
+        unsafe { std::ptr::write_volatile(self.desc_ptr(seq), *d) }
     }
 }
 

@@ -131,6 +131,12 @@ impl ServerCursor {
             .store(user_data as u32, Ordering::Release);
     }
 
+    /// Ends a request taken with [`pop`](Self::pop) that is answered by no
+    /// completion (`Op::AsyncKick`): its reserved completion slot is free again.
+    pub fn retire(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
     /// Publishes the completion of a request taken with [`pop`](Self::pop).
     /// Returns true if the host is asleep and must be woken (futex on `cq_tail`).
     pub fn complete(&mut self, ch: &ChannelRef<'_>, c: &Completion) -> Result<bool, RingError> {
@@ -263,6 +269,7 @@ mod tests {
             n_channels: 2,
             ring_entries: 4,
             arena_size: 4096,
+            ..Default::default()
         }
     }
 

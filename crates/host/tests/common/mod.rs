@@ -86,6 +86,7 @@ impl Fake {
                 n_channels: 8,
                 ring_entries: 8,
                 arena_size: 16384,
+                ..Default::default()
             },
         )
     }
