@@ -35,7 +35,7 @@ fi
 # missing, with one `apt-get update` first.
 need_packages() {
     local missing=() p
-    for p in curl wrk build-essential strace; do
+    for p in curl wrk build-essential strace iproute2 linux-perf python3-matplotlib; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$p")
         fi

@@ -22,6 +22,10 @@ pub enum BenchCommand {
     /// other, in one host thread: the host's steady-state system calls per
     /// socket call (run it under `strace -c -f`; see scripts/syscall-count.sh).
     Pingpong(PingpongArgs),
+    /// The web-server experiments of thesis §6.4: every workload and variant,
+    /// stepped offered load, CPU split, ratios to Regular; results.json,
+    /// summary.md and plots in --out (see docs/BENCHMARKS.md).
+    Web(crate::bench_web::WebArgs),
 }
 
 #[derive(Args, Debug)]
@@ -69,6 +73,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
         BenchCommand::CallCost(a) => call_cost(a),
         BenchCommand::Pingpong(a) => pingpong(a),
+        BenchCommand::Web(a) => crate::bench_web::run(a),
     }
 }
 

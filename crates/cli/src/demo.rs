@@ -58,11 +58,11 @@ pub struct DemoArgs {
 /// Set by SIGINT/SIGTERM: the demo stops at the next step and cleans up.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+pub(crate) extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn check_interrupted() -> Result<(), Error> {
+pub(crate) fn check_interrupted() -> Result<(), Error> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         Err("interrupted".into())
     } else {
@@ -72,19 +72,19 @@ fn check_interrupted() -> Result<(), Error> {
 
 /// A child process that is stopped (SIGTERM, then SIGKILL) and reaped when
 /// dropped.
-struct Proc {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
+pub(crate) struct Proc {
+    pub(crate) name: &'static str,
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
 }
 
 impl Proc {
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Fails with the end of its log if the process has exited.
-    fn check_alive(&mut self) -> Result<(), Error> {
+    pub(crate) fn check_alive(&mut self) -> Result<(), Error> {
         if let Some(status) = self.child.try_wait()? {
             return Err(format!(
                 "{} exited ({status}); the end of its log:\n{}",
@@ -97,7 +97,7 @@ impl Proc {
     }
 
     /// SIGTERM, up to `grace` to exit, then SIGKILL. Idempotent.
-    fn stop(&mut self, grace: Duration) {
+    pub(crate) fn stop(&mut self, grace: Duration) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
@@ -124,10 +124,10 @@ impl Drop for Proc {
 }
 
 /// The demo's temp dir, removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new() -> Result<Self, Error> {
+    pub(crate) fn new() -> Result<Self, Error> {
         let base = std::env::temp_dir();
         for i in 0..100u32 {
             let p = base.join(format!("tcps-demo-{}-{i}", std::process::id()));
@@ -147,7 +147,7 @@ impl Drop for TempDir {
     }
 }
 
-fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(15);
@@ -160,7 +160,7 @@ fn log_tail(path: &Path) -> String {
 }
 
 /// Finds `name` in $PATH.
-fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -173,7 +173,7 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// `$TCPS_EXAMPLES/webserver`, else `<exe_dir>/../../examples/build/webserver`.
-fn find_webserver(exe: &Path) -> Result<PathBuf, Error> {
+pub(crate) fn find_webserver(exe: &Path) -> Result<PathBuf, Error> {
     let candidate = match std::env::var_os("TCPS_EXAMPLES") {
         Some(dir) => PathBuf::from(dir).join("webserver"),
         None => {
@@ -227,7 +227,7 @@ fn make_site(root: &Path) -> Result<Vec<u8>, Error> {
 }
 
 /// CPU time (user + system) of a process so far, in µs.
-fn cpu_us(pid: u32) -> Result<f64, Error> {
+pub(crate) fn cpu_us(pid: u32) -> Result<f64, Error> {
     let path = format!("/proc/{pid}/stat");
     let stat = fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
     // The command name (field 2) is in parentheses and may hold spaces.
@@ -252,7 +252,7 @@ fn cpu_us(pid: u32) -> Result<f64, Error> {
     Ok(ticks as f64 * 1e6 / hz as f64)
 }
 
-fn wait_for<F: FnMut() -> Result<bool, Error>>(
+pub(crate) fn wait_for<F: FnMut() -> Result<bool, Error>>(
     what: &str,
     timeout: Duration,
     mut ready: F,
@@ -305,12 +305,12 @@ fn check_response(port: u16, expect: &[u8]) -> Result<(), Error> {
 
 /// What wrk reported.
 #[derive(Debug, Default, Clone)]
-struct WrkResult {
-    requests: u64,
-    rps: f64,
-    p50_us: f64,
-    p99_us: f64,
-    errors: Vec<String>,
+pub(crate) struct WrkResult {
+    pub(crate) requests: u64,
+    pub(crate) rps: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) errors: Vec<String>,
 }
 
 /// "559.00us", "1.18ms", "2.01s", "1.50m" → µs.
@@ -332,7 +332,7 @@ fn parse_latency(s: &str) -> Option<f64> {
     num.trim().parse::<f64>().ok().map(|v| v * mult)
 }
 
-fn parse_wrk(out: &str) -> Result<WrkResult, Error> {
+pub(crate) fn parse_wrk(out: &str) -> Result<WrkResult, Error> {
     let mut r = WrkResult::default();
     let (mut rps, mut p50, mut p99, mut reqs) = (None, None, None, None);
     for line in out.lines() {

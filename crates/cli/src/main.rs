@@ -1,6 +1,7 @@
 //! The `tcps` command.
 
 mod bench;
+mod bench_web;
 mod demo;
 mod server_cmd;
 

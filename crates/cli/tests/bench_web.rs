@@ -1,0 +1,90 @@
+//! `tcps bench web --quick` with a tiny duration: the evaluation harness
+//! (namespaces, servers, wrk, measurements, results.json, summary.md, plots)
+//! keeps working. It checks the harness, not the speed.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn skip_reason(repo: &Path) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (network namespaces)".into());
+    }
+    if Command::new("wrk").arg("--version").output().is_err() {
+        return Some("wrk not installed".into());
+    }
+    if !repo.join("examples/build/webserver").is_file() {
+        return Some("examples/build/webserver not built (make examples)".into());
+    }
+    None
+}
+
+#[test]
+fn quick_run_writes_results() {
+    let exe = env!("CARGO_BIN_EXE_tcps");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if let Some(why) = skip_reason(&repo) {
+        eprintln!("bench_web: skipped: {why}");
+        return;
+    }
+    let out = common::TempDir::new("bench-web");
+    let run = Command::new(exe)
+        .args(["bench", "web", "--quick", "--duration", "1"])
+        .args([
+            "--workloads",
+            "static-16k,combined,http11",
+            "--variants",
+            "regular,sync",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("run tcps bench web");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "tcps bench web failed:\n{stderr}");
+
+    let text = std::fs::read_to_string(out.path().join("results.json")).expect("results.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3);
+    for w in results {
+        let curves = w["variants"].as_array().expect("variants");
+        for id in ["regular", "sync"] {
+            let c = curves
+                .iter()
+                .find(|c| c["variant"] == id)
+                .unwrap_or_else(|| panic!("{id} missing in {w}"));
+            assert!(c["saturation_rps"].as_f64().unwrap_or(0.0) > 0.0, "{c}");
+            assert!(c["ratio_vs_regular"].as_f64().unwrap_or(0.0) > 0.0, "{c}");
+            assert!(
+                c["host_cpu_us_per_req"].as_f64().unwrap_or(0.0) > 0.0,
+                "{c}"
+            );
+            assert!(
+                c["total_cpu_us_per_req"].as_f64().unwrap_or(0.0) > 0.0,
+                "{c}"
+            );
+            assert_eq!(c["points"].as_array().map(Vec::len), Some(2), "{c}");
+        }
+    }
+    let summary = std::fs::read_to_string(out.path().join("summary.md")).expect("summary.md");
+    assert!(summary.contains("Saturation throughput"), "{summary}");
+    // The namespaces of the run are gone.
+    let ns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let ns = String::from_utf8_lossy(&ns.stdout);
+    assert!(
+        !ns.lines().any(|l| {
+            l.starts_with("tcpsbw-")
+                && l.split_whitespace()
+                    .next()
+                    .and_then(|n| n.rsplit('-').next())
+                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        }),
+        "namespaces left behind:\n{ns}"
+    );
+}
