@@ -295,61 +295,15 @@ fn send_hello(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Control-message buffer, aligned for `cmsghdr`.
-#[repr(C, align(8))]
-struct CmsgBuf([u8; 128]);
-
 /// Receives one Welcome datagram and any descriptors passed with it.
 fn recv_welcome(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     // One byte more than a Welcome, so an oversized message shows.
     let mut buf = vec![0u8; WELCOME_LEN + 1];
-    let mut cbuf = CmsgBuf([0; 128]);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain data; all zeroes is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = cbuf.0.len() as _;
-    let n = loop {
-        // SAFETY: msg points to our iovec and control buffer, both valid
-        // for the lengths recorded in it and alive across the call.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
-        }
-        break n;
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled `msg_control` with well-formed cmsghdrs up to
-    // `msg_controllen`; CMSG_FIRSTHDR/NXTHDR stay inside it. SCM_RIGHTS data
-    // are ints, read unaligned, each a descriptor now owned by this process.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const libc::c_int;
-                let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..payload / size_of::<libc::c_int>() {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    let (n, fds) = tcps_proto::fdpass::recv_with_fds(fd, &mut buf, 0)?;
     if n == 0 {
         return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
     }
-    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-        return Err(io::Error::from_raw_os_error(libc::EPROTO));
-    }
-    buf.truncate(n as usize);
+    buf.truncate(n);
     Ok((buf, fds))
 }
 

@@ -9,10 +9,13 @@
 //! Asynchronous sends from registered memory go through per-socket send
 //! queues ([`sendq`]) instead of request/completion pairs.
 //!
-//! This crate does no I/O. The one OS primitive the protocol needs, the futex
-//! a waiting host sleeps on, lives in [`futex`].
+//! This crate does no I/O on sockets or memory of its own. The OS primitives
+//! the protocol needs live in two small modules: the futex a waiting host
+//! sleeps on ([`futex`]) and passing descriptors on the control socket
+//! ([`fdpass`]).
 
 pub mod addr;
+pub mod fdpass;
 pub mod futex;
 pub mod handshake;
 pub mod layout;

@@ -184,41 +184,7 @@ fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
 }
 
 fn send_welcome(fd: RawFd, w: &Welcome, fds: &[RawFd]) -> io::Result<()> {
-    let bytes = w.encode();
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let fd_bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    // SAFETY: msghdr is plain data; the fields we set point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space;
-        // SAFETY: the control buffer is CMSG_SPACE(fd_bytes) long, so the
-        // first header and its data fit.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr() as *const u8,
-                libc::CMSG_DATA(cmsg),
-                fd_bytes,
-            );
-        }
-    }
-    // SAFETY: msg points at valid buffers for the duration of the call.
-    if unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    tcps_proto::fdpass::send_with_fds(fd, &w.encode(), fds)
 }
 
 fn refuse(fd: RawFd, errno: i32, message: String) -> io::Result<()> {

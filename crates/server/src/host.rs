@@ -2,6 +2,7 @@
 //! region with one private cursor per channel, and its sockets.
 
 use crate::privilege::Privileges;
+use crate::registry::Registry;
 use crate::slab::Slab;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -35,6 +36,34 @@ pub struct Host {
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
+    /// Registered memory (memfds mapped here).
+    pub registry: Registry,
+    /// The server's private state of each send queue (index = queue).
+    pub queues: Vec<QueueState>,
+    /// Queues the worker watches on every pass (their `active` is set).
+    pub hot: Vec<u32>,
+    /// Queues that went cold, to be looked at once more at the given time
+    /// (a host store of `head` that raced with clearing `active`).
+    pub cooling: Vec<(u32, std::time::Instant)>,
+}
+
+/// What the server keeps of one send queue; the shared control block is
+/// only ever written from this, never trusted back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueState {
+    /// The socket it is bound to.
+    pub owner: Option<u32>,
+    /// Descriptors taken into the socket's write queue (free-running).
+    pub ingested: u32,
+    /// Descriptors finished.
+    pub done: u32,
+    /// errno of the first failure (sticky), 0 if none.
+    pub error: i32,
+    pub hot: bool,
+    /// Kicks taken (published as `kicks_seen`).
+    pub kicks: u32,
+    /// Last time new descriptors arrived (hot queues cool down after a while).
+    pub last_activity: Option<std::time::Instant>,
 }
 
 impl Host {
@@ -54,6 +83,10 @@ impl Host {
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
+            registry: Registry::default(),
+            queues: vec![QueueState::default(); layout.send_queues as usize],
+            hot: Vec::new(),
+            cooling: Vec::new(),
         }
     }
 
@@ -67,11 +100,18 @@ impl Host {
         used.min(self.layout.n_channels)
     }
 
+    /// A socket the host may name (not one closed while its last
+    /// asynchronous sends drain).
     pub fn socket(&self, id: u32) -> Option<&Sock> {
-        self.sockets.get(id as usize)
+        self.sockets.get(id as usize).filter(|s| !s.closing)
     }
 
     pub fn socket_mut(&mut self, id: u32) -> Option<&mut Sock> {
+        self.sockets.get_mut(id as usize).filter(|s| !s.closing)
+    }
+
+    /// Any socket, also a closing one (readiness and timers still drive it).
+    pub fn any_socket_mut(&mut self, id: u32) -> Option<&mut Sock> {
         self.sockets.get_mut(id as usize)
     }
 }
@@ -95,6 +135,12 @@ pub struct Sock {
     /// recv/accept or send/connect may wait before it returns EAGAIN.
     pub rcv_timeout: Option<std::time::Duration>,
     pub snd_timeout: Option<std::time::Duration>,
+    /// The send queue bound to it (`Op::AsyncBind`).
+    pub queue: Option<u32>,
+    /// Closed by the host while asynchronous sends were still queued: it
+    /// closes for real once they are sent (like the kernel's close with
+    /// data in the send buffer). The host cannot name it meanwhile.
+    pub closing: bool,
 }
 
 impl Sock {
@@ -110,7 +156,14 @@ impl Sock {
             arm_seq: 0,
             rcv_timeout: None,
             snd_timeout: None,
+            queue: None,
+            closing: false,
         }
+    }
+
+    /// Whether asynchronous sends are queued on it.
+    pub fn has_jobs(&self) -> bool {
+        self.writers.iter().any(|p| p.job.is_some())
     }
 
     /// The readiness directions the parked calls on this socket wait for.
@@ -148,6 +201,21 @@ pub struct Parked {
     pub nonblocking: bool,
     /// Names this call for its timeout timer (0: not parked yet).
     pub serial: u64,
+    /// An asynchronous send: finishing it updates its send queue instead of
+    /// publishing a completion.
+    pub job: Option<Job>,
+}
+
+/// Descriptor `seq` of send queue `queue`.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    pub queue: u32,
+    pub seq: u32,
+    /// Debug mode: the checksum the host computed at submit.
+    pub checksum: Option<u64>,
+    /// The descriptor was valid and its registration is held (released
+    /// when the job finishes).
+    pub held: bool,
 }
 
 /// A `Poll` call parked until one of its sockets is ready or it times out.
@@ -170,6 +238,11 @@ pub struct HostStats {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub refused_sockets: u64,
+    /// Asynchronous sends finished, and those that failed.
+    pub async_sends: u64,
+    pub async_failed: u64,
+    /// Kicks (`AsyncKick`) and sends taken without one (the queue was watched).
+    pub kicks: u64,
 }
 
 impl std::fmt::Display for HostStats {
@@ -183,8 +256,15 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "parked={} invalid={} refused_sockets={} sent={}B received={}B",
-            self.parked, self.invalid, self.refused_sockets, self.bytes_sent, self.bytes_received
+            "parked={} invalid={} refused_sockets={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            self.parked,
+            self.invalid,
+            self.refused_sockets,
+            self.async_sends,
+            self.async_failed,
+            self.kicks,
+            self.bytes_sent,
+            self.bytes_received
         )
     }
 }

@@ -13,6 +13,7 @@ mod control;
 pub mod engine;
 mod host;
 pub mod privilege;
+mod registry;
 mod slab;
 mod sys;
 mod token;

@@ -19,7 +19,37 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tcps_proto::fdpass;
+use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
 use tracing::{debug, info, warn};
+
+/// Executes one registration message of a host and answers it. An error is
+/// a control socket that cannot carry the reply (the host is cut off).
+fn on_control_msg(
+    host: &mut Host,
+    m: ControlMsg,
+    mut fds: Vec<OwnedFd>,
+) -> std::io::Result<()> {
+    let (handle, res) = match m {
+        ControlMsg::Register { handle, len } => {
+            let res = if fds.len() == 1 {
+                let fd = fds.remove(0);
+                host.registry.register(handle, fd, len)
+            } else {
+                Err(libc::EINVAL)
+            };
+            (handle, res)
+        }
+        ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
+        ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
+    };
+    debug!(host = host.id, ?m, ?res, "registration");
+    let reply = ControlMsg::Reply {
+        handle,
+        errno: res.err().unwrap_or(0),
+    };
+    fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &[])
+}
 
 /// Hosts handed over by the acceptor, waiting to be adopted by a worker.
 #[derive(Default)]
@@ -34,6 +64,9 @@ const ENGINE_POLL_PARKED: Duration = Duration::from_micros(5);
 const ENGINE_POLL_IDLE: Duration = Duration::from_micros(200);
 /// Longest sleep, so housekeeping never stalls.
 const MAX_SLEEP: Duration = Duration::from_millis(500);
+/// How often every bound send queue is looked at, hot or not (a backstop;
+/// see `calls::asyncq`).
+const SWEEP_EVERY: Duration = Duration::from_millis(10);
 
 pub struct Worker {
     index: usize,
@@ -47,6 +80,7 @@ pub struct Worker {
     timers: Timers,
     next_serial: u64,
     events: Vec<Event>,
+    next_sweep: Instant,
 }
 
 impl Worker {
@@ -77,6 +111,7 @@ impl Worker {
             timers: Timers::new(),
             next_serial: 0,
             events: Vec::new(),
+            next_sweep: Instant::now(),
         })
     }
 
@@ -92,6 +127,7 @@ impl Worker {
         while !self.shared.stopping.load(Ordering::Relaxed) {
             let mut work = self.scan_channels();
             let now = Instant::now();
+            work += self.poll_send_queues(now);
             if now >= next_engine_poll {
                 work += self.poll_engine(Some(Duration::ZERO));
                 next_engine_poll = now
@@ -184,6 +220,31 @@ impl Worker {
         handled
     }
 
+    /// Takes new asynchronous sends from the hosts' hot send queues (and,
+    /// every `SWEEP_EVERY`, from all bound ones); returns how many.
+    fn poll_send_queues(&mut self, now: Instant) -> usize {
+        let sweep = now >= self.next_sweep;
+        if sweep {
+            self.next_sweep = now + SWEEP_EVERY;
+        }
+        let mut work = 0;
+        for hkey in 0..self.hosts.key_bound() {
+            let Some((host, mut cx)) = self.host_and_cx(hkey) else {
+                continue;
+            };
+            if host.doomed.is_some() {
+                continue;
+            }
+            if !host.hot.is_empty() || !host.cooling.is_empty() {
+                work += calls::poll_queues(&mut cx, host, now);
+            }
+            if sweep {
+                work += calls::sweep(&mut cx, host, now);
+            }
+        }
+        work
+    }
+
     /// Collects engine events and handles them; returns how many.
     fn poll_engine(&mut self, timeout: Option<Duration>) -> usize {
         let mut events = std::mem::take(&mut self.events);
@@ -226,35 +287,42 @@ impl Worker {
         }
     }
 
-    /// The host's control socket is readable: it hung up (or broke protocol).
+    /// The host's control socket is readable: a registration message, or
+    /// it hung up (or broke protocol).
     fn on_control(&mut self, hkey: usize) {
         let Some(host) = self.hosts.get_mut(hkey) else {
             return;
         };
-        let mut b = [0u8; 64];
-        // SAFETY: reading into a valid local buffer.
-        let n = unsafe {
-            libc::recv(
-                host.control.as_raw_fd(),
-                b.as_mut_ptr() as *mut libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT,
-            )
+        let fd = host.control.as_raw_fd();
+        let verdict = loop {
+            let mut b = [0u8; CONTROL_MSG_LEN + 1];
+            match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break None,
+                Err(e) => break Some(format!("control socket: {e}")),
+                Ok((0, _)) => break Some("detached".to_string()),
+                Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
+                    Some(m) => {
+                        if let Err(e) = on_control_msg(host, m, fds) {
+                            break Some(format!("control socket: {e}"));
+                        }
+                    }
+                    None => break Some("sent garbage on the control socket".to_string()),
+                },
+            }
         };
-        if n < 0 && sys::errno() == libc::EAGAIN {
-            let _ = self.engine.arm(
-                host.control.as_raw_fd(),
-                Token::Control { host: hkey }.encode(),
-                libc::POLLIN as u32,
-            );
-            return;
+        match verdict {
+            None => {
+                let _ = self.engine.arm(
+                    fd,
+                    Token::Control { host: hkey }.encode(),
+                    libc::POLLIN as u32,
+                );
+            }
+            Some(why) => {
+                host.doomed = Some(why);
+                self.reap_doomed();
+            }
         }
-        host.doomed = Some(if n <= 0 {
-            "detached".into()
-        } else {
-            "sent data on the control socket".into()
-        });
-        self.reap_doomed();
     }
 
     fn adopt_hosts(&mut self) {
@@ -315,7 +383,7 @@ impl Worker {
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             if why == "detached" {
-                info!(host = host.id, pid = host.pid, sockets, stats = %host.stats, "host detached; its sockets are closed");
+                info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
             } else {
                 warn!(host = host.id, pid = host.pid, sockets, reason = %why, "host cut off for a protocol violation");
             }
@@ -331,18 +399,30 @@ impl Worker {
                 .store(1, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
-        let pending = self.hosts.iter().any(|(_, h)| {
+        let mut pending = self.hosts.iter().any(|(_, h)| {
             (0..h.channels_in_use()).any(|ch| {
                 h.region
                     .channel(ch)
                     .is_some_and(|c| h.cursors[ch as usize].has_requests(&c))
             })
         });
+        // Hot send queues go cold, so their hosts kick (and ring) again; a
+        // queue's second look bounds the sleep.
+        let now = Instant::now();
+        let mut wake_at = self.timers.peek().map(|std::cmp::Reverse((when, ..))| *when);
+        for hkey in 0..self.hosts.key_bound() {
+            let Some(h) = self.hosts.get_mut(hkey) else {
+                continue;
+            };
+            let (queued, recheck) = calls::prepare_sleep(h, now);
+            pending |= queued;
+            if let Some(at) = recheck {
+                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+            }
+        }
         if !pending {
-            let timeout = match self.timers.peek() {
-                Some(std::cmp::Reverse((when, ..))) => when
-                    .saturating_duration_since(Instant::now())
-                    .min(MAX_SLEEP),
+            let timeout = match wake_at {
+                Some(when) => when.saturating_duration_since(Instant::now()).min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
             self.poll_engine(Some(timeout));

@@ -1,9 +1,14 @@
 //! Calls that may have to wait for their socket: accept, recv, send and
-//! connect. Each is tried at once; one that would block on a blocking
-//! socket is parked on the socket's `readers` (accept, recv) or `writers`
-//! (send, connect) queue, in issue order, and the socket is armed in the
-//! engine. On readiness the queue is retried front to back.
+//! connect (and their registered-memory forms). Each is tried at once; one
+//! that would block on a blocking socket is parked on the socket's
+//! `readers` (accept, recv) or `writers` (send, connect, and a shutdown
+//! behind queued sends) queue, in issue order, and the socket is armed in
+//! the engine. On readiness the queue is retried front to back.
+//!
+//! Asynchronous sends are jobs on `writers` too (see `asyncq`); finishing
+//! one updates its send queue instead of publishing a completion.
 
+use super::asyncq;
 use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
 use crate::engine::Engine;
 use crate::host::{Host, Parked, Sock};
@@ -41,18 +46,28 @@ pub(super) fn start(
     sid: u32,
 ) {
     let (flags, is_reader) = match call {
-        Call::Recv { flags, .. } => (flags, true),
-        Call::Send { flags, .. } => (flags, false),
+        Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => (flags, true),
+        Call::Send { flags, .. } | Call::SendReg { flags, .. } => (flags, false),
         Call::Accept { .. } => (0, true),
         _ => (0, false),
     };
     let allowed = match call {
-        Call::Recv { .. } => RECV_FLAGS,
-        Call::Send { .. } => SEND_FLAGS,
+        Call::Recv { .. } | Call::RecvReg { .. } => RECV_FLAGS,
+        Call::Send { .. } | Call::SendReg { .. } => SEND_FLAGS,
         _ => 0,
     };
     if flags & !allowed != 0 {
         return complete(host, ch, user_data, op, Err(libc::EINVAL));
+    }
+    if host.socket(sid).is_none() {
+        return complete(host, ch, user_data, op, Err(libc::EBADF));
+    }
+    if let Call::SendReg { data, .. } | Call::RecvReg { data, .. } = call {
+        if let Err(e) = host.registry.resolve(data) {
+            return complete(host, ch, user_data, op, Err(e));
+        }
+        // Held until the call finishes: the range stays mapped meanwhile.
+        host.registry.hold(data.mem);
     }
     let Some(sock) = host.socket(sid) else {
         return complete(host, ch, user_data, op, Err(libc::EBADF));
@@ -71,6 +86,7 @@ pub(super) fn start(
         progress: 0,
         nonblocking,
         serial: 0,
+        job: None,
     };
     let step = if queued {
         // Earlier calls on this socket wait: keep the issue order.
@@ -85,8 +101,52 @@ pub(super) fn start(
         attempt(cx, host, sid, &mut p)
     };
     match step {
-        Step::Done(res) => complete(host, ch, user_data, op, res),
+        Step::Done(res) => finish(host, &p, res),
         Step::Again => park(cx, host, sid, p, is_reader),
+    }
+}
+
+/// A shutdown behind queued sends (asynchronous ones included) waits its
+/// turn on `writers`, so the FIN follows the data the host sent before.
+pub(super) fn start_shutdown(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    ch: u32,
+    user_data: u64,
+    call: Call,
+    sid: u32,
+) {
+    let p = Parked {
+        ch,
+        user_data,
+        op: Op::Shutdown,
+        call,
+        progress: 0,
+        nonblocking: false,
+        serial: 0,
+        job: None,
+    };
+    if host.socket(sid).is_some_and(|s| !s.writers.is_empty()) {
+        park(cx, host, sid, p, false);
+    } else {
+        let mut p = p;
+        if let Step::Done(res) = attempt(cx, host, sid, &mut p) {
+            finish(host, &p, res);
+        }
+    }
+}
+
+/// Answers a call that left its queue: a completion on its channel, or for
+/// an asynchronous send an update of its send queue. Releases the
+/// registration a registered call held.
+pub(super) fn finish(host: &mut Host, p: &Parked, res: Res) {
+    match (p.job, p.call) {
+        (Some(job), Call::SendReg { data, .. }) => asyncq::finish_job(host, &job, data, res),
+        (_, Call::SendReg { data, .. } | Call::RecvReg { data, .. }) => {
+            host.registry.release(data.mem);
+            complete(host, p.ch, p.user_data, p.op, res);
+        }
+        _ => complete(host, p.ch, p.user_data, p.op, res),
     }
 }
 
@@ -101,7 +161,7 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
     host.stats.parked += 1;
     announce_parked(host, p.ch, p.user_data);
     let hkey = cx.hkey;
-    let Some(sock) = host.socket_mut(sid) else {
+    let Some(sock) = host.any_socket_mut(sid) else {
         return;
     };
     *cx.next_serial += 1;
@@ -179,9 +239,14 @@ fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
 
 /// Tries a parked (or new) accept, recv, send or connect once more.
 fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
-    let Some(fd) = host.socket(sid).map(|s| s.fd.as_raw_fd()) else {
+    let Some(fd) = host.sockets.get(sid as usize).map(|s| s.fd.as_raw_fd()) else {
         return Step::Done(Err(libc::EBADF));
     };
+    if let Some(job) = &p.job {
+        if let Some(e) = asyncq::job_error(host, job) {
+            return Step::Done(Err(e));
+        }
+    }
     match p.call {
         Call::Accept { addr, flags, .. } => {
             // Refuse before accepting: the connection stays in the backlog.
@@ -201,11 +266,10 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
                 Err(e) => Step::Done(Err(e)),
             }
         }
-        Call::Recv { data, flags, .. } => {
-            let Some(base) = host.region.channel(p.ch).and_then(|c| c.arena_ptr(data)) else {
+        Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
+            let Some((base, total)) = data_ptr(host, p) else {
                 return Step::Done(Err(libc::EFAULT));
             };
-            let total = data.len as usize;
             if total == 0 {
                 return Step::Done(Ok((0, 0)));
             }
@@ -240,11 +304,13 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
                 }
             }
         }
-        Call::Send { data, flags, .. } => {
-            let Some(base) = host.region.channel(p.ch).and_then(|c| c.arena_ptr(data)) else {
+        Call::Send { flags, .. } | Call::SendReg { flags, .. } => {
+            let Some((base, total)) = data_ptr(host, p) else {
                 return Step::Done(Err(libc::EFAULT));
             };
-            let total = data.len as usize;
+            // An asynchronous send is all or nothing: bytes after a failure
+            // would leave a hole in the stream.
+            let partial_ok = p.job.is_none();
             loop {
                 if p.progress == total {
                     return Step::Done(Ok((total as i64, 0)));
@@ -260,11 +326,14 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
                         return Step::Done(Ok((p.progress as i64, 0)))
                     }
                     Err(libc::EAGAIN) => return would_block(p),
-                    Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
+                    Err(_) if p.progress > 0 && partial_ok => {
+                        return Step::Done(Ok((p.progress as i64, 0)))
+                    }
                     Err(e) => return Step::Done(Err(e)),
                 }
             }
         }
+        Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
         Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
             Ok(0) => Step::Again,
@@ -274,10 +343,41 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
     }
 }
 
+/// The memory a send or recv moves: its arena range, or its registered
+/// range (resolved against the server's own registry).
+fn data_ptr(host: &Host, p: &Parked) -> Option<(*mut u8, usize)> {
+    match p.call {
+        Call::Send { data, .. } | Call::Recv { data, .. } => host
+            .region
+            .channel(p.ch)
+            .and_then(|c| c.arena_ptr(data))
+            .map(|b| (b, data.len as usize)),
+        Call::SendReg { data, .. } | Call::RecvReg { data, .. } => host
+            .registry
+            .resolve(data)
+            .ok()
+            .map(|b| (b, data.len as usize)),
+        _ => None,
+    }
+}
+
+/// Drives the socket's write queue; a socket the host closed while
+/// asynchronous sends were queued closes for real once the queue is empty.
+pub(super) fn drive_writers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
+    drive(cx, host, sid, false);
+    if host
+        .sockets
+        .get(sid as usize)
+        .is_some_and(|s| s.closing && s.writers.is_empty())
+    {
+        super::finalize_close(cx, host, sid);
+    }
+}
+
 /// Retries the parked calls of one queue in order until one would block.
 fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
     loop {
-        let Some(sock) = host.socket_mut(sid) else {
+        let Some(sock) = host.any_socket_mut(sid) else {
             return;
         };
         let q = if readers {
@@ -287,9 +387,9 @@ fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
         };
         let Some(mut p) = q.pop_front() else { return };
         match attempt(cx, host, sid, &mut p) {
-            Step::Done(res) => complete(host, p.ch, p.user_data, p.op, res),
+            Step::Done(res) => finish(host, &p, res),
             Step::Again => {
-                if let Some(sock) = host.socket_mut(sid) {
+                if let Some(sock) = host.any_socket_mut(sid) {
                     let q = if readers {
                         &mut sock.readers
                     } else {
@@ -306,7 +406,7 @@ fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
 /// The engine reported readiness on a socket.
 pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8) {
     let sid32 = sid as u32;
-    let Some(sock) = host.socket_mut(sid32) else {
+    let Some(sock) = host.any_socket_mut(sid32) else {
         return;
     };
     if sock.gen != gen || sock.arm_seq != seq {
@@ -314,7 +414,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
     }
     sock.armed_mask = 0;
     drive(cx, host, sid32, true);
-    drive(cx, host, sid32, false);
+    drive_writers(cx, host, sid32);
     let pollers: Vec<usize> = host
         .socket(sid32)
         .map(|s| s.pollers.iter().map(|p| p.0).collect())
@@ -323,7 +423,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         super::poll::recheck(host, pkey);
     }
     let hkey = cx.hkey;
-    if let Some(sock) = host.socket_mut(sid32) {
+    if let Some(sock) = host.any_socket_mut(sid32) {
         rearm(cx.engine, hkey, sid32, sock);
     }
 }
@@ -331,7 +431,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
 /// SO_RCVTIMEO / SO_SNDTIMEO expired for a parked call: it returns what it
 /// moved so far, or EAGAIN (as a blocking kernel socket with a timeout does).
 pub fn on_call_timeout(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, serial: u64) {
-    let Some(sock) = host.socket_mut(sid) else {
+    let Some(sock) = host.any_socket_mut(sid) else {
         return;
     };
     let found = [&mut sock.readers, &mut sock.writers]
@@ -345,13 +445,17 @@ pub fn on_call_timeout(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, serial: u64)
         return; // completed meanwhile
     };
     let res = match p.call {
-        Call::Send { .. } | Call::Recv { .. } if p.progress > 0 => Ok((p.progress as i64, 0)),
+        Call::Send { .. } | Call::Recv { .. } | Call::SendReg { .. } | Call::RecvReg { .. }
+            if p.progress > 0 =>
+        {
+            Ok((p.progress as i64, 0))
+        }
         Call::Connect { .. } => Err(libc::EINPROGRESS),
         _ => Err(libc::EAGAIN),
     };
-    complete(host, p.ch, p.user_data, p.op, res);
+    finish(host, &p, res);
     let hkey = cx.hkey;
-    if let Some(sock) = host.socket_mut(sid) {
+    if let Some(sock) = host.any_socket_mut(sid) {
         rearm(cx.engine, hkey, sid, sock);
     }
 }

@@ -10,9 +10,11 @@
 //! Data moves straight between the kernel and the host's arena: `send`
 //! reads from it and `recv` writes into it, with no buffer at the server.
 
+mod asyncq;
 mod blocking;
 mod poll;
 
+pub use asyncq::{poll_queues, prepare_sleep, sweep};
 pub use blocking::on_socket_ready;
 
 use crate::engine::Engine;
@@ -99,6 +101,17 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         return;
     };
     host.stats.calls[op as usize % 32] += 1;
+    // A write-side call lands after the asynchronous sends the host
+    // published before it: take them first.
+    if let Call::Send { sock, .. }
+    | Call::SendReg { sock, .. }
+    | Call::Shutdown { sock, .. }
+    | Call::Close { sock } = call
+    {
+        if host.socket(sock).is_some_and(|s| s.queue.is_some()) {
+            asyncq::ingest(cx, host, sock);
+        }
+    }
     let res = match call {
         Call::Nop => Ok((0, 0)),
         Call::Socket {
@@ -113,11 +126,24 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         Call::Accept { sock, .. }
         | Call::Recv { sock, .. }
         | Call::Send { sock, .. }
+        | Call::SendReg { sock, .. }
+        | Call::RecvReg { sock, .. }
         | Call::Connect { sock, .. } => {
             return blocking::start(cx, host, ch, req.user_data, op, call, sock)
         }
-        Call::Shutdown { sock, how } => {
-            with_fd(host, sock, |fd| sys::shutdown(fd, how).map(|_| (0, 0)))
+        Call::Shutdown { sock, .. } => {
+            if host.socket(sock).is_none() {
+                Err(libc::EBADF)
+            } else {
+                return blocking::start_shutdown(cx, host, ch, req.user_data, call, sock);
+            }
+        }
+        Call::AsyncBind { sock, queue, start } => {
+            asyncq::bind(host, sock, queue, start, Instant::now())
+        }
+        Call::AsyncKick { sock } => {
+            host.cursors[ch as usize].retire();
+            return asyncq::kick(cx, host, sock, Instant::now());
         }
         Call::Close { sock } => close_socket(cx, host, sock),
         Call::SetSockOpt {
@@ -309,16 +335,45 @@ fn fcntl(host: &mut Host, sock: u32, cmd: i32, arg: i64) -> Res {
 }
 
 fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
-    let s = host.sockets.remove(sock as usize).ok_or(libc::EBADF)?;
-    cx.engine.forget(s.fd.as_raw_fd(), 0);
-    for p in s.readers.iter().chain(s.writers.iter()) {
-        complete(host, p.ch, p.user_data, p.op, Err(libc::EBADF));
+    let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
+    if !s.has_jobs() {
+        finalize_close(cx, host, sock);
+        return Ok((0, 0));
     }
-    drop(s.fd);
-    for (pkey, _) in s.pollers {
+    // Asynchronous sends still queued: like close(2) with data in the send
+    // buffer, the call returns now and the data still goes out; the socket
+    // closes for real when its last job finished. Other parked calls end.
+    s.closing = true;
+    let readers = std::mem::take(&mut s.readers);
+    let (jobs, others): (Vec<_>, Vec<_>) = s.writers.drain(..).partition(|p| p.job.is_some());
+    s.writers.extend(jobs);
+    let pollers = std::mem::take(&mut s.pollers);
+    for p in readers.iter().chain(others.iter()) {
+        blocking::finish(host, p, Err(libc::EBADF));
+    }
+    for (pkey, _) in pollers {
         poll::recheck(host, pkey);
     }
     Ok((0, 0))
+}
+
+/// Closes a socket now: answers its parked calls with EBADF, frees its
+/// send queue and its slot.
+pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
+    let Some(s) = host.sockets.remove(sock as usize) else {
+        return;
+    };
+    cx.engine.forget(s.fd.as_raw_fd(), 0);
+    for p in s.readers.iter().chain(s.writers.iter()) {
+        blocking::finish(host, p, Err(libc::EBADF));
+    }
+    drop(s.fd);
+    if let Some(q) = s.queue {
+        asyncq::unbind(host, q);
+    }
+    for (pkey, _) in s.pollers {
+        poll::recheck(host, pkey);
+    }
 }
 
 /// Closes every socket of a host that is going away. Parked calls are not
