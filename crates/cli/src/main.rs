@@ -3,6 +3,7 @@
 mod bench;
 mod bench_web;
 mod demo;
+mod run_cmd;
 mod server_cmd;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// The demo: the example web server through tcps and on kernel sockets, driven by wrk, side by side.
     Demo(demo::DemoArgs),
+    /// Run an unmodified program with its TCP sockets served by the TCP server (preload library).
+    Run(run_cmd::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Server(args) => server_cmd::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Demo(args) => demo::run(args),
+        Command::Run(args) => run_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,165 @@
+//! Calls on the descriptor rather than the connection: close, dup, dup2,
+//! dup3, fcntl, ioctl.
+//!
+//! These act on the placeholder fd with the real call (so descriptor flags,
+//! numbering and sharing between dups are exactly the kernel's) and keep
+//! the fd table and the server in step: the tcps socket is closed when the
+//! last fd naming it is closed; O_NONBLOCK is mirrored to the server.
+
+use crate::log::debug;
+use crate::sock::on_socket;
+use crate::{epoll, errno_of, fail, fdtable, real, state};
+use libc::{c_int, c_ulong, c_void};
+
+/// Drops `fd` from the table (if offloaded) after the kernel closed or
+/// replaced it; closes the tcps socket with its last fd.
+fn forget(fd: c_int) {
+    if let Some((id, last)) = fdtable::remove(fd) {
+        epoll::forget_fd(fd);
+        if last {
+            // A child that never attached holds no sockets of its own yet.
+            if let Some(c) = state::client() {
+                let r = c.close(id);
+                debug!("close(fd {fd}): tcps socket {id} closed ({r:?})");
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if fdtable::lookup(fd).is_some() {
+        forget(fd);
+    } else {
+        epoll::forget_set(fd);
+    }
+    real::close()(fd)
+}
+
+/// Records `nfd` (a fresh duplicate of `fd`) as naming `fd`'s socket.
+fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
+    if nfd < 0 {
+        return nfd;
+    }
+    if let Some(id) = fdtable::lookup(fd) {
+        if !fdtable::fits(nfd, id) {
+            // SAFETY: closing the duplicate we just made.
+            unsafe { real::close()(nfd) };
+            return fail(libc::EMFILE);
+        }
+        fdtable::insert(nfd, id);
+        debug!("dup: fd {nfd} also names tcps socket {id} (fd {fd})");
+    }
+    nfd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    dup_entry(fd, real::dup()(fd))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
+    if fd == nfd {
+        return real::dup2()(fd, nfd);
+    }
+    let r = real::dup2()(fd, nfd);
+    if r >= 0 {
+        forget(nfd);
+    }
+    dup_entry(fd, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    let r = real::dup3()(fd, nfd, flags);
+    if r >= 0 && fd != nfd {
+        forget(nfd);
+    }
+    dup_entry(fd, r)
+}
+
+/// fcntl(2). The third argument is read as an integer: every command we
+/// handle takes an int or a pointer, which the x86-64 and AArch64 Linux
+/// calling conventions pass in the same register as a named argument.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    on_socket!(fd, |c, id| {
+        match cmd {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_entry(fd, real::fcntl()(fd, cmd, arg)),
+            libc::F_SETFL => {
+                let before = real::fcntl()(fd, libc::F_GETFL);
+                let r = real::fcntl()(fd, cmd, arg);
+                let nb = arg as c_int & libc::O_NONBLOCK;
+                if r == 0 && before >= 0 && before & libc::O_NONBLOCK != nb {
+                    if let Err(e) = c.fcntl(id, libc::F_SETFL, i64::from(nb)) {
+                        return fail(errno_of(&e));
+                    }
+                    debug!("fcntl(fd {fd}): O_NONBLOCK {}", nb != 0);
+                }
+                r
+            }
+            // F_GETFL, F_GETFD, F_SETFD, F_SETOWN, ...: the placeholder
+            // carries the descriptor's flags.
+            _ => real::fcntl()(fd, cmd, arg),
+        }
+    }, else real::fcntl()(fd, cmd, arg))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl(fd, cmd, arg)
+}
+
+/// ioctl(2): FIONBIO and FIONREAD on offloaded sockets; interface ioctls
+/// (SIOC*) are answered by a throwaway kernel socket, as any socket would;
+/// anything else is ENOTTY (and logged).
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    on_socket!(fd, |c, id| {
+        match req {
+            libc::FIONBIO => {
+                if arg.is_null() {
+                    return fail(libc::EFAULT);
+                }
+                let on = *(arg as *const c_int) != 0;
+                let fl = real::fcntl()(fd, libc::F_GETFL);
+                let want = if on { fl | libc::O_NONBLOCK } else { fl & !libc::O_NONBLOCK };
+                fcntl(fd, libc::F_SETFL, want as c_ulong)
+            }
+            libc::FIONREAD => {
+                if arg.is_null() {
+                    return fail(libc::EFAULT);
+                }
+                // No server op for it: peek what is there (up to 64 KiB).
+                let mut buf = vec![0u8; 64 * 1024];
+                match c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                    Ok(n) => {
+                        *(arg as *mut c_int) = n as c_int;
+                        0
+                    }
+                    Err(e) if errno_of(&e) == libc::EAGAIN => {
+                        *(arg as *mut c_int) = 0;
+                        0
+                    }
+                    Err(e) => fail(errno_of(&e)),
+                }
+            }
+            r if (0x8900..0x8a00).contains(&r) => {
+                let s = real::socket()(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                if s < 0 {
+                    return -1;
+                }
+                let res = real::ioctl()(s, req, arg);
+                let saved = crate::last_errno();
+                real::close()(s);
+                crate::set_errno(saved);
+                res
+            }
+            _ => {
+                debug!("ioctl(fd {fd}, {req:#x}) on an offloaded socket: ENOTTY");
+                fail(libc::ENOTTY)
+            }
+        }
+    }, else real::ioctl()(fd, req, arg))
+}

@@ -1,0 +1,215 @@
+//! Data calls on offloaded sockets: read, write, recv, send, recvfrom,
+//! sendto, recvmsg, sendmsg, readv, writev (and glibc's fortified `_chk`
+//! variants). Kernel fds pass straight through.
+//!
+//! Vectored calls gather into (scatter from) one buffer: the channel takes a
+//! contiguous range anyway, so this is the copy the copying API makes.
+
+use crate::fdtable;
+use crate::sock::on_socket;
+use crate::{errno_of, fail, real};
+use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+/// Largest single receive into a temporary buffer (vectored reads).
+const MAX_TMP: usize = 256 * 1024;
+
+pub unsafe fn recv_id(c: &tcps::Client, id: u32, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    fdtable::note_read(id);
+    let out: &mut [u8] = if len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+    match c.recv(id, out, flags) {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+pub unsafe fn send_id(c: &tcps::Client, id: u32, data: &[u8], flags: c_int) -> ssize_t {
+    fdtable::note_write(id);
+    match c.send(id, data, flags) {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            let errno = errno_of(&e);
+            // The kernel raises SIGPIPE on a broken connection unless told
+            // not to; the server cannot do that for us.
+            if errno == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                libc::raise(libc::SIGPIPE);
+            }
+            fail(errno)
+        }
+    }
+}
+
+unsafe fn bytes<'a>(buf: *const c_void, len: size_t) -> &'a [u8] {
+    if len == 0 || buf.is_null() {
+        &[]
+    } else {
+        std::slice::from_raw_parts(buf as *const u8, len)
+    }
+}
+
+unsafe fn iovecs<'a>(iov: *const iovec, n: c_int) -> &'a [iovec] {
+    if iov.is_null() || n <= 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(iov, n as usize)
+    }
+}
+
+/// Gathers an iovec array into one buffer.
+unsafe fn gather(iov: &[iovec]) -> Vec<u8> {
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    let mut out = Vec::with_capacity(total);
+    for v in iov {
+        out.extend_from_slice(bytes(v.iov_base, v.iov_len));
+    }
+    out
+}
+
+/// Receives into an iovec array (through one temporary buffer).
+unsafe fn recv_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    if iov.len() == 1 {
+        return recv_id(c, id, iov[0].iov_base, iov[0].iov_len, flags);
+    }
+    let mut tmp = vec![0u8; total.min(MAX_TMP)];
+    let n = recv_id(c, id, tmp.as_mut_ptr() as *mut c_void, tmp.len(), flags);
+    if n <= 0 {
+        return n;
+    }
+    let mut off = 0usize;
+    for v in iov {
+        if off >= n as usize {
+            break;
+        }
+        let k = v.iov_len.min(n as usize - off);
+        std::ptr::copy_nonoverlapping(tmp.as_ptr().add(off), v.iov_base as *mut u8, k);
+        off += k;
+    }
+    n
+}
+
+unsafe fn send_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
+    if iov.len() == 1 {
+        return send_id(c, id, bytes(iov[0].iov_base, iov[0].iov_len), flags);
+    }
+    send_id(c, id, &gather(iov), flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    on_socket!(fd, |c, id| recv_id(c, id, buf, len, 0), else real::read()(fd, buf, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, len: size_t, _buflen: size_t) -> ssize_t {
+    read(fd, buf, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
+    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), 0), else real::write()(fd, buf, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| recv_id(c, id, buf, len, flags), else real::recv()(fd, buf, len, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, _buflen: size_t, flags: c_int) -> ssize_t {
+    recv(fd, buf, len, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), flags), else real::send()(fd, buf, len, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    on_socket!(fd, |c, id| {
+        let n = recv_id(c, id, buf, len, flags);
+        // A TCP socket reports no source address (the kernel sets the
+        // length to 0).
+        if n >= 0 && !addr.is_null() && !alen.is_null() {
+            *alen = 0;
+        }
+        n
+    }, else real::recvfrom()(fd, buf, len, flags, addr, alen))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    _buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    recvfrom(fd, buf, len, flags, addr, alen)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    // A connected TCP socket ignores the destination, as in the kernel.
+    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), flags), else real::sendto()(fd, buf, len, flags, addr, alen))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| recv_vec(c, id, iovecs(iov, n), 0), else real::readv()(fd, iov, n))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| send_vec(c, id, iovecs(iov, n), 0), else real::writev()(fd, iov, n))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| {
+        if msg.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let m = &mut *msg;
+        let n = recv_vec(c, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags);
+        if n >= 0 {
+            // TCP: no source address and (through the server) no ancillary data.
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+        }
+        n
+    }, else real::recvmsg()(fd, msg, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    on_socket!(fd, |c, id| {
+        if msg.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let m = &*msg;
+        if m.msg_controllen != 0 && !m.msg_control.is_null() {
+            // Ancillary data would be silently lost at the server: refuse.
+            crate::log::debug!("sendmsg(fd {fd}) with ancillary data: EOPNOTSUPP");
+            return fail(libc::EOPNOTSUPP);
+        }
+        send_vec(c, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags)
+    }, else real::sendmsg()(fd, msg, flags))
+}

@@ -1,0 +1,100 @@
+//! Decisions in words (`TCPS_LOG=debug|info|warn|off`, default `warn`) and
+//! the counters behind the exit summary.
+//!
+//! Lines go to stderr with the real `write(2)`, never through our own
+//! interposed `write`: a daemon may have put a socket on fd 2. With
+//! `TCPS_PRELOAD_STATS=FILE` every process appends its summary line to FILE
+//! at exit (daemons have no stderr; tests read the file).
+
+use crate::real;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+pub const OFF: u8 = 0;
+pub const WARN: u8 = 1;
+pub const INFO: u8 = 2;
+pub const DEBUG: u8 = 3;
+
+/// 255: not read from the environment yet.
+static LEVEL: AtomicU8 = AtomicU8::new(255);
+
+pub fn level() -> u8 {
+    let l = LEVEL.load(Ordering::Relaxed);
+    if l != 255 {
+        return l;
+    }
+    let l = match std::env::var("TCPS_LOG").as_deref() {
+        Ok("off") | Ok("0") | Ok("none") => OFF,
+        Ok("info") => INFO,
+        Ok("debug") | Ok("trace") => DEBUG,
+        _ => WARN,
+    };
+    LEVEL.store(l, Ordering::Relaxed);
+    l
+}
+
+pub fn emit(line: &str) {
+    let msg = format!("tcps[{}]: {line}\n", std::process::id());
+    // SAFETY: writes a local buffer to fd 2 with the real write(2).
+    unsafe { real::write()(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+}
+
+macro_rules! debug {
+    ($($t:tt)*) => { if $crate::log::level() >= $crate::log::DEBUG { $crate::log::emit(&format!($($t)*)) } };
+}
+macro_rules! info {
+    ($($t:tt)*) => { if $crate::log::level() >= $crate::log::INFO { $crate::log::emit(&format!($($t)*)) } };
+}
+macro_rules! warning {
+    ($($t:tt)*) => { if $crate::log::level() >= $crate::log::WARN { $crate::log::emit(&format!($($t)*)) } };
+}
+pub(crate) use {debug, info, warning};
+
+/// What happened to the sockets this process asked for.
+pub struct Counters {
+    /// TCP sockets created or accepted through the TCP server.
+    pub offloaded: AtomicU64,
+    /// Of those, accepted connections.
+    pub accepted: AtomicU64,
+    /// TCP sockets that went to the kernel (fallback: no server).
+    pub kernel_tcp: AtomicU64,
+    /// Other sockets (UDP, Unix, raw, ...), always the kernel's.
+    pub kernel_other: AtomicU64,
+    /// Bytes sent by sendfile without passing through this process.
+    pub sendfile_bytes: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    offloaded: AtomicU64::new(0),
+    accepted: AtomicU64::new(0),
+    kernel_tcp: AtomicU64::new(0),
+    kernel_other: AtomicU64::new(0),
+    sendfile_bytes: AtomicU64::new(0),
+};
+
+pub fn summary() -> String {
+    let c = &COUNTERS;
+    format!(
+        "offloaded={} accepted={} kernel_tcp={} kernel_other={} sendfile_bytes={}",
+        c.offloaded.load(Ordering::Relaxed),
+        c.accepted.load(Ordering::Relaxed),
+        c.kernel_tcp.load(Ordering::Relaxed),
+        c.kernel_other.load(Ordering::Relaxed),
+        c.sendfile_bytes.load(Ordering::Relaxed),
+    )
+}
+
+/// atexit hook: the summary line (info level) and the stats file.
+pub extern "C" fn at_exit() {
+    let line = summary();
+    info!("exit: {line}");
+    if let Some(path) = std::env::var_os("TCPS_PRELOAD_STATS") {
+        use std::io::Write;
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "pid={} exe={exe} {line}", std::process::id());
+        }
+    }
+}

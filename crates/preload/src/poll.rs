@@ -1,0 +1,435 @@
+//! poll, ppoll, select, pselect over a mix of offloaded sockets and kernel
+//! fds, and the one primitive they and epoll share: [`wait_mixed`].
+//!
+//! Offloaded sockets are polled at the server (`tcps_poll`, which parks
+//! there until a socket is ready), kernel fds with the real poll(2). When a
+//! call must block on both, the calling thread parks in `tcps_poll` and a
+//! helper thread (one per calling thread, made on first need) blocks in the
+//! real poll(2) on the kernel fds; whichever side fires first wakes the
+//! other: the helper by sending one byte on a private tcps connection (the
+//! *wake pair*) that is part of the parked `tcps_poll`, the caller by
+//! writing the helper's cancel eventfd. Nothing spins.
+
+use crate::log::debug;
+use crate::{fail, fdtable, real, state};
+use libc::{c_int, nfds_t, pollfd};
+use std::cell::RefCell;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tcps::{Client, PollFd};
+
+#[derive(PartialEq)]
+enum Phase {
+    Idle,
+    Posted,
+    Done,
+    Quit,
+}
+
+struct Job {
+    phase: Phase,
+    fds: Vec<pollfd>,
+}
+
+struct Shared {
+    job: Mutex<Job>,
+    cv: Condvar,
+}
+
+/// A calling thread's helper: its thread, cancel eventfd and wake pair.
+struct Waiter {
+    generation: u64,
+    shared: Arc<Shared>,
+    cancel: c_int,
+    /// The caller's end of the wake pair (the helper sends on the other).
+    rx: u32,
+}
+
+impl Waiter {
+    fn new(c: &'static Client) -> Result<Waiter, i32> {
+        let (tx, rx) = wake_pair(c)?;
+        // SAFETY: plain syscall.
+        let cancel = unsafe { real::eventfd()(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if cancel < 0 {
+            return Err(crate::last_errno());
+        }
+        let shared = Arc::new(Shared {
+            job: Mutex::new(Job {
+                phase: Phase::Idle,
+                fds: Vec::new(),
+            }),
+            cv: Condvar::new(),
+        });
+        let s2 = shared.clone();
+        std::thread::Builder::new()
+            .name("tcps-poll-helper".into())
+            .spawn(move || helper(c, s2, cancel, tx))
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+        debug!("poll helper thread started (wake pair {tx}->{rx})");
+        Ok(Waiter {
+            generation: crate::fork::generation(),
+            shared,
+            cancel,
+            rx,
+        })
+    }
+
+    /// Blocks until a tcps entry or a kernel entry may be ready, or the
+    /// timeout. Readiness itself is collected by the caller's next pass.
+    fn wait(&self, c: &Client, tcps: &[PollFd], kernel: &[pollfd], timeout: c_int) -> Result<(), i32> {
+        {
+            let mut j = lock(&self.shared.job);
+            j.fds.clear();
+            j.fds.extend(kernel.iter().map(|p| pollfd { revents: 0, ..*p }));
+            j.phase = Phase::Posted;
+        }
+        self.shared.cv.notify_all();
+        let mut entries: Vec<PollFd> = tcps.to_vec();
+        entries.push(PollFd {
+            sock: self.rx,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let r = c.poll(&mut entries, timeout);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes from a local buffer to our eventfd.
+        unsafe { real::write()(self.cancel, one.as_ptr() as *const libc::c_void, 8) };
+        {
+            let mut j = lock(&self.shared.job);
+            while j.phase == Phase::Posted {
+                j = self.shared.cv.wait(j).unwrap_or_else(|p| p.into_inner());
+            }
+            j.phase = Phase::Idle;
+        }
+        let mut drain = [0u8; 8];
+        // SAFETY: reading 8 bytes into a local buffer from our eventfd.
+        unsafe { real::read()(self.cancel, drain.as_mut_ptr() as *mut libc::c_void, 8) };
+        if entries.last().is_some_and(|e| e.revents != 0) {
+            let mut b = [0u8; 64];
+            let _ = c.recv(self.rx, &mut b, libc::MSG_DONTWAIT);
+        }
+        r.map(drop).map_err(|e| crate::errno_of(&e))
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.generation != crate::fork::generation() {
+            return; // a forked child's copy: the helper thread is not ours
+        }
+        lock(&self.shared.job).phase = Phase::Quit;
+        self.shared.cv.notify_all();
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: as in `wait`.
+        unsafe { real::write()(self.cancel, one.as_ptr() as *const libc::c_void, 8) };
+        if let Some(c) = state::client() {
+            let _ = c.close(self.rx);
+        }
+        // The helper closes `tx` and the cancel eventfd on its way out.
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn helper(c: &'static Client, s: Arc<Shared>, cancel: c_int, tx: u32) {
+    let mut fds: Vec<pollfd> = Vec::new();
+    loop {
+        {
+            let mut j = lock(&s.job);
+            while j.phase != Phase::Posted && j.phase != Phase::Quit {
+                j = s.cv.wait(j).unwrap_or_else(|p| p.into_inner());
+            }
+            if j.phase == Phase::Quit {
+                break;
+            }
+            fds.clear();
+            fds.extend_from_slice(&j.fds);
+        }
+        fds.push(pollfd {
+            fd: cancel,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        loop {
+            // SAFETY: `fds` is a valid array of pollfds.
+            let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, -1) };
+            if n >= 0 || crate::last_errno() != libc::EINTR {
+                break;
+            }
+        }
+        let kernel_ready = fds[..fds.len() - 1].iter().any(|p| p.revents != 0);
+        let cancelled = fds[fds.len() - 1].revents != 0;
+        if kernel_ready && !cancelled {
+            let _ = c.send(tx, &[1], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        }
+        lock(&s.job).phase = Phase::Done;
+        s.cv.notify_all();
+    }
+    let _ = c.close(tx);
+    // SAFETY: the cancel eventfd is ours; the Waiter no longer uses it.
+    unsafe { real::close()(cancel) };
+}
+
+/// A connected pair of tcps sockets on the loopback, through the server.
+fn wake_pair(c: &Client) -> Result<(u32, u32), i32> {
+    let e = |e: std::io::Error| crate::errno_of(&e);
+    let lst = c.tcp_listen("127.0.0.1:0".parse().map_err(|_| libc::EINVAL)?, 1).map_err(e)?;
+    let r = (|| {
+        let addr = c.getsockname(lst).map_err(e)?;
+        let tx = c.tcp_connect(addr).map_err(e)?;
+        let _ = c.setsockopt_int(tx, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+        match c.accept(lst, 0) {
+            Ok((rx, _)) => Ok((tx, rx)),
+            Err(err) => {
+                let _ = c.close(tx);
+                Err(e(err))
+            }
+        }
+    })();
+    let _ = c.close(lst);
+    r
+}
+
+thread_local! {
+    static WAITER: RefCell<Option<Waiter>> = const { RefCell::new(None) };
+}
+
+/// Fills `revents` of both sets; returns how many entries are ready, after
+/// waiting up to `timeout_ms` (<0: forever) for the first.
+pub fn wait_mixed(
+    c: &'static Client,
+    tcps: &mut [PollFd],
+    kernel: &mut [pollfd],
+    timeout_ms: c_int,
+) -> Result<usize, i32> {
+    let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    loop {
+        let n1 = if tcps.is_empty() { 0 } else { tcps_poll(c, tcps, 0)? };
+        let n2 = if kernel.is_empty() { 0 } else { kernel_poll(kernel, 0)? };
+        let remaining = match deadline {
+            None if timeout_ms < 0 => -1,
+            None => 0,
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as c_int,
+        };
+        if n1 + n2 > 0 || remaining == 0 {
+            return Ok(n1 + n2);
+        }
+        if kernel.is_empty() {
+            return tcps_poll(c, tcps, remaining);
+        }
+        if tcps.is_empty() {
+            return kernel_poll(kernel, remaining);
+        }
+        WAITER.with(|w| -> Result<(), i32> {
+            let mut w = w.borrow_mut();
+            if w.as_ref().is_some_and(|w| w.generation != crate::fork::generation()) {
+                // Inherited through fork: its thread lives in the parent.
+                std::mem::forget(w.take());
+            }
+            if w.is_none() {
+                *w = Some(Waiter::new(c)?);
+            }
+            let w = w.as_ref().ok_or(libc::EIO)?;
+            w.wait(c, tcps, kernel, remaining)
+        })?;
+    }
+}
+
+fn tcps_poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> Result<usize, i32> {
+    c.poll(fds, timeout).map_err(|e| crate::errno_of(&e))
+}
+
+fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
+    // SAFETY: `fds` is a valid array of pollfds.
+    let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, timeout) };
+    if n < 0 {
+        Err(crate::last_errno())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// poll(2) over any mix of fds.
+unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    let all: &mut [pollfd] = if fds.is_null() || n == 0 { &mut [] } else { std::slice::from_raw_parts_mut(fds, n as usize) };
+    if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
+        return real::poll()(fds, n, timeout);
+    }
+    let Some(c) = state::for_existing() else {
+        return fail(libc::EBADF);
+    };
+    let mut tcps = Vec::new();
+    let mut tcps_at = Vec::new();
+    let mut kernel = Vec::new();
+    let mut kernel_at = Vec::new();
+    for (i, p) in all.iter_mut().enumerate() {
+        p.revents = 0;
+        match fdtable::lookup(p.fd) {
+            Some(id) => {
+                tcps.push(PollFd { sock: id, events: p.events, revents: 0 });
+                tcps_at.push(i);
+            }
+            None => {
+                kernel.push(*p);
+                kernel_at.push(i);
+            }
+        }
+    }
+    match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
+        Ok(_) => {
+            for (e, &i) in tcps.iter().zip(&tcps_at) {
+                all[i].revents = e.revents;
+            }
+            for (k, &i) in kernel.iter().zip(&kernel_at) {
+                all[i].revents = k.revents;
+            }
+            all.iter().filter(|p| p.revents != 0).count() as c_int
+        }
+        Err(e) => fail(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    poll_impl(fds, n, timeout)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, _len: libc::size_t) -> c_int {
+    poll_impl(fds, n, timeout)
+}
+
+fn ts_ms(ts: *const libc::timespec) -> c_int {
+    // SAFETY: a non-null timespec from the caller.
+    match unsafe { ts.as_ref() } {
+        None => -1,
+        Some(t) => (t.tv_sec.max(0) as i64 * 1000 + (t.tv_nsec as i64 + 999_999) / 1_000_000).min(i32::MAX as i64) as c_int,
+    }
+}
+
+/// Runs `f` with `mask` as the signal mask (when given), as the p-variants
+/// do (not atomically: a signal arriving just before the wait is seen when
+/// the wait ends).
+pub fn with_sigmask<T>(mask: *const libc::sigset_t, f: impl FnOnce() -> T) -> T {
+    if mask.is_null() {
+        return f();
+    }
+    // SAFETY: a zeroed sigset_t is a valid buffer for the old mask.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `mask` is the caller's sigset; `old` is ours.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, &mut old) };
+    let r = f();
+    // SAFETY: restoring the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let all: &[pollfd] = if fds.is_null() || n == 0 { &[] } else { std::slice::from_raw_parts(fds, n as usize) };
+    if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
+        return real::ppoll()(fds, n, ts, mask);
+    }
+    with_sigmask(mask, || poll_impl(fds, n, ts_ms(ts)))
+}
+
+/// select/pselect: converted to poll over the fds named in the sets.
+unsafe fn select_impl(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    timeout_ms: c_int,
+) -> c_int {
+    let mut pfds = Vec::new();
+    let isset = |s: *mut libc::fd_set, fd| !s.is_null() && libc::FD_ISSET(fd, s);
+    for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
+        let mut ev = 0;
+        if isset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if isset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if isset(x, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(pollfd { fd, events: ev, revents: 0 });
+        }
+    }
+    let n = poll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout_ms);
+    if n < 0 {
+        return n;
+    }
+    for s in [r, w, x] {
+        if !s.is_null() {
+            libc::FD_ZERO(s);
+        }
+    }
+    let mut count = 0;
+    for p in &pfds {
+        if p.revents & libc::POLLNVAL != 0 {
+            return fail(libc::EBADF);
+        }
+        let mut set = |s: *mut libc::fd_set, hit: bool| {
+            if hit && !s.is_null() {
+                libc::FD_SET(p.fd, s);
+                count += 1;
+            }
+        };
+        let err = p.revents & (libc::POLLERR | libc::POLLHUP) != 0;
+        set(r, p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || err));
+        set(w, p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || err));
+        set(x, p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0);
+    }
+    count
+}
+
+unsafe fn any_offloaded(nfds: c_int, sets: [*mut libc::fd_set; 3]) -> bool {
+    (0..nfds.clamp(0, libc::FD_SETSIZE as c_int))
+        .any(|fd| fdtable::lookup(fd).is_some() && sets.iter().any(|s| !s.is_null() && libc::FD_ISSET(fd, *s)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    if !any_offloaded(nfds, [r, w, x]) {
+        return libc::syscall(libc::SYS_select, nfds, r, w, x, tv) as c_int;
+    }
+    let ms = match tv.as_ref() {
+        None => -1,
+        Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_usec as i64 + 999) / 1000).min(i32::MAX as i64) as c_int,
+    };
+    select_impl(nfds, r, w, x, ms)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if !any_offloaded(nfds, [r, w, x]) {
+        // The kernel's pselect6 takes {sigset, size} by pointer.
+        let data: [usize; 2] = [mask as usize, 8];
+        let dp = if mask.is_null() { std::ptr::null() } else { data.as_ptr() };
+        return libc::syscall(libc::SYS_pselect6, nfds, r, w, x, ts, dp) as c_int;
+    }
+    with_sigmask(mask, || select_impl(nfds, r, w, x, ts_ms(ts)))
+}

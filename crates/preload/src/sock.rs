@@ -1,0 +1,276 @@
+//! Socket creation and the calls that act on one socket: socket, bind,
+//! listen, accept, accept4, connect, shutdown, get/setsockopt,
+//! getsockname, getpeername.
+//!
+//! AF_INET/AF_INET6 SOCK_STREAM sockets are offloaded; everything else goes
+//! to the kernel untouched.
+
+use crate::fdtable;
+use crate::log::{debug, COUNTERS};
+use crate::state;
+use crate::{errno_of, fail, real};
+use libc::{c_int, c_void, sockaddr, socklen_t};
+use std::sync::atomic::Ordering;
+
+fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && base == libc::SOCK_STREAM
+        && (protocol == 0 || protocol == libc::IPPROTO_TCP)
+}
+
+/// A placeholder fd for a new offloaded socket, with the socket's
+/// SOCK_CLOEXEC / SOCK_NONBLOCK flags (so F_GETFL/F_GETFD tell the truth).
+pub fn placeholder(flags: c_int) -> Result<c_int, i32> {
+    let mut ef = 0;
+    if flags & libc::SOCK_CLOEXEC != 0 {
+        ef |= libc::EFD_CLOEXEC;
+    }
+    if flags & libc::SOCK_NONBLOCK != 0 {
+        ef |= libc::EFD_NONBLOCK;
+    }
+    // SAFETY: plain syscall.
+    let fd = unsafe { real::eventfd()(0, ef) };
+    if fd < 0 {
+        return Err(crate::last_errno());
+    }
+    Ok(fd)
+}
+
+/// Gives the tcps socket `id` an fd (a new placeholder); on failure closes
+/// `id` and returns the errno.
+pub fn adopt(c: &tcps::Client, id: u32, flags: c_int) -> Result<c_int, i32> {
+    let fd = match placeholder(flags) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = c.close(id);
+            return Err(e);
+        }
+    };
+    if !fdtable::fits(fd, id) {
+        // SAFETY: closing the placeholder we just made.
+        unsafe { real::close()(fd) };
+        let _ = c.close(id);
+        debug!("fd {fd} / socket id {id} beyond the table: EMFILE");
+        return Err(libc::EMFILE);
+    }
+    fdtable::insert(fd, id);
+    COUNTERS.offloaded.fetch_add(1, Ordering::Relaxed);
+    Ok(fd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
+    if !is_tcp(domain, ty, protocol) {
+        COUNTERS.kernel_other.fetch_add(1, Ordering::Relaxed);
+        return real::socket()(domain, ty, protocol);
+    }
+    match state::for_new_socket() {
+        Ok(c) => {
+            let id = match c.socket(domain, ty, protocol) {
+                Ok(id) => id,
+                Err(e) => return fail(errno_of(&e)),
+            };
+            match adopt(c, id, ty) {
+                Ok(fd) => {
+                    debug!("socket(domain {domain}, type {ty:#x}) = fd {fd}: offloaded as tcps socket {id}");
+                    fd
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Err(None) => {
+            COUNTERS.kernel_tcp.fetch_add(1, Ordering::Relaxed);
+            let fd = real::socket()(domain, ty, protocol);
+            debug!("socket(domain {domain}, type {ty:#x}) = fd {fd}: kernel (no TCP server)");
+            fd
+        }
+        Err(Some(e)) => fail(e),
+    }
+}
+
+/// `addr`/`len` as bytes (empty for a null pointer).
+unsafe fn addr_bytes<'a>(addr: *const sockaddr, len: socklen_t) -> &'a [u8] {
+    if addr.is_null() {
+        &[]
+    } else {
+        // SAFETY: the caller passed `len` readable bytes at `addr`.
+        std::slice::from_raw_parts(addr as *const u8, len as usize)
+    }
+}
+
+/// Copies `bytes` (full length `full`) to a user (addr, addrlen) pair,
+/// truncating like the kernel and storing the full length.
+pub unsafe fn put_addr(bytes: &[u8], full: usize, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    let room = *len as usize;
+    let n = bytes.len().min(room).min(full);
+    std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, n);
+    *len = full as socklen_t;
+}
+
+/// Runs `f` on the tcps socket behind `fd`, or returns None for a kernel fd.
+/// An offloaded fd whose attachment is gone fails with EBADF.
+#[inline]
+pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>> {
+    let id = fdtable::lookup(fd)?;
+    Some(state::for_existing().map(|c| (c, id)).ok_or(libc::EBADF))
+}
+
+macro_rules! on_socket {
+    ($fd:expr, |$c:ident, $id:ident| $body:expr, else $kernel:expr) => {
+        match $crate::sock::offloaded($fd) {
+            None => $kernel,
+            Some(Err(e)) => $crate::fail(e),
+            Some(Ok(($c, $id))) => $body,
+        }
+    };
+}
+pub(crate) use on_socket;
+
+/// 0 or -1/errno from a unit result.
+fn unit(r: std::io::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    on_socket!(fd, |c, id| {
+        let r = unit(c.bind_raw(id, addr_bytes(addr, len)));
+        debug!("bind(fd {fd}) = {r}");
+        r
+    }, else real::bind()(fd, addr, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    on_socket!(fd, |c, id| unit(c.listen(id, backlog)), else real::listen()(fd, backlog))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    on_socket!(fd, |c, id| {
+        fdtable::note_write(id);
+        let r = unit(c.connect_raw(id, addr_bytes(addr, len)));
+        debug!("connect(fd {fd}) = {r} (errno {})", if r < 0 { crate::last_errno() } else { 0 });
+        r
+    }, else real::connect()(fd, addr, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    accept4(fd, addr, len, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    on_socket!(fd, |c, id| {
+        fdtable::note_read(id);
+        let mut buf = [0u8; 128];
+        let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
+        match c.accept_raw(id, flags & libc::SOCK_NONBLOCK, &mut buf[..want]) {
+            Ok((nid, full)) => match adopt(c, nid, flags) {
+                Ok(nfd) => {
+                    COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
+                    put_addr(&buf[..want], full, addr, len);
+                    debug!("accept(fd {fd}) = fd {nfd} (tcps socket {nid})");
+                    nfd
+                }
+                Err(e) => fail(e),
+            },
+            Err(e) => fail(errno_of(&e)),
+        }
+    }, else real::accept4()(fd, addr, len, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    on_socket!(fd, |c, id| unit(c.shutdown(id, how)), else real::shutdown()(fd, how))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    on_socket!(fd, |c, id| {
+        if val.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let room = (*len as usize).min(256);
+        let out = std::slice::from_raw_parts_mut(val as *mut u8, room);
+        match c.getsockopt(id, level, name, out) {
+            Ok(n) => {
+                *len = n as socklen_t;
+                0
+            }
+            Err(e) => {
+                debug!("getsockopt(fd {fd}, level {level}, name {name}): {e}");
+                fail(errno_of(&e))
+            }
+        }
+    }, else real::getsockopt()(fd, level, name, val, len))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    on_socket!(fd, |c, id| {
+        let v = if val.is_null() { &[][..] } else { std::slice::from_raw_parts(val as *const u8, len as usize) };
+        let r = unit(c.setsockopt(id, level, name, v));
+        if r < 0 {
+            debug!("setsockopt(fd {fd}, level {level}, name {name}) refused by the server: errno {}", crate::last_errno());
+        }
+        r
+    }, else real::setsockopt()(fd, level, name, val, len))
+}
+
+unsafe fn name_call(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    peer: bool,
+) -> c_int {
+    on_socket!(fd, |c, id| {
+        if addr.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        let mut buf = [0u8; 128];
+        let r = if peer { c.getpeername_raw(id, &mut buf) } else { c.getsockname_raw(id, &mut buf) };
+        match r {
+            Ok(full) => {
+                put_addr(&buf[..full.min(buf.len())], full, addr, len);
+                0
+            }
+            Err(e) => fail(errno_of(&e)),
+        }
+    }, else if peer { real::getpeername()(fd, addr, len) } else { real::getsockname()(fd, addr, len) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    name_call(fd, addr, len, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    name_call(fd, addr, len, true)
+}

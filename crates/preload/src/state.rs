@@ -1,0 +1,116 @@
+//! The process's attachment to the TCP server, made on the first TCP
+//! socket, and what to do when there is none (`TCPS_FALLBACK`).
+//!
+//! The client lives behind a raw pointer that is never freed: reads are one
+//! atomic load on every call, and a forked child simply replaces it with its
+//! own attachment (`fork.rs`) without touching the parent's.
+
+use crate::log::{self, debug, info, warning};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use tcps::Client;
+
+const UNTRIED: u8 = 0;
+const ATTACHING: u8 = 1;
+const OFFLOAD: u8 = 2;
+/// No server: TCP sockets go to the kernel (`TCPS_FALLBACK=kernel`).
+const KERNEL: u8 = 3;
+/// No server and `TCPS_FALLBACK=fail`: TCP socket() fails.
+const FAILED: u8 = 4;
+
+static MODE: AtomicU8 = AtomicU8::new(UNTRIED);
+static CLIENT: AtomicPtr<Client> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The attachment, if this process has one.
+pub fn client() -> Option<&'static Client> {
+    let p = CLIENT.load(Ordering::Acquire);
+    // SAFETY: a non-null CLIENT came from Box::into_raw and is never freed.
+    unsafe { p.as_ref() }
+}
+
+/// Installs `c` as this process's attachment (leaking any previous one,
+/// which after a fork belongs to the parent).
+pub fn install(c: Client) {
+    CLIENT.store(Box::into_raw(Box::new(c)), Ordering::Release);
+    MODE.store(OFFLOAD, Ordering::Release);
+}
+
+/// Forgets the attachment without touching it (a forked child: the
+/// parent's channels are not ours). The next TCP call attaches anew.
+pub fn forget() {
+    CLIENT.store(std::ptr::null_mut(), Ordering::Release);
+    MODE.store(UNTRIED, Ordering::Release);
+}
+
+fn fail_mode() -> bool {
+    matches!(std::env::var("TCPS_FALLBACK").as_deref(), Ok("fail"))
+}
+
+/// What a new TCP socket should be: `Ok(client)` to offload, `Err(None)` for
+/// the kernel, `Err(Some(errno))` to fail the call.
+pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
+    loop {
+        match MODE.load(Ordering::Acquire) {
+            OFFLOAD => return client().ok_or(None),
+            KERNEL => return Err(None),
+            FAILED => return Err(Some(libc::ECONNREFUSED)),
+            ATTACHING => std::thread::yield_now(),
+            _ => {
+                if MODE
+                    .compare_exchange(UNTRIED, ATTACHING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    attach();
+                }
+            }
+        }
+    }
+}
+
+/// The attachment for a call on an already offloaded socket; a child that
+/// has not attached yet attaches now (inheriting its parent's sockets).
+pub fn for_existing() -> Option<&'static Client> {
+    if let Some(c) = client() {
+        return Some(c);
+    }
+    match for_new_socket() {
+        Ok(c) => Some(c),
+        Err(_) => None,
+    }
+}
+
+fn attach() {
+    let path = tcps::default_path();
+    let result = match crate::fork::take_inherit_token() {
+        Some(token) => crate::fork::attach_inherit(&path, token),
+        None => Client::attach(&path),
+    };
+    match result {
+        Ok(c) => {
+            info!(
+                "attached to the TCP server at {}: TCP sockets are offloaded",
+                path.display()
+            );
+            // SAFETY: registering a plain extern "C" fn with atexit.
+            unsafe { libc::atexit(log::at_exit) };
+            install(c);
+        }
+        Err(e) => {
+            let why = tcps::last_attach_error();
+            let why = if why.is_empty() { e.to_string() } else { why };
+            if fail_mode() {
+                log::emit(&format!(
+                    "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
+                ));
+                MODE.store(FAILED, Ordering::Release);
+            } else {
+                if std::env::var_os("TCPS_FALLBACK_QUIET").is_none() {
+                    warning!("no TCP server ({why}); running on kernel sockets");
+                }
+                debug!("fallback: every TCP socket of this process goes to the kernel");
+                // SAFETY: as above.
+                unsafe { libc::atexit(log::at_exit) };
+                MODE.store(KERNEL, Ordering::Release);
+            }
+        }
+    }
+}
