@@ -35,7 +35,10 @@ fi
 # missing, with one `apt-get update` first.
 need_packages() {
     local missing=() p
-    for p in curl wrk build-essential strace iproute2 linux-perf python3-matplotlib; do
+    # python3 … iperf3: the programs the preload end-to-end tests run unmodified
+    # (crates/cli/tests/preload_e2e.rs).
+    for p in curl wrk build-essential strace iproute2 linux-perf python3-matplotlib \
+        python3 redis-server redis-tools nginx-light memcached libmemcached-tools iperf3; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$p")
         fi

@@ -20,9 +20,11 @@ pub enum Fallback {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Environment for the program: TCPS_LOG=debug|info|warn|off explains \
+#[command(
+    after_help = "Environment for the program: TCPS_LOG=debug|info|warn|off explains \
 every decision of the library on stderr; TCPS_PRELOAD_STATS=FILE appends one line per process \
-(offloaded and kernel socket counts) to FILE at exit; TCPS_PRELOAD_LIB overrides the library path.")]
+(offloaded and kernel socket counts) to FILE at exit; TCPS_PRELOAD_LIB overrides the library path."
+)]
 pub struct RunArgs {
     /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
     #[arg(long, value_name = "PATH")]
@@ -31,7 +33,12 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "kernel")]
     pub fallback: Fallback,
     /// The program and its arguments
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -41,7 +48,8 @@ fn library() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("TCPS_PRELOAD_LIB") {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate the tcps executable: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the tcps executable: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
     let candidates = [
         dir.join("libtcps_preload.so"),
@@ -93,7 +101,11 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             let why = if why.is_empty() { e.to_string() } else { why };
             match args.fallback {
                 Fallback::Fail => {
-                    return Err(format!("no TCP server answers ({why}); not running {:?} (--fallback fail)", args.command[0]).into());
+                    return Err(format!(
+                        "no TCP server answers ({why}); not running {:?} (--fallback fail)",
+                        args.command[0]
+                    )
+                    .into());
                 }
                 Fallback::Kernel => {
                     eprintln!("tcps run: warning: no TCP server answers ({why}); running {:?} on kernel sockets", args.command[0]);

@@ -22,8 +22,8 @@ use crate::log::debug;
 use crate::{fail, fdtable, poll, real, state};
 use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use tcps::PollFd;
 
 const EV_IN: u32 = libc::EPOLLIN as u32;
@@ -130,7 +130,12 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
     let Some(id) = fdtable::lookup(fd) else {
         let r = real::epoll_ctl()(epfd, op, fd, ev);
         if r == 0 {
@@ -165,7 +170,11 @@ pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut e
             if op == libc::EPOLL_CTL_MOD && !exists {
                 return fail(libc::ENOENT);
             }
-            debug!("epoll_ctl(epfd {epfd}, {}, fd {fd}, events {:#x})", if exists { "MOD" } else { "ADD" }, { ev.events });
+            debug!(
+                "epoll_ctl(epfd {epfd}, {}, fd {fd}, events {:#x})",
+                if exists { "MOD" } else { "ADD" },
+                { ev.events }
+            );
             s.entries.insert(fd, Entry::new(id, ev));
             0
         }
@@ -187,7 +196,10 @@ struct Cand {
 
 /// The armed offloaded entries of `epfd` (None: the set has none at all)
 /// and whether the set has kernel fds.
-fn candidates(epfd: c_int) -> (Option<(Vec<Cand>, Vec<PollFd>)>, bool) {
+/// The candidates of a pass and the poll entries to ask the server about.
+type Pass = (Vec<Cand>, Vec<PollFd>);
+
+fn candidates(epfd: c_int) -> (Option<Pass>, bool) {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
         return (None, true);
@@ -199,11 +211,23 @@ fn candidates(epfd: c_int) -> (Option<(Vec<Cand>, Vec<PollFd>)>, bool) {
     let mut pfds = Vec::new();
     for (&fd, e) in &s.entries {
         let st = fdtable::id_state(e.id);
-        let (rd, wr) = (st.rd_seq.load(Ordering::Relaxed), st.wr_seq.load(Ordering::Relaxed));
+        let (rd, wr) = (
+            st.rd_seq.load(Ordering::Relaxed),
+            st.wr_seq.load(Ordering::Relaxed),
+        );
         let w = e.wanted(rd, wr);
         if w != 0 {
-            cands.push(Cand { fd, id: e.id, rd, wr });
-            pfds.push(PollFd { sock: e.id, events: w as i16, revents: 0 });
+            cands.push(Cand {
+                fd,
+                id: e.id,
+                rd,
+                wr,
+            });
+            pfds.push(PollFd {
+                sock: e.id,
+                events: w as i16,
+                revents: 0,
+            });
         }
     }
     (Some((cands, pfds)), s.kernel_fds > 0)
@@ -221,7 +245,9 @@ fn collect(epfd: c_int, cands: &[Cand], pfds: &[PollFd], out: &mut Vec<epoll_eve
         if p.revents == 0 {
             continue;
         }
-        let Some(e) = s.entries.get_mut(&c.fd) else { continue };
+        let Some(e) = s.entries.get_mut(&c.fd) else {
+            continue;
+        };
         if e.id != c.id {
             continue; // closed and reused meanwhile
         }
@@ -240,7 +266,10 @@ fn collect(epfd: c_int, cands: &[Cand], pfds: &[PollFd], out: &mut Vec<epoll_eve
         if e.events & EV_ONESHOT != 0 {
             e.disabled = true;
         }
-        out.push(epoll_event { events: ev, u64: e.data });
+        out.push(epoll_event {
+            events: ev,
+            u64: e.data,
+        });
     }
 }
 
@@ -256,7 +285,8 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         return real::epoll_wait()(epfd, events, max, timeout);
     };
     let max = max as usize;
-    let deadline = (timeout > 0).then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+    let deadline = (timeout > 0)
+        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
     let mut first = Some(offloaded);
     loop {
         let (offloaded, has_kernel) = match first.take() {
@@ -293,7 +323,10 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         let remaining = match deadline {
             None if timeout < 0 => -1,
             None => 0,
-            Some(d) => d.saturating_duration_since(std::time::Instant::now()).as_millis().min(i32::MAX as u128) as c_int,
+            Some(d) => d
+                .saturating_duration_since(std::time::Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as c_int,
         };
         if n > 0 || remaining == 0 {
             return n as c_int;
@@ -301,7 +334,11 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         // Nothing ready: block on both sides, then look again.
         let mut kernel = Vec::new();
         if has_kernel {
-            kernel.push(libc::pollfd { fd: epfd, events: libc::POLLIN, revents: 0 });
+            kernel.push(libc::pollfd {
+                fd: epfd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         if pfds.is_empty() && kernel.is_empty() {
             // Nothing armed at all: sleep like epoll_wait on an empty set.
@@ -320,7 +357,12 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
     wait_impl(epfd, events, max, timeout)
 }
 
@@ -346,10 +388,12 @@ pub unsafe extern "C" fn epoll_pwait2(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let ms = match ts.as_ref() {
-        None => -1,
-        Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000).min(i32::MAX as i64) as c_int,
-    };
+    let ms =
+        match ts.as_ref() {
+            None => -1,
+            Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000)
+                .min(i32::MAX as i64) as c_int,
+        };
     if candidates(epfd).0.is_none() {
         return real::epoll_pwait()(epfd, events, max, ms, mask);
     }

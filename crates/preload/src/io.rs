@@ -13,9 +13,19 @@ use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 /// Largest single receive into a temporary buffer (vectored reads).
 const MAX_TMP: usize = 256 * 1024;
 
-pub unsafe fn recv_id(c: &tcps::Client, id: u32, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+pub unsafe fn recv_id(
+    c: &tcps::Client,
+    id: u32,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+) -> ssize_t {
     fdtable::note_read(id);
-    let out: &mut [u8] = if len == 0 { &mut [] } else { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+    let out: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        std::slice::from_raw_parts_mut(buf as *mut u8, len)
+    };
     match c.recv(id, out, flags) {
         Ok(n) => n as ssize_t,
         Err(e) => fail(errno_of(&e)),
@@ -100,7 +110,12 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, len: size_t, _buflen: size_t) -> ssize_t {
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    _buflen: size_t,
+) -> ssize_t {
     read(fd, buf, len)
 }
 
@@ -115,7 +130,13 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, _buflen: size_t, flags: c_int) -> ssize_t {
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    _buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
     recv(fd, buf, len, flags)
 }
 

@@ -14,11 +14,11 @@
 //! `sendfile`, `log` (TCPS_LOG, counters).
 #![allow(clippy::missing_safety_doc)]
 
+mod epoll;
 mod fdops;
 mod fdtable;
 mod fork;
 mod io;
-mod epoll;
 mod log;
 mod poll;
 mod real;

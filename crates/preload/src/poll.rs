@@ -76,11 +76,18 @@ impl Waiter {
 
     /// Blocks until a tcps entry or a kernel entry may be ready, or the
     /// timeout. Readiness itself is collected by the caller's next pass.
-    fn wait(&self, c: &Client, tcps: &[PollFd], kernel: &[pollfd], timeout: c_int) -> Result<(), i32> {
+    fn wait(
+        &self,
+        c: &Client,
+        tcps: &[PollFd],
+        kernel: &[pollfd],
+        timeout: c_int,
+    ) -> Result<(), i32> {
         {
             let mut j = lock(&self.shared.job);
             j.fds.clear();
-            j.fds.extend(kernel.iter().map(|p| pollfd { revents: 0, ..*p }));
+            j.fds
+                .extend(kernel.iter().map(|p| pollfd { revents: 0, ..*p }));
             j.phase = Phase::Posted;
         }
         self.shared.cv.notify_all();
@@ -175,7 +182,9 @@ fn helper(c: &'static Client, s: Arc<Shared>, cancel: c_int, tx: u32) {
 /// A connected pair of tcps sockets on the loopback, through the server.
 fn wake_pair(c: &Client) -> Result<(u32, u32), i32> {
     let e = |e: std::io::Error| crate::errno_of(&e);
-    let lst = c.tcp_listen("127.0.0.1:0".parse().map_err(|_| libc::EINVAL)?, 1).map_err(e)?;
+    let lst = c
+        .tcp_listen("127.0.0.1:0".parse().map_err(|_| libc::EINVAL)?, 1)
+        .map_err(e)?;
     let r = (|| {
         let addr = c.getsockname(lst).map_err(e)?;
         let tx = c.tcp_connect(addr).map_err(e)?;
@@ -204,14 +213,26 @@ pub fn wait_mixed(
     kernel: &mut [pollfd],
     timeout_ms: c_int,
 ) -> Result<usize, i32> {
-    let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline =
+        (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
     loop {
-        let n1 = if tcps.is_empty() { 0 } else { tcps_poll(c, tcps, 0)? };
-        let n2 = if kernel.is_empty() { 0 } else { kernel_poll(kernel, 0)? };
+        let n1 = if tcps.is_empty() {
+            0
+        } else {
+            tcps_poll(c, tcps, 0)?
+        };
+        let n2 = if kernel.is_empty() {
+            0
+        } else {
+            kernel_poll(kernel, 0)?
+        };
         let remaining = match deadline {
             None if timeout_ms < 0 => -1,
             None => 0,
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as c_int,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as c_int,
         };
         if n1 + n2 > 0 || remaining == 0 {
             return Ok(n1 + n2);
@@ -224,7 +245,9 @@ pub fn wait_mixed(
         }
         WAITER.with(|w| -> Result<(), i32> {
             let mut w = w.borrow_mut();
-            if w.as_ref().is_some_and(|w| w.generation != crate::fork::generation()) {
+            if w.as_ref()
+                .is_some_and(|w| w.generation != crate::fork::generation())
+            {
                 // Inherited through fork: its thread lives in the parent.
                 std::mem::forget(w.take());
             }
@@ -253,7 +276,11 @@ fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
 
 /// poll(2) over any mix of fds.
 unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
-    let all: &mut [pollfd] = if fds.is_null() || n == 0 { &mut [] } else { std::slice::from_raw_parts_mut(fds, n as usize) };
+    let all: &mut [pollfd] = if fds.is_null() || n == 0 {
+        &mut []
+    } else {
+        std::slice::from_raw_parts_mut(fds, n as usize)
+    };
     if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
         return real::poll()(fds, n, timeout);
     }
@@ -268,7 +295,11 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
         p.revents = 0;
         match fdtable::lookup(p.fd) {
             Some(id) => {
-                tcps.push(PollFd { sock: id, events: p.events, revents: 0 });
+                tcps.push(PollFd {
+                    sock: id,
+                    events: p.events,
+                    revents: 0,
+                });
                 tcps_at.push(i);
             }
             None => {
@@ -297,7 +328,12 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, _len: libc::size_t) -> c_int {
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    _len: libc::size_t,
+) -> c_int {
     poll_impl(fds, n, timeout)
 }
 
@@ -305,7 +341,8 @@ fn ts_ms(ts: *const libc::timespec) -> c_int {
     // SAFETY: a non-null timespec from the caller.
     match unsafe { ts.as_ref() } {
         None => -1,
-        Some(t) => (t.tv_sec.max(0) as i64 * 1000 + (t.tv_nsec as i64 + 999_999) / 1_000_000).min(i32::MAX as i64) as c_int,
+        Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000)
+            .min(i32::MAX as i64) as c_int,
     }
 }
 
@@ -333,7 +370,11 @@ pub unsafe extern "C" fn ppoll(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let all: &[pollfd] = if fds.is_null() || n == 0 { &[] } else { std::slice::from_raw_parts(fds, n as usize) };
+    let all: &[pollfd] = if fds.is_null() || n == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(fds, n as usize)
+    };
     if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
         return real::ppoll()(fds, n, ts, mask);
     }
@@ -362,7 +403,11 @@ unsafe fn select_impl(
             ev |= libc::POLLPRI;
         }
         if ev != 0 {
-            pfds.push(pollfd { fd, events: ev, revents: 0 });
+            pfds.push(pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
         }
     }
     let n = poll_impl(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout_ms);
@@ -386,16 +431,26 @@ unsafe fn select_impl(
             }
         };
         let err = p.revents & (libc::POLLERR | libc::POLLHUP) != 0;
-        set(r, p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || err));
-        set(w, p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || err));
-        set(x, p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0);
+        set(
+            r,
+            p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || err),
+        );
+        set(
+            w,
+            p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || err),
+        );
+        set(
+            x,
+            p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0,
+        );
     }
     count
 }
 
 unsafe fn any_offloaded(nfds: c_int, sets: [*mut libc::fd_set; 3]) -> bool {
-    (0..nfds.clamp(0, libc::FD_SETSIZE as c_int))
-        .any(|fd| fdtable::lookup(fd).is_some() && sets.iter().any(|s| !s.is_null() && libc::FD_ISSET(fd, *s)))
+    (0..nfds.clamp(0, libc::FD_SETSIZE as c_int)).any(|fd| {
+        fdtable::lookup(fd).is_some() && sets.iter().any(|s| !s.is_null() && libc::FD_ISSET(fd, *s))
+    })
 }
 
 #[no_mangle]
@@ -411,7 +466,9 @@ pub unsafe extern "C" fn select(
     }
     let ms = match tv.as_ref() {
         None => -1,
-        Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_usec as i64 + 999) / 1000).min(i32::MAX as i64) as c_int,
+        Some(t) => {
+            (t.tv_sec.max(0) * 1000 + (t.tv_usec + 999) / 1000).min(i32::MAX as i64) as c_int
+        }
     };
     select_impl(nfds, r, w, x, ms)
 }
@@ -428,7 +485,11 @@ pub unsafe extern "C" fn pselect(
     if !any_offloaded(nfds, [r, w, x]) {
         // The kernel's pselect6 takes {sigset, size} by pointer.
         let data: [usize; 2] = [mask as usize, 8];
-        let dp = if mask.is_null() { std::ptr::null() } else { data.as_ptr() };
+        let dp = if mask.is_null() {
+            std::ptr::null()
+        } else {
+            data.as_ptr()
+        };
         return libc::syscall(libc::SYS_pselect6, nfds, r, w, x, ts, dp) as c_int;
     }
     with_sigmask(mask, || select_impl(nfds, r, w, x, ts_ms(ts)))

@@ -11,7 +11,10 @@ fn resolve(name: &'static str) -> usize {
     // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const c_char) };
     if p.is_null() {
-        let msg = format!("tcps preload: libc has no {}\n", name.trim_end_matches('\0'));
+        let msg = format!(
+            "tcps preload: libc has no {}\n",
+            name.trim_end_matches('\0')
+        );
         // SAFETY: raw write of a local buffer to stderr, then abort.
         unsafe {
             libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len());

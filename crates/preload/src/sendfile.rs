@@ -4,13 +4,19 @@
 //! channel.)
 
 use crate::io::send_id;
-use crate::sock::on_socket;
 use crate::real;
+use crate::sock::on_socket;
 use libc::{c_int, off64_t, size_t, ssize_t};
 
 const CHUNK: usize = 128 * 1024;
 
-unsafe fn copy_out(c: &tcps::Client, id: u32, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t {
+unsafe fn copy_out(
+    c: &tcps::Client,
+    id: u32,
+    in_fd: c_int,
+    offset: *mut off64_t,
+    count: size_t,
+) -> ssize_t {
     let mut pos = if offset.is_null() {
         let p = libc::lseek64(in_fd, 0, libc::SEEK_CUR);
         if p < 0 {
@@ -56,12 +62,22 @@ unsafe fn copy_out(c: &tcps::Client, id: u32, in_fd: c_int, offset: *mut off64_t
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off64_t,
+    count: size_t,
+) -> ssize_t {
     on_socket!(out_fd, |c, id| copy_out(c, id, in_fd, offset, count), else real::sendfile64()(out_fd, in_fd, offset, count))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut libc::off_t, count: size_t) -> ssize_t {
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
     if crate::fdtable::lookup(out_fd).is_none() {
         return real::sendfile()(out_fd, in_fd, offset, count);
     }

@@ -243,12 +243,7 @@ pub unsafe extern "C" fn setsockopt(
     }, else real::setsockopt()(fd, level, name, val, len))
 }
 
-unsafe fn name_call(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    peer: bool,
-) -> c_int {
+unsafe fn name_call(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> c_int {
     on_socket!(fd, |c, id| {
         if addr.is_null() || len.is_null() {
             return fail(libc::EFAULT);

@@ -72,10 +72,7 @@ pub fn for_existing() -> Option<&'static Client> {
     if let Some(c) = client() {
         return Some(c);
     }
-    match for_new_socket() {
-        Ok(c) => Some(c),
-        Err(_) => None,
-    }
+    for_new_socket().ok()
 }
 
 fn attach() {

@@ -1,0 +1,176 @@
+//! Helpers of the preload end-to-end tests: the preload library, programs
+//! run through `tcps run` or on kernel sockets, free ports, and the
+//! per-process summary lines the library writes (TCPS_PRELOAD_STATS).
+#![allow(dead_code)]
+
+use crate::common::{die_with_parent, wait_timeout, Server, TCPS};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// `libtcps_preload.so`, built once per test binary (`cargo test` does not
+/// build cdylib-only crates for an integration test).
+pub fn preload_lib() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = Path::new(TCPS).parent().expect("target dir").to_path_buf();
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "--release", "-p", "tcps-preload"])
+            .current_dir(&ws)
+            .stdout(Stdio::null())
+            .status()
+            .expect("run cargo build -p tcps-preload");
+        assert!(st.success(), "cargo build -p tcps-preload failed");
+        let lib = dir.join("libtcps_preload.so");
+        assert!(lib.is_file(), "{} missing after the build", lib.display());
+        lib
+    })
+    .clone()
+}
+
+/// Panics (the test fails, it is not skipped) if `prog` is not installed.
+pub fn need(prog: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{prog} is not installed (scripts/test.sh installs it from Debian packages)"
+    );
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Waits until something accepts on 127.0.0.1:`port`.
+pub fn wait_port(port: u16, child: &mut Child, what: &str, log: &Path) {
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited ({st}) before listening:\n{}", read(log));
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what} never listened on {port}:\n{}",
+            read(log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// How a program's sockets are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Net {
+    Kernel,
+    Tcps,
+}
+
+/// A command run on kernel sockets, or through `tcps run --socket` with a
+/// stats file; output to `log`.
+pub fn command(net: Net, server: &Server, stats: &Path, log: &Path, argv: &[&str]) -> Command {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open log");
+    let mut c = match net {
+        Net::Kernel => Command::new(argv[0]),
+        Net::Tcps => {
+            let mut c = Command::new(TCPS);
+            c.arg("run").arg("--socket").arg(&server.socket).arg("--");
+            c.arg(argv[0]);
+            c
+        }
+    };
+    c.args(&argv[1..])
+        .env("TCPS_PRELOAD_LIB", preload_lib())
+        .env("TCPS_PRELOAD_STATS", stats)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("dup log"))
+        .stderr(f);
+    die_with_parent(&mut c);
+    c
+}
+
+/// One process's summary line from the stats file.
+#[derive(Debug, Default, Clone)]
+pub struct Summary {
+    pub pid: u32,
+    pub exe: String,
+    pub offloaded: u64,
+    pub accepted: u64,
+    pub kernel_tcp: u64,
+    pub sendfile_bytes: u64,
+}
+
+pub fn summaries(stats: &Path) -> Vec<Summary> {
+    read(stats)
+        .lines()
+        .map(|l| {
+            let mut s = Summary::default();
+            for kv in l.split_whitespace() {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                let n = v.parse().unwrap_or(0);
+                match k {
+                    "pid" => s.pid = n as u32,
+                    "exe" => s.exe = v.to_string(),
+                    "offloaded" => s.offloaded = n,
+                    "accepted" => s.accepted = n,
+                    "kernel_tcp" => s.kernel_tcp = n,
+                    "sendfile_bytes" => s.sendfile_bytes = n,
+                    _ => {}
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+/// Stops `child` with `sig` and waits (bounded) for it to exit.
+pub fn stop(child: &mut Child, sig: i32) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, sig) };
+    if wait_timeout(child, Duration::from_secs(10)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Runs `argv` to completion (bounded), returning (success, stdout+stderr).
+pub fn run_to_end(mut c: Command, log: &Path, limit: Duration) -> bool {
+    let mut child = c.spawn().expect("spawn");
+    match wait_timeout(&mut child, limit) {
+        Some(st) => st.success(),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{:?} did not finish within {limit:?}:\n{}",
+                c.get_program(),
+                read(log)
+            );
+        }
+    }
+}
+
+/// Waits (bounded) until the stats file has `n` lines.
+pub fn wait_summaries(stats: &Path, n: usize) -> Vec<Summary> {
+    let t = Instant::now();
+    loop {
+        let s = summaries(stats);
+        if s.len() >= n || t.elapsed() > Duration::from_secs(10) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

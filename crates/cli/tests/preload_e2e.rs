@@ -1,0 +1,285 @@
+//! End-to-end tests of `tcps run` / libtcps_preload.so with programs nobody
+//! here wrote. Each runs the same program on kernel sockets and through the
+//! TCP server and compares what clients see; each also checks (from the
+//! library's per-process summary and the server's log) that the sockets
+//! really were offloaded, so a silent fallback fails the test.
+
+mod common;
+mod preload;
+
+use common::{Server, TempDir, TCPS};
+use preload::*;
+use std::process::Command;
+use std::time::Duration;
+
+const PROBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/probe.py");
+
+fn server() -> Server {
+    Server::start("uring", &["--poll", "adaptive"])
+}
+
+/// The socket-emulation probe (blocking and non-blocking calls, poll,
+/// select, mixed and edge-triggered epoll, dup, options, shutdown, refused
+/// connects, IPv6, UDP/Unix pass-through) prints the same on both.
+#[test]
+fn probe_matches_kernel() {
+    need("python3");
+    let srv = server();
+    let dir = TempDir::new("probe");
+    let mut outputs = Vec::new();
+    for net in [Net::Kernel, Net::Tcps] {
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.out"));
+        let ok = run_to_end(
+            command(net, &srv, &stats, &log, &["python3", PROBE]),
+            &log,
+            Duration::from_secs(120),
+        );
+        assert!(ok, "probe failed on {net:?}:\n{}", read(&log));
+        outputs.push((read(&log), summaries(&stats)));
+    }
+    assert_eq!(
+        outputs[0].0, outputs[1].0,
+        "probe output differs (left: kernel, right: tcps)"
+    );
+    assert!(
+        outputs[0].0.lines().count() >= 40,
+        "probe printed too little:\n{}",
+        outputs[0].0
+    );
+    let kernel = &outputs[0].1;
+    assert!(
+        kernel.is_empty(),
+        "kernel run loaded the library: {kernel:?}"
+    );
+    let t = &outputs[1].1;
+    assert_eq!(t.len(), 1, "one summary line expected: {t:?}");
+    assert!(
+        t[0].offloaded >= 50 && t[0].accepted >= 25 && t[0].kernel_tcp == 0,
+        "not offloaded: {t:?}"
+    );
+    assert!(
+        srv.log_text().contains(&format!("pid={}", t[0].pid)),
+        "the server never saw pid {}",
+        t[0].pid
+    );
+}
+
+/// `python3 -m http.server`, fetched with curl: identical bytes.
+#[test]
+fn python_http_server_with_curl() {
+    need("python3");
+    need("curl");
+    let srv = server();
+    let dir = TempDir::new("pyhttp");
+    let www = dir.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let mut rng = common::Rng::new(7);
+    std::fs::write(www.join("big.bin"), rng.bytes(3 << 20)).unwrap();
+    std::fs::write(www.join("small.txt"), b"hello through tcps\n").unwrap();
+    let mut seen = Vec::new();
+    for net in [Net::Kernel, Net::Tcps] {
+        let port = free_port();
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.log"));
+        let p = port.to_string();
+        let www_s = www.to_str().unwrap();
+        let mut child = command(
+            net,
+            &srv,
+            &stats,
+            &log,
+            &[
+                "python3",
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+                www_s,
+                &p,
+            ],
+        )
+        .spawn()
+        .expect("spawn http.server");
+        wait_port(port, &mut child, "http.server", &log);
+        let mut got = Vec::new();
+        for f in ["big.bin", "small.txt", "big.bin", "missing"] {
+            let out = Command::new("curl")
+                .args([
+                    "-s",
+                    "-w",
+                    "%{http_code}",
+                    &format!("http://127.0.0.1:{port}/{f}"),
+                ])
+                .output()
+                .expect("curl");
+            got.push(out.stdout);
+        }
+        stop(&mut child, libc::SIGINT);
+        seen.push((
+            got,
+            wait_summaries(&stats, if net == Net::Tcps { 1 } else { 0 }),
+        ));
+    }
+    assert_eq!(seen[0].0, seen[1].0, "curl saw different bytes");
+    let big = std::fs::read(www.join("big.bin")).unwrap();
+    assert_eq!(
+        &seen[1].0[0][..big.len()],
+        &big[..],
+        "big.bin differs from the file"
+    );
+    let t = &seen[1].1;
+    assert!(
+        t.len() == 1 && t[0].accepted >= 4 && t[0].kernel_tcp == 0,
+        "not offloaded: {t:?}"
+    );
+}
+
+/// redis-server driven by redis-benchmark (GET/SET/LPUSH/LRANGE) with no
+/// errors, then the same redis-cli script gives the same answers on both.
+#[test]
+fn redis_benchmark() {
+    for p in ["redis-server", "redis-benchmark", "redis-cli"] {
+        need(p);
+    }
+    let srv = server();
+    let dir = TempDir::new("redis");
+    let script = "SET k1 v1\nGET k1\nLPUSH l a b c\nLRANGE l 0 -1\nINCR n\nINCRBY n 41\nGET n\nDEL k1\nEXISTS k1\n";
+    let mut answers = Vec::new();
+    for net in [Net::Kernel, Net::Tcps] {
+        let port = free_port();
+        let p = port.to_string();
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.log"));
+        let mut child = command(
+            net,
+            &srv,
+            &stats,
+            &log,
+            &[
+                "redis-server",
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                dir.path().to_str().unwrap(),
+            ],
+        )
+        .spawn()
+        .expect("spawn redis-server");
+        wait_port(port, &mut child, "redis-server", &log);
+        let bench = Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &p,
+                "-t",
+                "get,set,lpush,lrange",
+                "-n",
+                "4000",
+                "-c",
+                "20",
+                "-q",
+                "--csv",
+            ])
+            .output()
+            .expect("redis-benchmark");
+        let text = String::from_utf8_lossy(&bench.stdout).to_string()
+            + &String::from_utf8_lossy(&bench.stderr);
+        assert!(
+            bench.status.success(),
+            "redis-benchmark failed on {net:?}:\n{text}"
+        );
+        assert!(
+            !text.to_lowercase().contains("error"),
+            "redis-benchmark reported errors on {net:?}:\n{text}"
+        );
+        for t in ["SET", "GET", "LPUSH", "LRANGE_100"] {
+            assert!(
+                text.contains(&format!("\"{t}")),
+                "no {t} result on {net:?}:\n{text}"
+            );
+        }
+        let mut cli = Command::new("redis-cli");
+        cli.args(["-p", &p, "-n", "1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut c = cli.spawn().expect("redis-cli");
+        use std::io::Write;
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        let out = c.wait_with_output().expect("redis-cli output");
+        let _ = Command::new("redis-cli")
+            .args(["-p", &p, "shutdown", "nosave"])
+            .output();
+        stop(&mut child, libc::SIGTERM);
+        answers.push((
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            wait_summaries(&stats, if net == Net::Tcps { 1 } else { 0 }),
+        ));
+    }
+    assert_eq!(answers[0].0, answers[1].0, "redis answers differ");
+    assert!(
+        answers[0].0.contains("42"),
+        "unexpected redis answers: {}",
+        answers[0].0
+    );
+    let t = &answers[1].1;
+    assert!(
+        t.len() == 1 && t[0].accepted >= 80 && t[0].kernel_tcp == 0,
+        "not offloaded: {t:?}"
+    );
+}
+
+/// No server: `--fallback kernel` runs on kernel sockets after exactly one
+/// warning line; `--fallback fail` exits with the reason.
+#[test]
+fn fallback_without_server() {
+    need("python3");
+    let dir = TempDir::new("fallback");
+    let sock = dir.path().join("nobody.sock");
+    let code = "import socket; l=socket.socket(); l.bind(('127.0.0.1',0)); l.listen(); c=socket.create_connection(l.getsockname()); a,_=l.accept(); c.send(b'ok'); print(a.recv(2).decode())";
+    let run = |fallback: &str| {
+        Command::new(TCPS)
+            .args([
+                "run",
+                "--socket",
+                sock.to_str().unwrap(),
+                "--fallback",
+                fallback,
+            ])
+            .args(["--", "python3", "-c", code])
+            .env("TCPS_PRELOAD_LIB", preload_lib())
+            .output()
+            .expect("tcps run")
+    };
+    let out = run("kernel");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fallback kernel run failed: {err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "expected exactly one warning line, got:\n{err}"
+    );
+    assert!(
+        err.contains("warning") && err.contains("kernel sockets"),
+        "{err}"
+    );
+    let out = run("fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--fallback fail ran the program");
+    assert!(out.stdout.is_empty(), "the program ran: {:?}", out.stdout);
+    assert!(
+        err.contains("no TCP server") && err.contains("nobody.sock"),
+        "unclear message: {err}"
+    );
+}
