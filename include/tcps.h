@@ -84,8 +84,74 @@ struct tcps_stats {
     unsigned long long bytes_copied;   /* bytes the library copied */
     unsigned long long bytes_sent;     /* bytes the server sent for us */
     unsigned long long bytes_received; /* bytes the server received for us */
+    unsigned long long async_sends;    /* asynchronous sends queued */
+    unsigned long long async_fallbacks;/* ... run synchronously (no queue free) */
+    unsigned long long kicks;          /* async sends that had to notify the server */
+    unsigned long long registered_misuse; /* TCPS_DEBUG_REGISTERED: buffers written in flight */
 };
 int tcps_stats(struct tcps_stats *out);
+
+/* ---- Asynchronous sends and registered memory ----------------------------
+ *
+ * Registered memory is memory the TCP server maps too: sends from it and
+ * receives into it are not copied by the library, and the server's send(2)
+ * and recv(2) use it in place. Get it with tcps_alloc_registered(), or
+ * register existing page-aligned memory with tcps_register_memory() (the
+ * range is moved onto shared memory in place: same addresses, same
+ * contents; do not touch it during the call).
+ *
+ * An asynchronous send returns at once and reports the full length as sent
+ * (thesis semantics). A socket has at most TCPS_PIPELINE (the server's
+ * --sq-entries, default 64) asynchronous sends in flight: beyond that a
+ * blocking socket waits, a non-blocking one (or MSG_DONTWAIT) gets EAGAIN.
+ * Nothing is dropped. Sends on one socket go out in order, and a later
+ * send, shutdown or close of the socket goes after them (close does not
+ * discard them: the server sends them, then closes). The server keeps
+ * sending while the application does other things.
+ *
+ * Errors: if an asynchronous send fails (e.g. the peer reset), the error is
+ * returned once by the next call on that socket (send, recv, shutdown or
+ * another asynchronous send), later asynchronous sends fail with EPIPE, and
+ * the io handle of every send from the failed one on reports it.
+ *
+ * Memory ownership: the bytes of tcps_send_async() are copied before it
+ * returns (into a registered staging pool; TCPS_ASYNC_POOL_KIB, default
+ * 16 MiB). The bytes of tcps_send_async_registered() belong to the server
+ * until its io handle is done: do not write them before tcps_io_done(io)
+ * returns 1 (or tcps_io_wait returns 0). With TCPS_DEBUG_REGISTERED=1 the
+ * library checksums each registered send and the server checks it when the
+ * send finished: a buffer written in flight is reported on stderr and
+ * counted in tcps_stats().registered_misuse. A registration can be ended
+ * only when no send from it is in flight (EBUSY otherwise).
+ */
+typedef unsigned int tcps_mem_t;       /* a registration */
+typedef unsigned long long tcps_io_t;  /* one asynchronous send */
+#define TCPS_IO_DONE ((tcps_io_t)-1)   /* a send that completed at once */
+
+/* Allocates len bytes (page rounded) of registered memory; NULL/errno on
+ * error. Free with tcps_deregister_memory(handle). */
+void *tcps_alloc_registered(size_t len, tcps_mem_t *handle);
+/* Registers page-aligned [ptr, ptr+len) in place (EINVAL if unaligned). */
+int tcps_register_memory(void *ptr, size_t len, tcps_mem_t *handle);
+/* Ends a registration: EBUSY while a send from it is in flight. */
+int tcps_deregister_memory(tcps_mem_t handle);
+
+/* Copies buf and queues it; returns len. flags: MSG_DONTWAIT, MSG_MORE. */
+ssize_t tcps_send_async(int s, const void *buf, size_t len, int flags);
+/* Queues len bytes at buf, which must lie in registration mem (EINVAL
+ * otherwise); no copy. *io (if io is not NULL) names the send. */
+ssize_t tcps_send_async_registered(int s, const void *buf, size_t len, int flags,
+                                   tcps_mem_t mem, tcps_io_t *io);
+/* Synchronous send/recv straight from/into registered memory (no copy). */
+ssize_t tcps_send_registered(int s, const void *buf, size_t len, int flags, tcps_mem_t mem);
+ssize_t tcps_recv_registered(int s, void *buf, size_t len, int flags, tcps_mem_t mem);
+/* 1 if the send finished, 0 if in flight, -1/errno if it failed. */
+int tcps_io_done(tcps_io_t io);
+/* Waits for the send: 0, or -1/errno (ETIMEDOUT, or the send's error).
+ * timeout_ms < 0 waits forever. */
+int tcps_io_wait(tcps_io_t io, int timeout_ms);
+/* Waits until every asynchronous send of s finished: 0, or -1/errno. */
+int tcps_flush(int s, int timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -28,12 +28,12 @@ fn global() -> MutexGuard<'static, Option<Client>> {
     GLOBAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn errno(e: i32) -> io::Error {
+pub(crate) fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
 
 /// Runs `f` with the process's client, attaching on demand.
-fn with_client<T>(f: impl FnOnce(&Client) -> io::Result<T>) -> io::Result<T> {
+pub(crate) fn with_client<T>(f: impl FnOnce(&Client) -> io::Result<T>) -> io::Result<T> {
     let gen = GENERATION.load(Ordering::Acquire);
     let mut f = Some(f);
     let fast = CACHE.try_with(|c| {
@@ -71,7 +71,7 @@ fn with_client<T>(f: impl FnOnce(&Client) -> io::Result<T>) -> io::Result<T> {
 }
 
 /// Return values of C functions: what -1 is.
-trait CRet {
+pub(crate) trait CRet {
     const ERR: Self;
 }
 impl CRet for c_int {
@@ -87,7 +87,7 @@ fn set_errno(e: i32) {
 }
 
 /// Runs an FFI body: an error sets errno and yields -1; a panic is EIO.
-fn ffi<R: CRet>(f: impl FnOnce() -> io::Result<R>) -> R {
+pub(crate) fn ffi<R: CRet>(f: impl FnOnce() -> io::Result<R>) -> R {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
@@ -102,7 +102,7 @@ fn ffi<R: CRet>(f: impl FnOnce() -> io::Result<R>) -> R {
 }
 
 /// A tcps descriptor: negative ones are unknown sockets.
-fn sock(s: c_int) -> io::Result<u32> {
+pub(crate) fn sock(s: c_int) -> io::Result<u32> {
     u32::try_from(s).map_err(|_| errno(libc::EBADF))
 }
 
@@ -119,7 +119,7 @@ fn new_fd(c: &Client, id: u32) -> io::Result<c_int> {
 ///
 /// # Safety
 /// `p` must be valid for reads of `len` bytes for the returned lifetime.
-unsafe fn in_bytes<'a>(p: *const libc::c_void, len: usize) -> io::Result<&'a [u8]> {
+pub(crate) unsafe fn in_bytes<'a>(p: *const libc::c_void, len: usize) -> io::Result<&'a [u8]> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -531,6 +531,10 @@ pub struct TcpsStats {
     pub bytes_copied: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    pub async_sends: u64,
+    pub async_fallbacks: u64,
+    pub kicks: u64,
+    pub registered_misuse: u64,
 }
 
 /// # Safety
@@ -550,6 +554,10 @@ pub unsafe extern "C" fn tcps_stats(out: *mut TcpsStats) -> c_int {
             bytes_copied: s.bytes_copied,
             bytes_sent: s.bytes_sent,
             bytes_received: s.bytes_received,
+            async_sends: s.async_sends,
+            async_fallbacks: s.async_fallbacks,
+            kicks: s.kicks,
+            registered_misuse: s.registered_misuse,
         };
         // SAFETY: the caller passes a writable tcps_stats (checked non-null).
         unsafe { out.write(v) };

@@ -26,7 +26,7 @@ const POLL_ENTRY_LEN: usize = std::mem::size_of::<PollEntry>();
 /// [`detach`](Client::detach)).
 #[derive(Clone)]
 pub struct Client {
-    conn: Arc<Conn>,
+    pub(crate) conn: Arc<Conn>,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -121,6 +121,11 @@ impl Client {
         self.conn.check_open(dead)?;
         let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         self.conn.with_lease(dead, clamp(min), clamp(want), f)
+    }
+
+    /// A call with no arena traffic.
+    pub(crate) fn simple_call(&self, req: Request) -> io::Result<Completion> {
+        self.simple(req)
     }
 
     /// A call with no arena traffic.
@@ -229,6 +234,7 @@ impl Client {
     /// requests; the result is short if a request was (a non-blocking
     /// socket), and an error only if nothing was sent.
     pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
+        self.take_async_error(s)?;
         self.with_channel(libc::EPIPE, buf.len().min(1), buf.len(), |l| {
             let chunk = (l.room() as usize).max(1);
             let mut total = 0;
@@ -269,6 +275,7 @@ impl Client {
     /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call
     /// (less when the call shares a busy channel).
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        self.take_async_error(s)?;
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
             let mut r = request(Op::Recv, s);
@@ -282,12 +289,17 @@ impl Client {
     }
 
     pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
+        self.take_async_error(s)?;
         let mut r = request(Op::Shutdown, s);
         r.args[0] = signed(how.into());
         self.simple(r).map(drop)
     }
 
+    /// close(2). Asynchronous sends still in flight are not lost: the
+    /// server sends them and then closes (as the kernel does with data in
+    /// the send buffer).
     pub fn close(&self, s: u32) -> io::Result<()> {
+        self.async_close(s);
         self.simple(request(Op::Close, s)).map(drop)
     }
 
@@ -385,7 +397,11 @@ impl Client {
         let mut r = request(Op::Fcntl, s);
         r.args[0] = signed(cmd.into());
         r.args[1] = signed(arg);
-        Ok(self.simple(r)?.result)
+        let res = self.simple(r)?.result;
+        if cmd == libc::F_SETFL {
+            self.async_set_nonblocking(s, arg & i64::from(libc::O_NONBLOCK) != 0);
+        }
+        Ok(res)
     }
 
     pub fn set_nonblocking(&self, s: u32, on: bool) -> io::Result<()> {

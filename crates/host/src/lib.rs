@@ -10,13 +10,18 @@
 //!
 //! Modules: [`attach`](Client::attach) does the control-socket handshake and
 //! maps the region; `channel` owns the channel pool and the wait loop;
-//! `client` encodes each call.
+//! `client` encodes each call; `memory` registers memory with the server;
+//! `asyncsend` queues asynchronous sends.
 
+mod asyncsend;
 mod attach;
 pub mod capi;
+mod capi_async;
 mod channel;
 mod client;
+mod memory;
 
 pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
+pub use asyncsend::IoHandle;
 pub use channel::HostStats;
 pub use client::{Client, PollFd};

@@ -63,7 +63,9 @@
 //! thread unwinds, or gives up because the server died) leaves its entry
 //! `Abandoned`: the range is freed when that completion is drained.
 
+use crate::asyncsend::AsyncState;
 use crate::attach::Attached;
+use crate::memory::Registry;
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -141,6 +143,15 @@ pub struct HostStats {
     /// Bytes the server reported sent on the network / received from it.
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Asynchronous sends queued, and those that ran synchronously because
+    /// no send queue was free.
+    pub async_sends: u64,
+    pub async_fallbacks: u64,
+    /// Kicks: asynchronous sends that found the server not watching their
+    /// queue (the others cost no request at all).
+    pub kicks: u64,
+    /// Debug mode: registered buffers written while their send was in flight.
+    pub registered_misuse: u64,
 }
 
 impl HostStats {
@@ -206,6 +217,12 @@ pub(crate) struct Conn {
     max_spinners: u32,
     /// The current adaptive spin budget (see `Lease::spin_wait`).
     spin_budget_ns: AtomicU64,
+    /// Registered memory and asynchronous sends (see `asyncsend`).
+    pub(crate) memory: Registry,
+    pub(crate) asyncs: AsyncState,
+    /// Bytes moved by registered (zero-copy) synchronous calls.
+    registered_sent: AtomicU64,
+    registered_received: AtomicU64,
 }
 
 impl Conn {
@@ -224,7 +241,12 @@ impl Conn {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(if dedicated { DEFAULT_SPIN_US } else { 0 })
             .min(1_000_000);
+        let send_queues = layout.send_queues;
         Conn {
+            memory: Registry::new(),
+            asyncs: AsyncState::new(send_queues),
+            registered_sent: AtomicU64::new(0),
+            registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             region: a.region,
             ctl: a.ctl,
@@ -283,7 +305,7 @@ impl Conn {
 
     /// Checks whether the server is still there; marks the attachment dead
     /// if not.
-    fn server_alive(&self) -> bool {
+    pub(crate) fn server_alive(&self) -> bool {
         if self.state.load(Ordering::Relaxed) != OPEN {
             return false;
         }
@@ -296,9 +318,24 @@ impl Conn {
             };
             // SAFETY: one valid pollfd, zero timeout.
             let rc = unsafe { libc::poll(&mut p, 1, 0) };
-            // The server never writes after the Welcome: readable means EOF.
-            let gone = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
-            alive = !(rc > 0 && p.revents & gone != 0);
+            let gone = libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+            if rc > 0 && p.revents & gone != 0 {
+                alive = false;
+            } else if rc > 0 && p.revents & libc::POLLIN != 0 {
+                // Readable: a registration reply another thread is about to
+                // read, or end of file.
+                let mut b = [0u8; 1];
+                // SAFETY: peeking one byte into a local buffer.
+                let n = unsafe {
+                    libc::recv(
+                        self.ctl.as_raw_fd(),
+                        b.as_mut_ptr() as *mut libc::c_void,
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
+                };
+                alive = n != 0;
+            }
         }
         if !alive {
             let _ =
@@ -306,6 +343,66 @@ impl Conn {
                     .compare_exchange(OPEN, SERVER_DEAD, Ordering::AcqRel, Ordering::Relaxed);
         }
         alive
+    }
+
+    /// The control socket (memory registration talks on it).
+    pub(crate) fn ctl_fd(&self) -> std::os::fd::RawFd {
+        self.ctl.as_raw_fd()
+    }
+
+    /// Send queue `q` (an index the caller got from the layout's range).
+    pub(crate) fn send_queue(&self, q: u32) -> tcps_proto::region::SendQueueRef<'_> {
+        self.region
+            .send_queue(q)
+            .expect("send queue indices come from the layout")
+    }
+
+    /// Counts bytes a registered (zero-copy) call moved.
+    pub(crate) fn count_registered(&self, sent: usize, received: usize) {
+        self.registered_sent
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        self.registered_received
+            .fetch_add(received as u64, Ordering::Relaxed);
+    }
+
+    /// Publishes a request that gets no completion (`AsyncKick`) on some
+    /// channel, ringing the doorbell if the server sleeps.
+    pub(crate) fn post(&self, req: Request) -> io::Result<()> {
+        let index = self.choose();
+        let slot = &self.slots[index as usize];
+        let ch = self.channel(index);
+        let mut full_since = None;
+        loop {
+            let mut st = slot.lock();
+            if !st.announced {
+                self.region
+                    .header()
+                    .channels_used
+                    .fetch_max(index + 1, Ordering::AcqRel);
+                st.announced = true;
+            }
+            match st.cursor.submit(&ch, &req) {
+                Ok(must_ring) => {
+                    drop(st);
+                    if must_ring {
+                        bump(&slot.stats.doorbells);
+                        self.ring_doorbell();
+                    }
+                    return Ok(());
+                }
+                Err(RingFull) => {
+                    drop(st);
+                    let since = *full_since.get_or_insert_with(Instant::now);
+                    if !self.server_alive() {
+                        return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
+                    }
+                    if since.elapsed() > RING_FULL_PATIENCE {
+                        return Err(io::Error::from_raw_os_error(libc::EIO));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 
     fn channel(&self, index: u32) -> ChannelRef<'_> {
@@ -474,6 +571,14 @@ impl Conn {
             s.bytes_sent += st.net_sent.load(Ordering::Relaxed);
             s.bytes_received += st.net_received.load(Ordering::Relaxed);
         }
+        let a = self.asyncs.stats();
+        s.async_sends = a.sends;
+        s.async_fallbacks = a.fallbacks;
+        s.kicks = a.kicks;
+        s.registered_misuse = a.misuse;
+        s.bytes_copied += a.bytes_copied;
+        s.bytes_sent += a.bytes_sent + self.registered_sent.load(Ordering::Relaxed);
+        s.bytes_received += self.registered_received.load(Ordering::Relaxed);
         s
     }
 }

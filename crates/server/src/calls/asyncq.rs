@@ -51,11 +51,14 @@ pub(super) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
         kicks,
         ..QueueState::default()
     };
+    let mut nonblocking = 0;
     if let Some(s) = host.socket_mut(sid) {
         s.queue = Some(queue);
+        nonblocking = u64::from(s.nonblocking);
     }
     make_hot(host, queue, now);
-    Ok((0, 0))
+    // aux: O_NONBLOCK, which decides EAGAIN on the host's side of the queue.
+    Ok((0, nonblocking))
 }
 
 /// `Op::AsyncKick`: the host published descriptors while the queue was cold.

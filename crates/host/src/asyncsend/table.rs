@@ -1,0 +1,115 @@
+//! Per-socket asynchronous-send state, found by socket id without a global
+//! lock: a two-level table of lazily created entries that live as long as
+//! the attachment (a socket id reused after close finds its entry reset).
+//! Each entry has a spin lock: held for a few dozen instructions, never
+//! across a wait.
+
+use super::SockState;
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+const CHUNK: usize = 1024;
+const CHUNKS: usize = 16384; // socket ids below 16M (the server's limit)
+
+pub struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, one at a time.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    pub fn new(v: T) -> SpinLock<T> {
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(v),
+        }
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        let mut spins = 0u32;
+        while self.locked.swap(true, Ordering::Acquire) {
+            while self.locked.load(Ordering::Relaxed) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        SpinGuard { lock: self }
+    }
+}
+
+pub struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock exclusively.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+type Chunk = Box<[OnceLock<SpinLock<SockState>>]>;
+
+pub struct SockTable {
+    chunks: Box<[OnceLock<Chunk>]>,
+}
+
+impl SockTable {
+    pub fn new() -> SockTable {
+        SockTable {
+            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The entry of socket `s`, if it was ever created.
+    #[inline]
+    pub fn get(&self, s: u32) -> Option<&SpinLock<SockState>> {
+        let s = s as usize;
+        self.chunks.get(s / CHUNK)?.get()?[s % CHUNK].get()
+    }
+
+    /// The entry of socket `s`, created on first use; `None` for an id
+    /// beyond any the server hands out.
+    #[inline]
+    pub fn get_or_insert(&self, s: u32) -> Option<&SpinLock<SockState>> {
+        let s = s as usize;
+        let chunk = self
+            .chunks
+            .get(s / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
+        Some(chunk[s % CHUNK].get_or_init(|| SpinLock::new(SockState::default())))
+    }
+
+    /// Whether `f` holds for any entry (each locked in turn).
+    pub fn any(&self, mut f: impl FnMut(&mut SockState) -> bool) -> bool {
+        self.chunks
+            .iter()
+            .filter_map(OnceLock::get)
+            .flat_map(|c| c.iter().filter_map(OnceLock::get))
+            .any(|l| f(&mut l.lock()))
+    }
+}
