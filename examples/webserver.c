@@ -12,14 +12,24 @@
  * the first chunk.
  *
  * Every network call goes through `struct net_ops` (kernel_ops: libc;
- * tcps_ops: tcps.h), so variants (async calls, registered buffers, ...) can
- * be added in one place.
+ * tcps_ops: tcps.h). With --net tcps, --mode picks how response bytes are
+ * sent (the thesis' variants, §6.1.2):
+ *   copy              tcps_send: the library copies every byte (Sock)
+ *   sync              tcps_send_registered from a registered file cache
+ *                     (no copy; the call waits for the server's send) (Sync)
+ *   async             tcps_send_async: copied, returns at once (AsyncSend)
+ *   async-registered  tcps_send_async_registered from the registered file
+ *                     cache: no copy and no wait (AsyncSend, zero copy)
+ * The registered modes load every regular file under --root into memory
+ * from tcps_alloc_registered() at start. The cache is never written while
+ * serving, so its sends need no completion tracking.
  *
  * Build: see the top-level Makefile (`make examples`).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -67,6 +77,24 @@ static size_t opt_send_size = 16384;
 static int opt_backlog = 1024;
 static int opt_quiet = 0;
 
+/* How response bytes are sent (--mode; see the top of the file). */
+enum send_mode { MODE_COPY, MODE_SYNC, MODE_ASYNC, MODE_ASYNC_REG };
+static const char *const mode_names[] = {"copy", "sync", "async", "async-registered"};
+static enum send_mode opt_mode = MODE_COPY;
+static size_t opt_cache_max = 512u * 1024u * 1024u; /* --cache-max, bytes */
+
+/* The registered file cache (modes sync and async-registered). */
+struct cached_file {
+    char *rel;        /* path relative to --root, as target_to_path() makes it */
+    const char *data; /* inside cache_mem */
+    size_t size;
+};
+static struct cached_file *cache;
+static size_t cache_n, cache_cap;
+static char *cache_mem;
+static tcps_mem_t cache_handle;
+static size_t cache_bytes;
+
 static int root_fd = -1;
 static int listen_fd = -1;
 static atomic_int stopping = 0;
@@ -90,11 +118,50 @@ static void warnx_(const char *fmt, ...)
 /* Sending.                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* The send call of transient buffers: tcps_send_async in the asynchronous
+ * modes (the bytes are copied before it returns, so the buffer may be
+ * reused at once), else the network's send. */
+static ssize_t send_call(int s, const void *p, size_t len, int flags)
+{
+    if (opt_mode == MODE_ASYNC || opt_mode == MODE_ASYNC_REG)
+        return tcps_send_async(s, p, len, flags);
+    return net->send(s, p, len, flags);
+}
+
 /* Sends all `len` bytes; returns 0, or -1 with errno set. */
-static int send_all(int s, const char *p, size_t len)
+static int send_all_flags(int s, const char *p, size_t len, int flags)
 {
     while (len > 0) {
-        ssize_t n = net->send(s, p, len, 0);
+        ssize_t n = send_call(s, p, len, flags);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0) {
+            errno = EPIPE;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_all(int s, const char *p, size_t len) { return send_all_flags(s, p, len, 0); }
+
+/* Sends all `len` bytes of registered memory `mem` at `p`: synchronously
+ * with tcps_send_registered (MODE_SYNC), or queued with
+ * tcps_send_async_registered (MODE_ASYNC_REG; only for memory that is never
+ * written again, as no completion is awaited). 0, or -1 with errno set. */
+static int send_registered_all(int s, const char *p, size_t len, int flags, tcps_mem_t mem)
+{
+    while (len > 0) {
+        ssize_t n;
+        if (opt_mode == MODE_ASYNC_REG)
+            n = tcps_send_async_registered(s, p, len, flags, mem, NULL);
+        else
+            n = tcps_send_registered(s, p, len, flags, mem);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -429,8 +496,19 @@ struct worker {
     pthread_t tid;
     unsigned int seed;  /* rand_r() state for /dynamic */
     char *rbuf;         /* RECV_BUF_SIZE */
-    char *sbuf;         /* HDR_ROOM + send size */
+    char *sbuf;         /* HDR_ROOM + send size; registered in MODE_SYNC */
+    tcps_mem_t sbuf_mem; /* its registration (MODE_SYNC) */
 };
+
+/* Sends w->sbuf[0, len): from registered memory in MODE_SYNC (the call
+ * returns after the server's send, so sbuf may be reused at once), else
+ * with send_call(). */
+static int send_sbuf(struct worker *w, int s, size_t len, int flags)
+{
+    if (opt_mode == MODE_SYNC)
+        return send_registered_all(s, w->sbuf, len, flags, w->sbuf_mem);
+    return send_all_flags(s, w->sbuf, len, flags);
+}
 
 /* Result of serving one request. */
 enum { SERVE_KEEP = 0, SERVE_CLOSE = 1, SERVE_ERROR = -1 };
@@ -466,7 +544,7 @@ static int serve_dynamic(struct worker *w, int s, const struct request *rq, cons
         char *p = w->sbuf + fill;
         for (size_t i = 0; i < chunk; i++)
             p[i] = (char)('a' + rand_r(&w->seed) % 26);
-        if (send_all(s, w->sbuf, fill + chunk) < 0)
+        if (send_sbuf(w, s, fill + chunk, 0) < 0)
             return SERVE_ERROR;
         left -= chunk;
         fill = 0;
@@ -524,7 +602,7 @@ static int serve_file(struct worker *w, int s, const struct request *rq, const c
             }
             got += (size_t)r;
         }
-        if (send_all(s, w->sbuf, fill + chunk) < 0) {
+        if (send_sbuf(w, s, fill + chunk, 0) < 0) {
             rc = SERVE_ERROR;
             break;
         }
@@ -534,6 +612,43 @@ static int serve_file(struct worker *w, int s, const struct request *rq, const c
     } while (left > 0);
     close(fd);
     return rc;
+}
+
+static int cached_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct cached_file *)a)->rel, ((const struct cached_file *)b)->rel);
+}
+
+static const struct cached_file *cache_lookup(const char *rel)
+{
+    if (cache_n == 0)
+        return NULL;
+    struct cached_file key = {.rel = (char *)rel};
+    return bsearch(&key, cache, cache_n, sizeof *cache, cached_cmp);
+}
+
+/* A file of the registered cache: the headers from sbuf (MSG_MORE, so they
+ * leave with the body), then the body in --send-size pieces straight from
+ * the cache. */
+static int serve_cached(struct worker *w, int s, const struct request *rq,
+                        const struct cached_file *f)
+{
+    int ka = rq->keep_alive;
+    int h = header_block(w->sbuf, HDR_ROOM, 200, content_type(f->rel), f->size, ka);
+    if (h < 0)
+        return SERVE_ERROR;
+    size_t left = rq->head ? 0 : f->size;
+    if (send_sbuf(w, s, (size_t)h, left > 0 ? MSG_MORE : 0) < 0)
+        return SERVE_ERROR;
+    const char *p = f->data;
+    while (left > 0) {
+        size_t chunk = left < opt_send_size ? left : opt_send_size;
+        if (send_registered_all(s, p, chunk, 0, cache_handle) < 0)
+            return SERVE_ERROR;
+        p += chunk;
+        left -= chunk;
+    }
+    return ka ? SERVE_KEEP : SERVE_CLOSE;
 }
 
 static int serve_request(struct worker *w, int s, const struct request *rq)
@@ -548,6 +663,18 @@ static int serve_request(struct worker *w, int s, const struct request *rq)
         return reply_error(s, rq, status);
     if (strncmp(rel, "dynamic/", 8) == 0)
         return serve_dynamic(w, s, rq, rel + 8);
+    if (cache_n > 0) {
+        const struct cached_file *f = cache_lookup(rel);
+        if (!f) {
+            /* A directory named without its trailing slash. */
+            char idx[MAX_PATH_BYTES + 16];
+            if ((size_t)snprintf(idx, sizeof idx, "%s/index.html", rel) < sizeof idx)
+                f = cache_lookup(idx);
+        }
+        if (f)
+            return serve_cached(w, s, rq, f);
+        /* Not cached (new since the start, or over --cache-max): read it. */
+    }
     return serve_file(w, s, rq, rel);
 }
 
@@ -659,6 +786,107 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The registered file cache.                                                */
+/* ------------------------------------------------------------------------ */
+
+static size_t root_prefix_len;
+
+static int cache_visit(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)ftw;
+    if (type != FTW_F || !S_ISREG(st->st_mode))
+        return 0;
+    const char *rel = path + root_prefix_len;
+    while (*rel == '/')
+        rel++;
+    if (!*rel || strlen(rel) > MAX_PATH_BYTES)
+        return 0;
+    size_t size = (size_t)st->st_size;
+    if (cache_bytes + size > opt_cache_max) {
+        warnx_("cache: %s not cached (--cache-max %zu reached); it is read per request", rel,
+               opt_cache_max);
+        return 0;
+    }
+    if (cache_n == cache_cap) {
+        size_t cap = cache_cap ? cache_cap * 2 : 64;
+        struct cached_file *n = realloc(cache, cap * sizeof *n);
+        if (!n)
+            return -1;
+        cache = n;
+        cache_cap = cap;
+    }
+    char *r = strdup(rel);
+    if (!r)
+        return -1;
+    cache[cache_n].rel = r;
+    cache[cache_n].data = NULL;
+    cache[cache_n].size = size;
+    cache_n++;
+    cache_bytes += (size + 63) & ~(size_t)63;
+    return 0;
+}
+
+/* Loads every regular file under --root into one registration. */
+static int cache_load(void)
+{
+    root_prefix_len = strlen(opt_root);
+    if (nftw(opt_root, cache_visit, 64, 0) != 0) {
+        fprintf(stderr, "webserver: cache: walking %s: %s\n", opt_root, strerror(errno));
+        return -1;
+    }
+    if (cache_n == 0)
+        return 0;
+    cache_mem = tcps_alloc_registered(cache_bytes, &cache_handle);
+    if (!cache_mem) {
+        fprintf(stderr, "webserver: cache: tcps_alloc_registered(%zu): %s\n", cache_bytes,
+                strerror(errno));
+        return -1;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < cache_n; i++) {
+        struct cached_file *f = &cache[i];
+        int fd = openat(root_fd, f->rel, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            fprintf(stderr, "webserver: cache: %s: %s\n", f->rel, strerror(errno));
+            return -1;
+        }
+        size_t got = 0;
+        while (got < f->size) {
+            ssize_t r = pread(fd, cache_mem + off + got, f->size - got, (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                fprintf(stderr, "webserver: cache: reading %s: %s\n", f->rel,
+                        r < 0 ? strerror(errno) : "file shrank");
+                close(fd);
+                return -1;
+            }
+            got += (size_t)r;
+        }
+        close(fd);
+        f->data = cache_mem + off;
+        off += (f->size + 63) & ~(size_t)63;
+    }
+    qsort(cache, cache_n, sizeof *cache, cached_cmp);
+    return 0;
+}
+
+/* One line of the library's counters (at exit, --net tcps). */
+static void print_stats(void)
+{
+    struct tcps_stats st;
+    if (tcps_stats(&st) != 0) {
+        fprintf(stderr, "webserver: tcps_stats: %s\n", strerror(errno));
+        return;
+    }
+    fprintf(stderr,
+            "webserver: tcps_stats: mode=%s bytes_copied=%llu bytes_sent=%llu bytes_received=%llu "
+            "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu\n",
+            mode_names[opt_mode], st.bytes_copied, st.bytes_sent, st.bytes_received,
+            st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -670,6 +898,24 @@ static void usage(FILE *f)
             "options:\n"
             "  --net kernel|tcps   network: libc sockets or tcps_* calls (default kernel).\n"
             "                      tcps attaches to the TCP server at $TCPS_SOCKET.\n"
+            "  --mode M            how responses are sent with --net tcps (default copy):\n"
+            "                        copy              tcps_send: the library copies\n"
+            "                                          every byte (thesis 'Sock')\n"
+            "                        sync              tcps_send_registered from a\n"
+            "                                          registered file cache: no copy,\n"
+            "                                          waits for the server's send ('Sync')\n"
+            "                        async             tcps_send_async: copied, returns\n"
+            "                                          at once ('AsyncSend')\n"
+            "                        async-registered  tcps_send_async_registered from\n"
+            "                                          the registered cache: no copy, no\n"
+            "                                          wait (AsyncSend, zero copy)\n"
+            "                      sync and async-registered load every file under --root\n"
+            "                      at start (files added later, or beyond --cache-max, are\n"
+            "                      read per request; changes to cached files are not seen).\n"
+            "                      Headers and /dynamic bodies are built per request: sent\n"
+            "                      from a registered buffer (sync) or with tcps_send_async\n"
+            "                      (async modes). --net kernel takes only copy.\n"
+            "  --cache-max BYTES   most bytes the registered cache holds (default 512 MiB)\n"
             "  --addr A            address to listen on, IPv4 or IPv6 (default 0.0.0.0)\n"
             "  --port P            port to listen on (default 8080; 0 picks a free one)\n"
             "  --threads N         worker threads; each accepts and serves one\n"
@@ -687,7 +933,8 @@ static void usage(FILE *f)
             "\n"
             "Only GET and HEAD are implemented (others: 501). Every response carries\n"
             "Content-Length. Prints 'listening on ADDR:PORT (...)' to stderr when ready;\n"
-            "SIGINT or SIGTERM stops it.\n",
+            "SIGINT or SIGTERM stops it; with --net tcps it then prints one line of\n"
+            "tcps_stats() counters (bytes_copied, bytes_sent, async_sends, kicks, ...).\n",
             DYNAMIC_MAX);
 }
 
@@ -705,7 +952,8 @@ static long parse_num(const char *opt, const char *s, long min, long max)
 
 static void parse_args(int argc, char **argv)
 {
-    enum { O_NET = 256, O_ADDR, O_PORT, O_THREADS, O_ROOT, O_SEND, O_BACKLOG, O_QUIET };
+    enum { O_NET = 256, O_ADDR, O_PORT, O_THREADS, O_ROOT, O_SEND, O_BACKLOG, O_QUIET, O_MODE,
+           O_CACHE_MAX };
     static const struct option longopts[] = {
         {"net", required_argument, NULL, O_NET},
         {"addr", required_argument, NULL, O_ADDR},
@@ -715,6 +963,8 @@ static void parse_args(int argc, char **argv)
         {"send-size", required_argument, NULL, O_SEND},
         {"backlog", required_argument, NULL, O_BACKLOG},
         {"quiet", no_argument, NULL, O_QUIET},
+        {"mode", required_argument, NULL, O_MODE},
+        {"cache-max", required_argument, NULL, O_CACHE_MAX},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -737,9 +987,30 @@ static void parse_args(int argc, char **argv)
             break;
         case O_BACKLOG: opt_backlog = (int)parse_num("--backlog", optarg, 1, 65535); break;
         case O_QUIET: opt_quiet = 1; break;
+        case O_MODE: {
+            size_t i = 0;
+            while (i < sizeof mode_names / sizeof mode_names[0] && strcmp(optarg, mode_names[i]))
+                i++;
+            if (i == sizeof mode_names / sizeof mode_names[0]) {
+                fprintf(stderr,
+                        "webserver: --mode must be copy, sync, async or async-registered, not "
+                        "'%s'\n",
+                        optarg);
+                exit(2);
+            }
+            opt_mode = (enum send_mode)i;
+            break;
+        }
+        case O_CACHE_MAX:
+            opt_cache_max = (size_t)parse_num("--cache-max", optarg, 0, LONG_MAX);
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
+    }
+    if (net != &tcps_ops && opt_mode != MODE_COPY) {
+        fprintf(stderr, "webserver: --mode %s needs --net tcps\n", mode_names[opt_mode]);
+        exit(2);
     }
     if (optind < argc) {
         fprintf(stderr, "webserver: unexpected argument '%s'\n", argv[optind]);
@@ -833,6 +1104,9 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if ((opt_mode == MODE_SYNC || opt_mode == MODE_ASYNC_REG) && cache_load() != 0)
+        return 1;
+
     struct sockaddr_storage ss;
     socklen_t sslen;
     if (resolve(&ss, &sslen) != 0)
@@ -872,7 +1146,15 @@ int main(int argc, char **argv)
         w->index = i;
         w->seed = base_seed + (unsigned int)i * 2654435761u;
         w->rbuf = malloc(RECV_BUF_SIZE);
-        w->sbuf = malloc(HDR_ROOM + opt_send_size);
+        if (opt_mode == MODE_SYNC) {
+            w->sbuf = tcps_alloc_registered(HDR_ROOM + opt_send_size, &w->sbuf_mem);
+            if (!w->sbuf) {
+                fprintf(stderr, "webserver: tcps_alloc_registered: %s\n", strerror(errno));
+                return 1;
+            }
+        } else {
+            w->sbuf = malloc(HDR_ROOM + opt_send_size);
+        }
         if (!w->rbuf || !w->sbuf) {
             fprintf(stderr, "webserver: out of memory\n");
             return 1;
@@ -887,8 +1169,11 @@ int main(int argc, char **argv)
         }
     }
 
-    fprintf(stderr, "listening on %s (net=%s, threads=%d, send-size=%zu)\n", where, net->name,
-            opt_threads, opt_send_size);
+    fprintf(stderr, "listening on %s (net=%s, mode=%s, threads=%d, send-size=%zu", where,
+            net->name, mode_names[opt_mode], opt_threads, opt_send_size);
+    if (cache_n > 0)
+        fprintf(stderr, ", cache=%zu files, %zu bytes", cache_n, cache_bytes);
+    fprintf(stderr, ")\n");
     fflush(stderr);
 
     int sig = 0;
@@ -906,6 +1191,8 @@ int main(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     int status = atomic_load(&exit_status);
+    if (net == &tcps_ops)
+        print_stats();
     if (atomic_load(&workers_running) > 0) {
         /* Workers still blocked (an idle keep-alive connection, or a tcps
          * accept): there is nothing left for them to finish. */
@@ -915,7 +1202,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < opt_threads; i++) {
         pthread_join(workers[i].tid, NULL);
         free(workers[i].rbuf);
-        free(workers[i].sbuf);
+        if (opt_mode == MODE_SYNC)
+            tcps_deregister_memory(workers[i].sbuf_mem);
+        else
+            free(workers[i].sbuf);
     }
     free(workers);
     if (net == &tcps_ops)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# End to end: the example web server through a TCP server (both engines) and
-# on kernel sockets, fetched with curl. Every body must be byte-identical to
-# the file on disk and across the variants; /dynamic/N must have N bytes;
-# pipelined HTTP/1.1 requests must be answered in order.
+# End to end: the example web server through a TCP server (both engines, every
+# --mode: copy, sync, async, async-registered) and on kernel sockets, fetched
+# with curl. Every body must be byte-identical (SHA-256) to the file on disk
+# and across the variants; /dynamic/N must have N bytes of a-z; pipelined
+# HTTP/1.1 requests must be answered in order. The tcps_stats line the web
+# server prints at exit must show the mode really ran (async sends queued;
+# no copy of static files in the registered modes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x examples/build/webserver ] || make examples >/dev/null
@@ -37,11 +40,20 @@ fetch_all() {
   for f in "${files[@]}"; do
     curl -sf --http1.1 "http://127.0.0.1:$port/$f" -o "$tmp/out/$v/$(basename "$f")" || fail "$v: GET /$f"
     cmp -s "$tmp/root/$f" "$tmp/out/$v/$(basename "$f")" || fail "$v: /$f differs from the file"
+    [ "$(sha256sum < "$tmp/out/$v/$(basename "$f")")" = "$(sha256sum < "$tmp/root/$f")" ] ||
+      fail "$v: /$f SHA-256 differs"
   done
+  # A HEAD of the large file: headers only, the right Content-Length.
+  curl -sfI --http1.1 "http://127.0.0.1:$port/sub/big.bin" | tr -d '\r' | grep -qi '^content-length: 300001$' ||
+    fail "$v: HEAD /sub/big.bin"
   curl -sf --http1.0 "http://127.0.0.1:$port/index.html" | cmp -s - "$tmp/root/index.html" || fail "$v: HTTP/1.0 body differs"
   local n
-  n=$(curl -sf "http://127.0.0.1:$port/dynamic/12345" | wc -c)
-  [ "$n" -eq 12345 ] || fail "$v: /dynamic/12345 returned $n bytes"
+  for n in 12345 300000; do
+    curl -sf "http://127.0.0.1:$port/dynamic/$n" -o "$tmp/out/$v/dyn"
+    local got; got=$(wc -c < "$tmp/out/$v/dyn")
+    [ "$got" -eq "$n" ] || fail "$v: /dynamic/$n returned $got bytes"
+    [ "$(tr -d 'a-z' < "$tmp/out/$v/dyn" | wc -c)" -eq 0 ] || fail "$v: /dynamic/$n has bytes outside a-z"
+  done
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/missing")
   [ "$code" = 404 ] || fail "$v: missing file gave $code"
   # Two pipelined requests on one connection, answered in order.
@@ -77,14 +89,37 @@ run_variant() {
   kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 }
 
+# check_stats VARIANT MODE: the web server's exit line of tcps_stats().
+check_stats() {
+  local v=$1 mode=$2 line
+  line=$(grep 'tcps_stats:' "$tmp/$v.log") || fail "$v: no tcps_stats line at exit"
+  field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$line"; }
+  [ "$(field registered_misuse)" -eq 0 ] || fail "$v: registered buffers written in flight: $line"
+  case $mode in
+    async|async-registered) [ "$(field async_sends)" -gt 0 ] || fail "$v: no asynchronous sends: $line" ;;
+    *) [ "$(field async_sends)" -eq 0 ] || fail "$v: unexpected asynchronous sends: $line" ;;
+  esac
+  # About 1.7 MB of static files were served: the copying modes copied them,
+  # the registered modes copy only headers, requests and /dynamic bodies.
+  case $mode in
+    sync|async-registered) [ "$(field bytes_copied)" -lt 1048576 ] || fail "$v: static files were copied: $line" ;;
+    *) [ "$(field bytes_copied)" -ge 1048576 ] || fail "$v: too few bytes copied: $line" ;;
+  esac
+  echo "   $line"
+}
+
 run_variant kernel examples/build/webserver --net kernel
+examples/build/webserver --net kernel --mode async >/dev/null 2>&1 && fail "--net kernel accepted --mode async"
 for engine in uring epoll; do
   sock="$tmp/tcps-$engine.sock"
   RUST_LOG=info "$tcps" server --socket "$sock" --engine "$engine" 2>"$tmp/server-$engine.log" &
   pids+=($!)
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
   [ -S "$sock" ] || fail "tcps server ($engine) did not start"
-  TCPS_SOCKET="$sock" run_variant "tcps-$engine" examples/build/webserver --net tcps
+  for mode in copy sync async async-registered; do
+    TCPS_SOCKET="$sock" run_variant "tcps-$engine-$mode" examples/build/webserver --net tcps --mode "$mode"
+    check_stats "tcps-$engine-$mode" "$mode"
+  done
   # The bytes really went through the TCP server: it saw the host attach and send.
   grep -q "host attached" "$tmp/server-$engine.log" || fail "$engine: the web server never attached"
   for _ in $(seq 40); do grep -q "host detached" "$tmp/server-$engine.log" && break; sleep 0.05; done
@@ -92,7 +127,10 @@ for engine in uring epoll; do
 done
 for f in "${files[@]}"; do
   b=$(basename "$f")
-  cmp -s "$tmp/out/kernel/$b" "$tmp/out/tcps-uring/$b" || fail "$b differs between kernel and tcps-uring"
-  cmp -s "$tmp/out/kernel/$b" "$tmp/out/tcps-epoll/$b" || fail "$b differs between kernel and tcps-epoll"
+  for engine in uring epoll; do
+    for mode in copy sync async async-registered; do
+      cmp -s "$tmp/out/kernel/$b" "$tmp/out/tcps-$engine-$mode/$b" || fail "$b differs between kernel and tcps-$engine-$mode"
+    done
+  done
 done
 echo "webserver_curl: all variants served identical bytes"
