@@ -604,7 +604,17 @@ impl Client {
                 _ => return Ok(()),
             }
         };
-        self.io_wait(last, timeout)
+        self.io_wait(last, timeout)?;
+        // Bring the socket's books up to date (frees staging, reads the
+        // debug-mode misuse count).
+        if let Some(lock) = self.asyncs().socks.get(s) {
+            let mut g = lock.lock();
+            if let Some(q) = g.queue {
+                let sq = self.conn.send_queue(q);
+                self.refresh(&mut g, &sq);
+            }
+        }
+        Ok(())
     }
 
     /// The error of an earlier asynchronous send on `s` not yet reported
