@@ -60,6 +60,15 @@ pub struct ServerArgs {
     /// Data arena per channel in KiB (largest single transfer)
     #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_ARENA_SIZE / 1024)]
     pub arena_kib: u32,
+    /// Asynchronous send queues per host: how many sockets of a host can
+    /// send asynchronously at once (0 turns asynchronous sends into
+    /// synchronous ones)
+    #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_SEND_QUEUES)]
+    pub send_queues: u32,
+    /// Descriptors per send queue (a power of two): the most asynchronous
+    /// sends one socket may have in flight (the thesis' maxPipeline)
+    #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_SQ_ENTRIES)]
+    pub sq_entries: u32,
     /// Mode of the control socket file (octal); the server checks each host's privileges itself
     #[arg(long, default_value = "666")]
     pub socket_mode: String,
@@ -138,6 +147,8 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.max_sockets_per_host = args.max_sockets_per_host;
     cfg.layout.n_channels = args.channels;
     cfg.layout.arena_size = args.arena_kib.saturating_mul(1024);
+    cfg.layout.send_queues = args.send_queues;
+    cfg.layout.sq_entries = args.sq_entries;
     cfg.layout
         .validate()
         .map_err(|e| format!("bad channel geometry: {e}"))?;
