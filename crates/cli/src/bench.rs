@@ -64,7 +64,10 @@ pub struct CallCostArgs {
     /// Use an already running server at this control socket instead of starting one
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Print JSON: {"results":[{"size":..,"kernel_ns":..,"sync_ns":..},..]}
+    /// Asynchronous calls per timed burst (at most the per-socket pipeline, 64)
+    #[arg(long, default_value_t = 32)]
+    pub burst: usize,
+    /// Print JSON: {"results":[{"size":..,"kernel_ns":..,"sync_ns":..,"async_ns":..,"async_registered_ns":..},..]}
     #[arg(long)]
     pub json: bool,
 }
@@ -84,6 +87,14 @@ struct CallCostRow {
     sync_ns: u64,
     /// sync_ns / kernel_ns
     sync_ratio: f64,
+    /// `send_async` (copying): median per-call cost over bursts of `burst` calls
+    async_ns: f64,
+    /// async_ns / kernel_ns
+    async_ratio: f64,
+    /// `send_async_registered` (no copy): median per-call cost over bursts
+    async_registered_ns: f64,
+    /// async_registered_ns / kernel_ns
+    async_registered_ratio: f64,
 }
 
 #[derive(Serialize)]
@@ -96,6 +107,8 @@ struct CallCostReport {
     /// varies from run to run with where the vCPUs are placed).
     core_to_core_rtt_ns: u64,
     iters: usize,
+    /// Asynchronous calls per timed burst.
+    burst: usize,
     poll: String,
     engine: String,
 }
@@ -190,6 +203,34 @@ fn send_cost_ns(iters: usize, size: usize, read: &AtomicU64, mut send: impl FnMu
         }
     }
     samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+/// The cost of one asynchronous call, timed as the thesis did: a burst of
+/// `burst` calls between two clock reads, divided by `burst`; the median
+/// over `iters / burst` bursts (at least 200). After each burst, untimed,
+/// `settle` waits until every call finished and the reader drained them.
+fn async_cost_ns(
+    iters: usize,
+    burst: usize,
+    mut send: impl FnMut(),
+    mut settle: impl FnMut(usize),
+) -> f64 {
+    let bursts = (iters / burst).max(200);
+    let warmup = bursts / 10 + 5;
+    let mut samples = Vec::with_capacity(bursts);
+    for i in 0..bursts + warmup {
+        let t = Instant::now();
+        for _ in 0..burst {
+            send();
+        }
+        let ns = t.elapsed().as_nanos() as f64 / burst as f64;
+        settle(burst);
+        if i >= warmup {
+            samples.push(ns);
+        }
+    }
+    samples.sort_unstable_by(f64::total_cmp);
     samples[samples.len() / 2]
 }
 
@@ -302,6 +343,9 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.sizes.is_empty() || a.iters == 0 {
         return Err("--sizes and --iters must be non-empty / positive".into());
     }
+    if a.burst == 0 || a.burst > 64 {
+        return Err("--burst must be 1..=64 (the per-socket pipeline)".into());
+    }
     // The drain threads start before this thread pins itself, so they may
     // run on any CPU.
     let read = Arc::new(AtomicU64::new(0));
@@ -348,6 +392,28 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
     let nop_ns = median_ns(a.iters, || {
         let _ = client.nop();
     });
+    // Untimed: one pass of copying asynchronous sends over the library's
+    // staging pool (16 MiB by default, TCPS_ASYNC_POOL_KIB), so the timed
+    // calls do not pay its first-touch page faults (about 1.3 µs per 64 B
+    // call until the pool has been used once).
+    {
+        let pool_bytes = std::env::var("TCPS_ASYNC_POOL_KIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(16 * 1024)
+            * 1024;
+        let chunk = vec![0x5au8; 64 * 1024];
+        let target = read.load(Ordering::Relaxed) + (2 * pool_bytes) as u64;
+        let mut sent = 0;
+        while sent < 2 * pool_bytes {
+            sent += client.send_async(ts, &chunk, 0)?;
+        }
+        client.flush_async(ts, Some(Duration::from_secs(30)))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while read.load(Ordering::Relaxed) < target && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
     let mut rows = Vec::new();
     for &size in &a.sizes {
         let buf = vec![0x5au8; size];
@@ -366,14 +432,70 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
         let sync_ns = send_cost_ns(a.iters, size, &read, || {
             let _ = client.send(ts, &buf, 0);
         });
+        // Untimed, after each burst: every send finished at the server
+        // and the reader drained it, so the next burst starts from empty
+        // queues and socket buffers.
+        let mut sent = read.load(Ordering::Relaxed);
+        let mut settle = |n: usize| {
+            sent += (n * size) as u64;
+            if let Err(e) = client.flush_async(ts, Some(Duration::from_secs(10))) {
+                eprintln!("call-cost: flush_async: {e}");
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while read.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        };
+        let mut failed = None;
+        let async_ns = async_cost_ns(
+            a.iters,
+            a.burst,
+            || {
+                if let Err(e) = client.send_async(ts, &buf, 0) {
+                    failed.get_or_insert(e);
+                }
+            },
+            &mut settle,
+        );
+        if let Some(e) = failed.take() {
+            return Err(format!("send_async ({size} B): {e}").into());
+        }
+        let (rbuf, mem) = client.alloc_registered(size)?;
+        // SAFETY: rbuf is a fresh allocation of at least `size` bytes.
+        unsafe { std::ptr::write_bytes(rbuf, 0x5a, size) };
+        let async_registered_ns = async_cost_ns(
+            a.iters,
+            a.burst,
+            || {
+                // The buffer is never written while in flight, so the io
+                // handle is not needed.
+                if let Err(e) = client.send_async_registered(ts, rbuf, size, 0, mem) {
+                    failed.get_or_insert(e);
+                }
+            },
+            &mut settle,
+        );
+        if let Some(e) = failed.take() {
+            return Err(format!("send_async_registered ({size} B): {e}").into());
+        }
+        client.flush_async(ts, Some(Duration::from_secs(10)))?;
+        client.deregister_memory(mem)?;
+        let k = kernel_ns.max(1) as f64;
         if !a.json {
-            eprintln!("size {size:>6} B: kernel {kernel_ns} ns, tcps sync {sync_ns} ns");
+            eprintln!(
+                "size {size:>6} B: kernel {kernel_ns} ns, tcps sync {sync_ns} ns, \
+                 async {async_ns:.1} ns, async registered {async_registered_ns:.1} ns"
+            );
         }
         rows.push(CallCostRow {
             size,
             kernel_ns,
             sync_ns,
-            sync_ratio: sync_ns as f64 / kernel_ns.max(1) as f64,
+            sync_ratio: sync_ns as f64 / k,
+            async_ns,
+            async_ratio: async_ns / k,
+            async_registered_ns,
+            async_registered_ratio: async_registered_ns / k,
         });
     }
     let _ = client.close(ts);
@@ -382,6 +504,7 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
         nop_ns,
         core_to_core_rtt_ns,
         iters: a.iters,
+        burst: a.burst,
         poll: a.poll.clone(),
         engine: a.engine.clone(),
     };
@@ -397,13 +520,24 @@ fn call_cost(a: CallCostArgs) -> Result<(), Box<dyn std::error::Error>> {
             report.nop_ns, report.core_to_core_rtt_ns
         );
         println!(
-            "{:>8} {:>12} {:>12} {:>8}",
-            "size", "kernel_ns", "sync_ns", "ratio"
+            "async: median over bursts of {} calls of (burst time / {})",
+            a.burst, a.burst
+        );
+        println!(
+            "{:>8} {:>10} {:>8} {:>6} {:>9} {:>6} {:>9} {:>7}",
+            "size", "kernel_ns", "sync_ns", "ratio", "async_ns", "ratio", "areg_ns", "ratio"
         );
         for r in &report.results {
             println!(
-                "{:>8} {:>12} {:>12} {:>8.2}",
-                r.size, r.kernel_ns, r.sync_ns, r.sync_ratio
+                "{:>8} {:>10} {:>8} {:>6.2} {:>9.1} {:>6.3} {:>9.1} {:>7.3}",
+                r.size,
+                r.kernel_ns,
+                r.sync_ns,
+                r.sync_ratio,
+                r.async_ns,
+                r.async_ratio,
+                r.async_registered_ns,
+                r.async_registered_ratio
             );
         }
     }
