@@ -26,6 +26,14 @@ pub enum BenchCommand {
     /// stepped offered load, CPU split, ratios to Regular; results.json,
     /// summary.md and plots in --out (see docs/BENCHMARKS.md).
     Web(crate::bench_web::WebArgs),
+    /// ttcp (thesis §6.3): one connection, the host transmits N bytes in
+    /// writes of S to a receiver in another process; throughput at the
+    /// receiver, CPU of host and TCP server, PE index, for kernel / sync /
+    /// sync-registered / async / async-registered.
+    Ttcp(crate::bench_ttcp::TtcpArgs),
+    /// The receiver of `ttcp` (run by it in a process of its own).
+    #[command(hide = true)]
+    TtcpRecv(crate::bench_ttcp::TtcpRecvArgs),
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +85,8 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         BenchCommand::CallCost(a) => call_cost(a),
         BenchCommand::Pingpong(a) => pingpong(a),
         BenchCommand::Web(a) => crate::bench_web::run(a),
+        BenchCommand::Ttcp(a) => crate::bench_ttcp::run(a),
+        BenchCommand::TtcpRecv(a) => crate::bench_ttcp::recv_main(a),
     }
 }
 
@@ -141,6 +151,10 @@ impl ServerProcess {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(ServerProcess { child, socket, dir })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `tcps` command.
 
 mod bench;
+mod bench_ttcp;
 mod bench_web;
 mod demo;
 mod run_cmd;
