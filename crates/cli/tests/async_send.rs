@@ -37,7 +37,7 @@ fn hash_to_eof(mut k: TcpStream, pause: Duration) -> (u64, [u8; 32]) {
         h.update(&buf[..n]);
         total += n as u64;
         reads += 1;
-        if reads % 512 == 0 {
+        if reads.is_multiple_of(512) {
             std::thread::sleep(pause);
         }
     }
@@ -123,14 +123,21 @@ fn credits_exhausted_nonblocking_gets_eagain(engine: &str) {
             }
         }
     }
-    assert!(eagain, "a reader that does not read must exhaust the credits");
+    assert!(
+        eagain,
+        "a reader that does not read must exhaust the credits"
+    );
     let reader = std::thread::spawn(move || hash_to_eof(k, Duration::ZERO));
     c.set_nonblocking(s, false).unwrap();
     c.flush_async(s, Some(Duration::from_secs(30)))
         .expect("everything accepted is sent");
     c.close(s).unwrap();
     let (n, digest) = reader.join().unwrap();
-    assert_eq!(n as usize, accepted.len(), "bytes accepted == bytes received");
+    assert_eq!(
+        n as usize,
+        accepted.len(),
+        "bytes accepted == bytes received"
+    );
     assert_eq!(hex(&digest), hex(&sha256(&accepted)));
 }
 
@@ -156,7 +163,9 @@ fn credits_exhausted_blocking_waits(engine: &str) {
         let t = Instant::now();
         let (n, digest) = {
             let reader = sc.spawn(move || hash_to_eof(k, Duration::ZERO));
-            let done = rx.recv_timeout(Duration::from_secs(60)).expect("sender finished");
+            let done = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("sender finished");
             assert!(done >= t, "the sender finished only after the reader read");
             c.close(s).unwrap();
             reader.join().unwrap()
@@ -223,7 +232,11 @@ fn peer_reset_surfaces_later(engine: &str) {
     if io != IoHandle::DONE {
         let r = c.io_wait(io, Some(Duration::from_secs(10)));
         let e = errno_of(&r.expect_err("the io handle reports the failure"));
-        assert!(e == libc::ECONNRESET || e == libc::EPIPE, "{}", errno_name(e));
+        assert!(
+            e == libc::ECONNRESET || e == libc::EPIPE,
+            "{}",
+            errno_name(e)
+        );
     }
     c.close(s).unwrap();
 }
@@ -241,8 +254,15 @@ fn deregister_in_flight_is_ebusy(engine: &str) {
     Rng::new(5).fill(buf);
     let want = sha256(buf);
     let io = c.send_async_registered(s, p, N, 0, mem).unwrap();
-    assert_errno(c.deregister_memory(mem), libc::EBUSY, "deregister in flight");
-    assert!(!c.io_done(io).unwrap(), "8 MiB cannot be sent to a reader that does not read");
+    assert_errno(
+        c.deregister_memory(mem),
+        libc::EBUSY,
+        "deregister in flight",
+    );
+    assert!(
+        !c.io_done(io).unwrap(),
+        "8 MiB cannot be sent to a reader that does not read"
+    );
     let reader = std::thread::spawn(move || hash_to_eof(k, Duration::ZERO));
     c.io_wait(io, Some(Duration::from_secs(30))).unwrap();
     c.deregister_memory(mem).expect("deregister once done");
@@ -318,7 +338,10 @@ fn registered_sync_roundtrip_copies_nothing(engine: &str) {
     }
     assert_eq!(hex(&sha256(inn)), hex(&sha256(out)));
     let after = c.stats();
-    assert_eq!(after.bytes_copied, before.bytes_copied, "registered calls copy nothing");
+    assert_eq!(
+        after.bytes_copied, before.bytes_copied,
+        "registered calls copy nothing"
+    );
     assert!(after.bytes_sent - before.bytes_sent >= N as u64);
     c.close(s).unwrap();
 }

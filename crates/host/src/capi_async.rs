@@ -67,8 +67,7 @@ pub unsafe extern "C" fn tcps_send_registered(
 ) -> isize {
     ffi(|| {
         let s = sock(s)?;
-        with_client(|c| c.send_registered(s, buf as *const u8, len, flags, mem))
-            .map(|n| n as isize)
+        with_client(|c| c.send_registered(s, buf as *const u8, len, flags, mem)).map(|n| n as isize)
     })
 }
 
@@ -84,8 +83,7 @@ pub unsafe extern "C" fn tcps_recv_registered(
 ) -> isize {
     ffi(|| {
         let s = sock(s)?;
-        with_client(|c| c.recv_registered(s, buf as *mut u8, len, flags, mem))
-            .map(|n| n as isize)
+        with_client(|c| c.recv_registered(s, buf as *mut u8, len, flags, mem)).map(|n| n as isize)
     })
 }
 
@@ -130,7 +128,10 @@ pub unsafe extern "C" fn tcps_register_memory(
 /// # Safety
 /// `handle` is valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn tcps_alloc_registered(len: usize, handle: *mut TcpsMem) -> *mut libc::c_void {
+pub unsafe extern "C" fn tcps_alloc_registered(
+    len: usize,
+    handle: *mut TcpsMem,
+) -> *mut libc::c_void {
     let mut out = std::ptr::null_mut();
     let rc: c_int = ffi(|| {
         if handle.is_null() {

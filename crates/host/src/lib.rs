@@ -21,7 +21,7 @@ mod channel;
 mod client;
 mod memory;
 
-pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use asyncsend::IoHandle;
+pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};

@@ -116,7 +116,11 @@ impl Registry {
     /// `len` must be page aligned (EINVAL otherwise).
     pub fn register(&self, ctl: RawFd, ptr: *mut u8, len: usize) -> io::Result<u32> {
         let pg = page();
-        if ptr.is_null() || len == 0 || ptr as usize % pg != 0 || len % pg != 0 {
+        if ptr.is_null()
+            || len == 0
+            || !(ptr as usize).is_multiple_of(pg)
+            || !len.is_multiple_of(pg)
+        {
             return Err(errno(libc::EINVAL));
         }
         let fd = sealed_memfd(len)?;
@@ -195,8 +199,14 @@ fn exchange(ctl: RawFd, msg: &ControlMsg, fds: &[RawFd], handle: u32) -> io::Res
         return Err(errno(libc::ECONNRESET));
     }
     match ControlMsg::decode(&b[..n]) {
-        Some(ControlMsg::Reply { handle: h, errno: 0 }) if h == handle => Ok(()),
-        Some(ControlMsg::Reply { handle: h, errno: e }) if h == handle => Err(errno(e)),
+        Some(ControlMsg::Reply {
+            handle: h,
+            errno: 0,
+        }) if h == handle => Ok(()),
+        Some(ControlMsg::Reply {
+            handle: h,
+            errno: e,
+        }) if h == handle => Err(errno(e)),
         _ => Err(errno(libc::EPROTO)),
     }
 }

@@ -160,9 +160,7 @@ impl Layout {
             return Err(LayoutError("send_queues must be at most 65536"));
         }
         if !self.sq_entries.is_power_of_two() || !(2..=4096).contains(&self.sq_entries) {
-            return Err(LayoutError(
-                "sq_entries must be a power of two in 2..=4096",
-            ));
+            return Err(LayoutError("sq_entries must be a power of two in 2..=4096"));
         }
         if self.region_size() > 1 << 36 {
             return Err(LayoutError("region larger than 64 GiB"));
@@ -249,7 +247,12 @@ mod tests {
         .validate()
         .is_err());
         assert!(Layout { n_channels: 0, ..d }.validate().is_err());
-        assert!(Layout { sq_entries: 48, ..d }.validate().is_err());
+        assert!(Layout {
+            sq_entries: 48,
+            ..d
+        }
+        .validate()
+        .is_err());
         assert!(Layout {
             send_queues: 0,
             ..d

@@ -6,8 +6,8 @@
 
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
 use crate::msg::{ArenaRange, Completion, Request};
-use crate::sendq::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use crate::ring::stamp;
+use crate::sendq::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use crate::{MAGIC, VERSION};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -97,10 +97,7 @@ impl Registry {
 
     /// Unmaps registration `handle`; EBUSY while calls use it.
     pub fn deregister(&mut self, handle: u32) -> Result<(), i32> {
-        let slot = self
-            .entries
-            .get_mut(handle as usize)
-            .ok_or(libc::EINVAL)?;
+        let slot = self.entries.get_mut(handle as usize).ok_or(libc::EINVAL)?;
         match slot {
             None => Err(libc::EINVAL),
             Some(e) if e.in_use > 0 => Err(libc::EBUSY),
@@ -177,7 +174,10 @@ mod tests {
             r.register(MAX_REGISTRATIONS, memfd(4096, libc::F_SEAL_SHRINK), 4096),
             Err(libc::EINVAL)
         );
-        assert_eq!(r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096), Ok(()));
+        assert_eq!(
+            r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096),
+            Ok(())
+        );
         assert_eq!(
             r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096),
             Err(libc::EEXIST)
@@ -187,7 +187,8 @@ mod tests {
     #[test]
     fn ranges_are_bounded_and_busy_registrations_stay() {
         let mut r = Registry::default();
-        r.register(2, memfd(8192, libc::F_SEAL_SHRINK), 8192).unwrap();
+        r.register(2, memfd(8192, libc::F_SEAL_SHRINK), 8192)
+            .unwrap();
         let range = |off, len| MemRange { mem: 2, off, len };
         assert!(r.resolve(range(0, 8192)).is_ok());
         assert_eq!(r.resolve(range(4096, 4097)), Err(libc::EFAULT));

@@ -25,11 +25,7 @@ use tracing::{debug, info, warn};
 
 /// Executes one registration message of a host and answers it. An error is
 /// a control socket that cannot carry the reply (the host is cut off).
-fn on_control_msg(
-    host: &mut Host,
-    m: ControlMsg,
-    mut fds: Vec<OwnedFd>,
-) -> std::io::Result<()> {
+fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std::io::Result<()> {
     let (handle, res) = match m {
         ControlMsg::Register { handle, len } => {
             let res = if fds.len() == 1 {
@@ -409,7 +405,10 @@ impl Worker {
         // Hot send queues go cold, so their hosts kick (and ring) again; a
         // queue's second look bounds the sleep.
         let now = Instant::now();
-        let mut wake_at = self.timers.peek().map(|std::cmp::Reverse((when, ..))| *when);
+        let mut wake_at = self
+            .timers
+            .peek()
+            .map(|std::cmp::Reverse((when, ..))| *when);
         for hkey in 0..self.hosts.key_bound() {
             let Some(h) = self.hosts.get_mut(hkey) else {
                 continue;
@@ -422,7 +421,9 @@ impl Worker {
         }
         if !pending {
             let timeout = match wake_at {
-                Some(when) => when.saturating_duration_since(Instant::now()).min(MAX_SLEEP),
+                Some(when) => when
+                    .saturating_duration_since(Instant::now())
+                    .min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
             self.poll_engine(Some(timeout));

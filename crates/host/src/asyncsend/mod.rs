@@ -66,7 +66,11 @@ impl IoHandle {
     }
 
     fn parts(self) -> (u32, u32, u32) {
-        ((self.0 >> 40) as u32, ((self.0 >> 32) & 0xff) as u32, self.0 as u32)
+        (
+            (self.0 >> 40) as u32,
+            ((self.0 >> 32) & 0xff) as u32,
+            self.0 as u32,
+        )
     }
 }
 
@@ -165,7 +169,11 @@ impl AsyncState {
 
 /// Where an asynchronous send's bytes are.
 enum Source<'a> {
-    Registered { mem: u32, ptr: *const u8, len: usize },
+    Registered {
+        mem: u32,
+        ptr: *const u8,
+        len: usize,
+    },
     Copy(&'a [u8]),
 }
 
@@ -464,7 +472,9 @@ impl Client {
             if m != g.misuse_seen {
                 let n = m.wrapping_sub(g.misuse_seen);
                 g.misuse_seen = m;
-                st.counters.misuse.fetch_add(u64::from(n), Ordering::Relaxed);
+                st.counters
+                    .misuse
+                    .fetch_add(u64::from(n), Ordering::Relaxed);
                 eprintln!(
                     "tcps: {n} registered buffer(s) were written while their asynchronous send was in flight (TCPS_DEBUG_REGISTERED)"
                 );
@@ -752,7 +762,13 @@ impl Client {
             sock: s,
             ..Default::default()
         };
-        r.args = [u64::from(mem), off, u64::from(len32), flags as i64 as u64, 0];
+        r.args = [
+            u64::from(mem),
+            off,
+            u64::from(len32),
+            flags as i64 as u64,
+            0,
+        ];
         let c = self.simple_call(r)?;
         let n = usize::try_from(c.result)
             .ok()

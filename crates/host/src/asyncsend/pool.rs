@@ -56,7 +56,7 @@ impl Bits {
                 g = 0;
                 run = 0;
             }
-            if g % 64 == 0 && self.words[g / 64] == u64::MAX {
+            if g.is_multiple_of(64) && self.words[g / 64] == u64::MAX {
                 g += 64;
                 scanned += 64;
                 run = 0;

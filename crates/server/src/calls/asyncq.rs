@@ -175,7 +175,10 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
 /// Whether a job may be sent: its descriptor was valid and no earlier one
 /// of its queue failed. Otherwise the errno it fails with.
 pub fn job_error(host: &Host, job: &Job) -> Option<i32> {
-    let e = host.queues.get(job.queue as usize).map_or(libc::EBADF, |q| q.error);
+    let e = host
+        .queues
+        .get(job.queue as usize)
+        .map_or(libc::EBADF, |q| q.error);
     if e != 0 {
         Some(e)
     } else if !job.held {
