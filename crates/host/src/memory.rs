@@ -97,11 +97,14 @@ impl Registry {
         (0..self.slots.len() as u32).find_map(|h| Some((h, self.offset_of(h, ptr, len).ok()?)))
     }
 
-    /// Allocates `len` bytes of registered memory (rounded up to pages).
-    pub fn alloc(&self, ctl: RawFd, len: usize) -> io::Result<(*mut u8, u32)> {
+    /// Allocates `len` bytes of registered memory (rounded up to pages);
+    /// `populate` faults the pages in now (for memory used at once, like the
+    /// staging pool, so no send pays a first-touch fault).
+    pub fn alloc(&self, ctl: RawFd, len: usize, populate: bool) -> io::Result<(*mut u8, u32)> {
         let len = len.max(1).next_multiple_of(page());
         let fd = sealed_memfd(len)?;
-        let p = map_shared(fd.as_raw_fd(), std::ptr::null_mut(), len, 0)?;
+        let extra = if populate { libc::MAP_POPULATE } else { 0 };
+        let p = map_shared(fd.as_raw_fd(), std::ptr::null_mut(), len, extra)?;
         match self.add(ctl, fd, p, len, Kind::Allocated) {
             Ok(h) => Ok((p, h)),
             Err(e) => {

@@ -78,7 +78,6 @@ impl IoHandle {
 struct Pending {
     seq: u32,
     mem: u16,
-    len: u32,
     /// Staged bytes to free (copying sends).
     pool: Option<(u32, u32)>,
 }
@@ -99,6 +98,11 @@ pub(crate) struct SockState {
     reported: bool,
     misuse_seen: u32,
     pending: VecDeque<Pending>,
+    /// Sends queued and bytes handed to the server, counted here (under the
+    /// socket's lock, no shared atomic on the send path) and summed by
+    /// `stats`; folded into the attachment's counters when the socket closes.
+    sends: u64,
+    bytes: u64,
 }
 
 /// A closed socket's queue whose sends are still going out.
@@ -156,12 +160,18 @@ impl AsyncState {
 
     pub fn stats(&self) -> AsyncStats {
         let c = &self.counters;
+        let (mut sends, mut bytes) = (0, 0);
+        self.socks.any(|g| {
+            sends += g.sends;
+            bytes += g.bytes;
+            false
+        });
         AsyncStats {
-            sends: c.sends.load(Ordering::Relaxed),
+            sends: c.sends.load(Ordering::Relaxed) + sends,
             fallbacks: c.fallbacks.load(Ordering::Relaxed),
             kicks: c.kicks.load(Ordering::Relaxed),
             misuse: c.misuse.load(Ordering::Relaxed),
-            bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+            bytes_sent: c.bytes_sent.load(Ordering::Relaxed) + bytes,
             bytes_copied: c.bytes_copied.load(Ordering::Relaxed),
         }
     }
@@ -339,9 +349,10 @@ impl Client {
         g.pending.push_back(Pending {
             seq,
             mem: mem as u16,
-            len: len32,
             pool: staged,
         });
+        g.sends += 1;
+        g.bytes += u64::from(len32);
         // Kick only if the server is not watching and no kick of ours is
         // still on its way (it would make the server watch).
         let kick = ctl.active.load(Ordering::Relaxed) == 0
@@ -359,7 +370,6 @@ impl Client {
                 ..Default::default()
             })?;
         }
-        st.counters.sends.fetch_add(1, Ordering::Relaxed);
         Ok(io)
     }
 
@@ -447,7 +457,7 @@ impl Client {
             let len = kib * 1024;
             self.conn
                 .memory
-                .alloc(self.conn.ctl_fd(), len)
+                .alloc(self.conn.ctl_fd(), len, true)
                 .map(|(p, h)| Pool::new(p, h, len))
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
         });
@@ -480,22 +490,14 @@ impl Client {
                 );
             }
         }
-        let err_seq = ctl.error_seq.load(Ordering::Relaxed);
-        self.forget_done(&mut g.pending, done, g.error, err_seq);
+        self.forget_done(&mut g.pending, done);
     }
 
     /// Drops the finished descriptors of `pending`, freeing staged bytes.
-    fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32, error: i32, err_seq: u32) {
-        let st = self.asyncs();
+    fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32) {
         while let Some(p) = pending.front() {
             if !sendq::is_done(p.seq, done) {
                 break;
-            }
-            let failed = error != 0 && !sendq::is_done(err_seq, p.seq);
-            if !failed {
-                st.counters
-                    .bytes_sent
-                    .fetch_add(u64::from(p.len), Ordering::Relaxed);
             }
             if let (Some((off, n)), Ok(pool)) = (p.pool, self.pool()) {
                 pool.free(off, n);
@@ -514,20 +516,16 @@ impl Client {
             let ctl = sq.ctl();
             let released = ctl.owner.load(Ordering::Acquire) == 0;
             let done = ctl.done.load(Ordering::Acquire);
-            let (e, es) = (
-                ctl.error.load(Ordering::Acquire),
-                ctl.error_seq.load(Ordering::Relaxed),
-            );
             if released {
                 // The server is finished with the queue: everything is done.
-                self.forget_done(&mut o.pending, done.wrapping_add(1 << 30), e, es);
+                self.forget_done(&mut o.pending, done.wrapping_add(1 << 30));
                 st.free_queues
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(o.queue);
                 return false;
             }
-            self.forget_done(&mut o.pending, done, e, es);
+            self.forget_done(&mut o.pending, done);
             true
         });
     }
@@ -655,6 +653,8 @@ impl Client {
             return;
         };
         let mut g = lock.lock();
+        st.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
+        st.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
         if let Some(q) = g.queue {
             let pending = std::mem::take(&mut g.pending);
             st.orphans
@@ -697,7 +697,7 @@ impl Client {
     /// handle; free it with [`deregister_memory`](Self::deregister_memory).
     pub fn alloc_registered(&self, len: usize) -> io::Result<(*mut u8, u32)> {
         self.conn.check_open(libc::ENOTCONN)?;
-        self.conn.memory.alloc(self.conn.ctl_fd(), len)
+        self.conn.memory.alloc(self.conn.ctl_fd(), len, false)
     }
 
     /// Registers existing page-aligned memory in place (see `memory`).
