@@ -82,7 +82,7 @@ struct tcps_stats {
     unsigned long long doorbells;      /* times the server had to be woken */
     unsigned long long sleeps;         /* futex sleeps while waiting */
     unsigned long long bytes_copied;   /* bytes the library copied */
-    unsigned long long bytes_sent;     /* bytes the server sent for us */
+    unsigned long long bytes_sent;     /* bytes the server sent for us (async: when queued) */
     unsigned long long bytes_received; /* bytes the server received for us */
     unsigned long long async_sends;    /* asynchronous sends queued */
     unsigned long long async_fallbacks;/* ... run synchronously (no queue free) */
