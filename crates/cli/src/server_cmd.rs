@@ -54,6 +54,15 @@ pub struct ServerArgs {
     /// Admission control: most sockets per host (more are refused with EMFILE)
     #[arg(long, default_value_t = 65536)]
     pub max_sockets_per_host: usize,
+    /// Connection admission: most live accepted connections per listener;
+    /// more are reset at the server and never reach the host (0: unlimited)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_conns_per_listener: u32,
+    /// Connection admission: most live accepted connections per client IP
+    /// address, across all hosts and listeners of this server; more are
+    /// reset at the server and never reach the host (0: unlimited)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_conns_per_addr: u32,
     /// Channels per host (host threads calling at once without sharing)
     #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_CHANNELS)]
     pub channels: u32,
@@ -145,6 +154,8 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     cfg.max_hosts = args.max_hosts;
     cfg.max_sockets_per_host = args.max_sockets_per_host;
+    cfg.max_conns_per_listener = args.max_conns_per_listener;
+    cfg.max_conns_per_addr = args.max_conns_per_addr;
     cfg.layout.n_channels = args.channels;
     cfg.layout.arena_size = args.arena_kib.saturating_mul(1024);
     cfg.layout.send_queues = args.send_queues;

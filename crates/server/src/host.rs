@@ -141,6 +141,10 @@ pub struct Sock {
     /// closes for real once they are sent (like the kernel's close with
     /// data in the send buffer). The host cannot name it meanwhile.
     pub closing: bool,
+    /// A listener: its live accepted connections (--max-conns-per-listener).
+    pub live_accepted: u32,
+    /// An accepted connection: what it counts against until it closes.
+    pub admitted: crate::admission::Admitted,
 }
 
 impl Sock {
@@ -158,6 +162,8 @@ impl Sock {
             snd_timeout: None,
             queue: None,
             closing: false,
+            live_accepted: 0,
+            admitted: Default::default(),
         }
     }
 
@@ -238,6 +244,8 @@ pub struct HostStats {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub refused_sockets: u64,
+    /// Connections reset at accept by admission limits (never seen by the host).
+    pub refused_conns: u64,
     /// Asynchronous sends finished, and those that failed.
     pub async_sends: u64,
     pub async_failed: u64,
@@ -256,10 +264,11 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "parked={} invalid={} refused_sockets={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
             self.parked,
             self.invalid,
             self.refused_sockets,
+            self.refused_conns,
             self.async_sends,
             self.async_failed,
             self.kicks,

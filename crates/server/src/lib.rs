@@ -8,6 +8,7 @@
 //!   memfd + doorbell                        engine (io_uring | epoll) -> parked calls
 //! ```
 
+mod admission;
 mod calls;
 mod control;
 pub mod engine;
@@ -58,6 +59,12 @@ pub struct Config {
     pub layout: Layout,
     /// Ports below this need CAP_NET_BIND_SERVICE (read from the kernel).
     pub unprivileged_port_start: u16,
+    /// Live accepted connections per listener; more are reset at the
+    /// server and never reach the host (0: unlimited).
+    pub max_conns_per_listener: u32,
+    /// Live accepted connections per client IP address across the whole
+    /// server; more are reset at the server (0: unlimited).
+    pub max_conns_per_addr: u32,
 }
 
 impl Default for Config {
@@ -73,6 +80,8 @@ impl Default for Config {
             max_sockets_per_host: 65536,
             layout: Layout::default(),
             unprivileged_port_start: privilege::unprivileged_port_start(),
+            max_conns_per_listener: 0,
+            max_conns_per_addr: 0,
         }
     }
 }
@@ -84,6 +93,8 @@ pub struct Shared {
     /// Hosts attached (admission control counts against --max-hosts).
     pub hosts: AtomicUsize,
     pub refused_hosts: AtomicU64,
+    /// Live accepted connections per client address (--max-conns-per-addr).
+    pub conns_per_addr: admission::AddrCounts,
 }
 
 /// The eventfd a signal handler rings to stop the server (-1: none yet).

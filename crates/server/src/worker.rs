@@ -178,6 +178,7 @@ impl Worker {
             cfg,
             timers,
             next_serial,
+            shared,
             ..
         } = self;
         let host = hosts.get_mut(hkey)?;
@@ -186,6 +187,7 @@ impl Worker {
             Ctx {
                 engine: engine.as_mut(),
                 cfg,
+                shared,
                 hkey,
                 timers,
                 next_serial,
@@ -387,7 +389,7 @@ impl Worker {
                 continue;
             };
             let sockets = host.sockets.len();
-            calls::close_all(self.engine.as_mut(), &mut host);
+            calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             if why == "detached" {
@@ -461,7 +463,7 @@ impl Worker {
                         tcps_proto::futex::wake_all(&c.ctl().cq_tail);
                     }
                 }
-                calls::close_all(self.engine.as_mut(), &mut host);
+                calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
                 self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             }
         }

@@ -10,6 +10,7 @@
 
 use super::asyncq;
 use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
+use crate::admission;
 use crate::engine::Engine;
 use crate::host::{Host, Parked, Sock};
 use crate::sys::{self, RawAddr};
@@ -248,24 +249,44 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
         }
     }
     match p.call {
-        Call::Accept { addr, flags, .. } => {
+        Call::Accept { addr, flags, .. } => loop {
             // Refuse before accepting: the connection stays in the backlog.
             if let Err(e) = check_quota(cx, host) {
                 return Step::Done(Err(e));
             }
             match sys::accept(fd) {
                 Ok((nfd, peer)) => {
+                    // Over an admission limit: reset it here and accept the
+                    // next one; the host never sees it.
+                    let Some(admitted) = admission::admit(
+                        cx.cfg,
+                        &cx.shared.conns_per_addr,
+                        host,
+                        sid,
+                        peer.as_bytes(),
+                    ) else {
+                        admission::reset(nfd);
+                        continue;
+                    };
                     let id = match insert_socket(cx, host, nfd, flags & libc::SOCK_NONBLOCK != 0) {
                         Ok(id) => id,
-                        Err(e) => return Step::Done(Err(e)),
+                        Err(e) => {
+                            admission::release(host, &cx.shared.conns_per_addr, &admitted);
+                            return Step::Done(Err(e));
+                        }
                     };
+                    if let Some(s) = host.sockets.get_mut(id as usize) {
+                        s.admitted = admitted;
+                    }
                     let len = write_arena(host, p.ch, addr, peer.as_bytes());
-                    Step::Done(Ok((id as i64, len)))
+                    return Step::Done(Ok((id as i64, len)));
                 }
-                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) | Err(libc::EINTR) => would_block(p),
-                Err(e) => Step::Done(Err(e)),
+                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) | Err(libc::EINTR) => {
+                    return would_block(p)
+                }
+                Err(e) => return Step::Done(Err(e)),
             }
-        }
+        },
         Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
             let Some((base, total)) = data_ptr(host, p) else {
                 return Step::Done(Err(libc::EFAULT));

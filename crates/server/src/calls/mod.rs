@@ -57,6 +57,7 @@ pub fn on_timer(cx: &mut Ctx<'_>, host: &mut Host, serial: u64, key: TimerKey) {
 pub struct Ctx<'a> {
     pub engine: &'a mut dyn Engine,
     pub cfg: &'a Config,
+    pub shared: &'a crate::Shared,
     pub hkey: usize,
     pub timers: &'a mut Timers,
     pub next_serial: &'a mut u64,
@@ -364,6 +365,7 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
         return;
     };
     cx.engine.forget(s.fd.as_raw_fd(), 0);
+    crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
     for p in s.readers.iter().chain(s.writers.iter()) {
         blocking::finish(host, p, Err(libc::EBADF));
     }
@@ -378,10 +380,11 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
 
 /// Closes every socket of a host that is going away. Parked calls are not
 /// answered: the host is dead or being cut off.
-pub fn close_all(engine: &mut dyn Engine, host: &mut Host) {
+pub fn close_all(engine: &mut dyn Engine, shared: &crate::Shared, host: &mut Host) {
     for k in host.sockets.keys() {
         if let Some(s) = host.sockets.remove(k) {
             engine.forget(s.fd.as_raw_fd(), 0);
+            crate::admission::release(host, &shared.conns_per_addr, &s.admitted);
         }
     }
 }
