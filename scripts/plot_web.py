@@ -35,6 +35,13 @@ def label_of(res, vid):
     return vid
 
 
+def net_of(res, vid):
+    for v in res["variants"]:
+        if v["id"] == vid:
+            return v["net"]
+    return ""
+
+
 def throughput(res, out):
     for w in res["workloads"]:
         curves = curves_of(res, w["id"])
@@ -81,7 +88,10 @@ def cpu(res, out):
             p = saturation_point(c)
             groups = [("host", p["host_cores"])]
             if p.get("server_cores"):
-                groups.append(("TCPS", p["server_cores"]))
+                # Kernel variants on the host's core only: the other core
+                # runs wrk and softirqs, not a TCP server.
+                other = "TCPS" if net_of(res, c["variant"]) == "tcps" else "other core"
+                groups.append((other, p["server_cores"]))
             for g, s in groups:
                 names.append(f"{label_of(res, c['variant'])}\n({g})")
                 user.append(s["user_pct"])

@@ -207,7 +207,7 @@ fn summary(
     let _ = writeln!(s, "## Costs per request at saturation\n");
     let _ = writeln!(
         s,
-        "| workload | variant | host CPU µs/req | TCP server µs/req | total µs/req | host syscalls/req (lowest load) | host bytes copied / network byte | host cores user/sys/idle % | server core user/sys/idle % |\n|---|---|---:|---:|---:|---:|---:|---|---|"
+        "| workload | variant | host CPU µs/req | TCP server µs/req | total µs/req | host syscalls/req (lowest load) | host bytes copied / network byte | host cores user/sys/idle % | TCP server core user/sys/idle % |\n|---|---|---:|---:|---:|---:|---:|---|---|"
     );
     for w in wl {
         for v in &run_vars {
@@ -238,7 +238,9 @@ fn summary(
         "\nHost CPU = the web server process (user+system from /proc/PID/stat), so with kernel sockets it \
          includes the kernel's TCP/IP work done in its system calls; softirq work charged to no process \
          shows only in the core utilisation. System calls: `perf stat -e raw_syscalls:sys_enter -p` on \
-         the web server during the lowest paced point only (counting perturbs the rest). Bytes copied: \
+         the web server during the lowest paced point only (counting perturbs the rest); they include \
+         the ~5 file-system calls per static request (openat, 2 newfstatat, pread64, close) every \
+         variant makes. Server core for Regular (host cores): the other core (wrk, softirqs). Bytes copied: \
          `tcps_stats()` of the host library, when the web server prints it at exit (`–` otherwise).\n"
     );
     // Targets.

@@ -36,6 +36,8 @@ pub struct Variant {
 pub struct Features {
     webserver_help: String,
     server_help: String,
+    /// `tcps run` exists (issue 5).
+    has_run: bool,
 }
 
 fn help_of(program: &Path, args: &[&str]) -> String {
@@ -56,6 +58,13 @@ impl Features {
         Features {
             webserver_help: help_of(webserver, &["--help"]),
             server_help: help_of(tcps, &["server", "--help"]),
+            has_run: Command::new(tcps)
+                .args(["run", "--help"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
         }
     }
 
@@ -196,6 +205,13 @@ pub fn all(f: &Features) -> Vec<Variant> {
             },
         });
     }
+    let nginx_note = if !f.has_run {
+        "needs `tcps run` to start unmodified programs through the TCP server (issue 5)"
+    } else if crate::demo::which("nginx").is_none() {
+        "`tcps run` exists but nginx is not installed (apt-get install nginx)"
+    } else {
+        "`tcps run` and nginx exist; the suite does not drive nginx yet"
+    };
     v.push(Variant {
         id: "nginx",
         label: "nginx via tcps run",
@@ -204,7 +220,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
         web_args: vec![],
         server_args: vec![],
         available: false,
-        note: "unmodified nginx through `tcps run` (issue 5): not wired into this suite yet".into(),
+        note: nginx_note.into(),
     });
     v
 }
