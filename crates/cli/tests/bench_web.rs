@@ -36,7 +36,7 @@ fn quick_run_writes_results() {
             "--workloads",
             "static-16k,combined,http11",
             "--variants",
-            "regular,sync",
+            "regular,sync,async",
         ])
         .arg("--out")
         .arg(out.path())
@@ -51,7 +51,7 @@ fn quick_run_writes_results() {
     assert_eq!(results.len(), 3);
     for w in results {
         let curves = w["variants"].as_array().expect("variants");
-        for id in ["regular", "sync"] {
+        for id in ["regular", "sync", "async"] {
             let c = curves
                 .iter()
                 .find(|c| c["variant"] == id)

@@ -28,7 +28,8 @@ perf for system calls per request and python3-matplotlib for the plots \
 (scripts/test.sh installs them). Variants that do not exist yet are reported as n/a."
 )]
 pub struct WebArgs {
-    /// A short run (≤ 1 min): two load points of 1 s per curve
+    /// A short run (≤ 1 min): two load points of 1 s per curve, workloads
+    /// static-16k, combined and http11 unless --workloads says otherwise
     #[arg(long)]
     pub quick: bool,
     /// Variants to run, comma-separated ids [default: all; regular is always run]

@@ -21,6 +21,9 @@ const PORT: u16 = 8080;
 /// the server answers: the saturation point).
 const FULL_STEPS: &[f64] = &[0.3, 0.6, 0.9, 1.2];
 const QUICK_STEPS: &[f64] = &[0.5];
+/// `--quick` without `--workloads`: three workloads of different shapes
+/// (static, static + dynamic, keep-alive), so six variants fit in a minute.
+const QUICK_WORKLOADS: &[&str] = &["static-16k", "combined", "http11"];
 /// The full run's time budget, from which the per-point duration is fitted.
 const FULL_BUDGET_S: f64 = 540.0;
 /// Measured cost of a point beyond its duration (wrk start/stop, perf) and
@@ -113,7 +116,6 @@ fn prepare_site(
     wl: &[Workload],
     seed: u64,
 ) -> Result<Option<workload::TraceStats>, Error> {
-    let site = tmp.join("site");
     let trace = wl
         .iter()
         .any(|w| w.id == "trace")
@@ -131,7 +133,7 @@ fn prepare_site(
             s.largest_file_bytes / 1024
         );
     }
-    workload::make_site(&site, trace.as_ref(), seed)?;
+    workload::make_site(tmp, trace.as_ref(), seed)?;
     for w in wl {
         let paths = workload::request_paths(w, trace.as_ref(), seed)?;
         fs::write(tmp.join(format!("{}.paths", w.id)), paths)?;
@@ -197,7 +199,7 @@ fn start_servers(
             &PORT.to_string(),
         ])
         .arg("--root")
-        .arg(env.tmp.join("site"))
+        .arg(workload::root_of(env.tmp, w))
         .args(["--send-size", &w.send_size.to_string()])
         .args(["--threads", &a.connections.to_string(), "--quiet"])
         .args(&v.web_args)
@@ -522,7 +524,13 @@ pub fn run(args: WebArgs) -> Result<(), Error> {
     }
     let wl: Vec<Workload> = all_wl
         .into_iter()
-        .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|x| x == w.id))
+        .filter(|w| {
+            if !args.workloads.is_empty() {
+                args.workloads.iter().any(|x| x == w.id)
+            } else {
+                !args.quick || QUICK_WORKLOADS.contains(&w.id)
+            }
+        })
         .collect();
     let runnable = vars.iter().filter(|v| v.available).count();
     let steps = if args.quick { QUICK_STEPS } else { FULL_STEPS };

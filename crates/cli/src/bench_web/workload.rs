@@ -225,18 +225,31 @@ fn filler(seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// The site's files: `s/NNN.html` (synthetic) and, if `trace` is given,
-/// `t/NNNNN.html` (the trace's files).
-pub fn make_site(root: &Path, trace: Option<&Trace>, seed: u64) -> Result<(), Error> {
+/// The document root of a workload under `base`: the trace has a root of
+/// its own, so the registered-cache modes (which load every file under the
+/// root at start) load only what the workload requests.
+pub fn root_of(base: &Path, w: &Workload) -> std::path::PathBuf {
+    base.join(if w.id == "trace" {
+        "site-trace"
+    } else {
+        "site"
+    })
+}
+
+/// The sites: `site/s/NNN.html` (synthetic) and, if `trace` is given,
+/// `site-trace/t/NNNNN.html` (the trace's files).
+pub fn make_site(base: &Path, trace: Option<&Trace>, seed: u64) -> Result<(), Error> {
     let fill = filler(seed);
-    fs::create_dir_all(root.join("s"))?;
+    let synth = base.join("site/s");
+    fs::create_dir_all(&synth)?;
     for i in 0..SYNTH_FILES {
-        write_file(&root.join(format!("s/{i:03}.html")), SYNTH_SIZE, &fill)?;
+        write_file(&synth.join(format!("{i:03}.html")), SYNTH_SIZE, &fill)?;
     }
     if let Some(t) = trace {
-        fs::create_dir_all(root.join("t"))?;
+        let dir = base.join("site-trace/t");
+        fs::create_dir_all(&dir)?;
         for (i, &len) in t.sizes.iter().enumerate() {
-            write_file(&root.join(format!("t/{i:05}.html")), len, &fill)?;
+            write_file(&dir.join(format!("{i:05}.html")), len, &fill)?;
         }
     }
     Ok(())
