@@ -283,3 +283,150 @@ fn fallback_without_server() {
         "unclear message: {err}"
     );
 }
+
+/// An nginx configuration: master + 2 workers, static files from `www`.
+fn nginx_conf(dir: &std::path::Path, www: &std::path::Path, port: u16, sendfile: bool) -> String {
+    let d = dir.display();
+    format!(
+        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
+         http {{\n access_log off;\n sendfile {};\n keepalive_requests 100000;\n\
+         client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
+         uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
+         server {{ listen 127.0.0.1:{port}; root {}; }}\n}}\n",
+        if sendfile { "on" } else { "off" },
+        www.display()
+    )
+}
+
+/// wrk's request count, failing on non-2xx answers or errors other than
+/// the connections it tears down at the end.
+fn wrk_requests(port: u16, path: &str) -> u64 {
+    let out = Command::new("wrk")
+        .args([
+            "-t2",
+            "-c16",
+            "-d2s",
+            &format!("http://127.0.0.1:{port}/{path}"),
+        ])
+        .output()
+        .expect("wrk");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "wrk failed:\n{text}");
+    assert!(!text.contains("Non-2xx"), "wrk saw errors:\n{text}");
+    assert!(
+        !text.contains("Socket errors"),
+        "wrk saw socket errors:\n{text}"
+    );
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .split_once(" requests in ")
+                .map(|(n, _)| n.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or_else(|| panic!("no request count in wrk output:\n{text}"))
+}
+
+/// nginx, master and 2 workers (the workers inherit the listening socket
+/// through fork), `sendfile on` and `off`, driven by wrk; files fetched
+/// with curl are byte-identical to the kernel run's and to the files.
+#[test]
+fn nginx_workers_sendfile_on_off() {
+    for p in ["nginx", "wrk", "curl"] {
+        need(p);
+    }
+    let srv = server();
+    let dir = TempDir::new("nginx");
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+    let mut rng = common::Rng::new(11);
+    let files = [
+        ("big.bin", 1usize << 20),
+        ("16k.bin", 16 << 10),
+        ("odd.bin", 12345),
+        ("empty.txt", 0),
+    ];
+    for (name, len) in files {
+        std::fs::write(www.join(name), rng.bytes(len)).unwrap();
+    }
+    for sendfile in [true, false] {
+        let mut fetched = Vec::new();
+        for net in [Net::Kernel, Net::Tcps] {
+            let tag = format!("{net:?}-{sendfile}");
+            let port = free_port();
+            let conf = dir.path().join(format!("{tag}.conf"));
+            std::fs::write(&conf, nginx_conf(dir.path(), &www, port, sendfile)).unwrap();
+            let stats = dir.path().join(format!("{tag}.stats"));
+            // Workers run as nobody: they must be able to append.
+            std::fs::write(&stats, b"").unwrap();
+            std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .unwrap();
+            let log = dir.path().join(format!("{tag}.log"));
+            let argv = [
+                "nginx",
+                "-c",
+                conf.to_str().unwrap(),
+                "-p",
+                dir.path().to_str().unwrap(),
+            ];
+            let mut child = command(net, &srv, &stats, &log, &argv)
+                .spawn()
+                .expect("spawn nginx");
+            wait_port(port, &mut child, "nginx", &log);
+            let mut got = Vec::new();
+            for (name, _) in files.iter().chain([("missing", 0)].iter()) {
+                let out = Command::new("curl")
+                    .args([
+                        "-s",
+                        "-w",
+                        "%{http_code}",
+                        &format!("http://127.0.0.1:{port}/{name}"),
+                    ])
+                    .output()
+                    .expect("curl");
+                got.push(out.stdout);
+            }
+            let requests = wrk_requests(port, "16k.bin");
+            assert!(requests > 100, "{tag}: only {requests} requests");
+            stop(&mut child, libc::SIGQUIT);
+            let sums = wait_summaries(&stats, if net == Net::Tcps { 3 } else { 0 });
+            if net == Net::Tcps {
+                assert_eq!(
+                    sums.len(),
+                    3,
+                    "{tag}: master + 2 workers expected: {sums:?}\n{}",
+                    read(&log)
+                );
+                let accepted: u64 = sums.iter().map(|s| s.accepted).sum();
+                assert!(
+                    accepted >= 16 + 5,
+                    "{tag}: connections not offloaded: {sums:?}"
+                );
+                assert!(
+                    sums.iter().all(|s| s.kernel_tcp == 0),
+                    "{tag}: kernel sockets: {sums:?}"
+                );
+            }
+            fetched.push(got);
+        }
+        assert_eq!(
+            fetched[0], fetched[1],
+            "sendfile {sendfile}: curl saw different bytes"
+        );
+        for (i, (name, _)) in files.iter().enumerate() {
+            let want = std::fs::read(www.join(name)).unwrap();
+            assert_eq!(
+                &fetched[1][i][..want.len()],
+                &want[..],
+                "{name} differs (sendfile {sendfile})"
+            );
+            assert_eq!(&fetched[1][i][want.len()..], b"200", "{name} status");
+        }
+    }
+    let log = srv.log_text();
+    assert!(
+        log.matches("child inherited its parent's sockets").count() >= 4,
+        "workers did not inherit:\n{log}"
+    );
+}

@@ -17,7 +17,7 @@ fn forget(fd: c_int) {
     if let Some((id, last)) = fdtable::remove(fd) {
         epoll::forget_fd(fd);
         if last {
-            // A child that never attached holds no sockets of its own yet.
+            // No attachment (the server died): nothing to close there.
             if let Some(c) = state::client() {
                 let r = c.close(id);
                 debug!("close(fd {fd}): tcps socket {id} closed ({r:?})");

@@ -1,11 +1,39 @@
-//! fork(): the child gets its own attachment with the parent's sockets.
+//! fork(): parent and child both keep working sockets.
 //!
-//! (Step 1 stub: inheritance arrives with the server side.)
+//! The server keeps sockets per attached process, and the child must not
+//! use the parent's channels (its threads, locks and completions are the
+//! parent's). So, around the real fork(2):
+//!
+//! 1. the parent asks the server for a snapshot of its sockets
+//!    (`ControlMsg::Fork` with a random nonce on its control socket; the
+//!    server dup()s each one, see `crates/server/src/inherit.rs`);
+//! 2. the child forgets the parent's attachment (closing its copy of the
+//!    parent's control socket, so the server still sees the parent hang up
+//!    when it exits) and keeps the nonce;
+//! 3. the child attaches anew at once and presents the nonce
+//!    (`ControlMsg::Inherit`): it gets the snapshot under the same socket
+//!    ids, so its fd table (copied by fork) stays valid. Claiming at once
+//!    (not on first use) ties the snapshot's life to the child's, as with
+//!    kernel fds: a child that never uses its sockets (redis' BGSAVE) still
+//!    releases them when it exits.
+//!
+//! A failed inherit is logged and the inherited fds stop being offloaded
+//! sockets (calls on them fail with EBADF).
 
+use crate::log::{debug, warning};
+use crate::{fdtable, real, state};
+use std::os::fd::RawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use tcps_proto::fdpass;
+use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The control socket of the current attachment (-1: none): the library
+/// notes the SOCK_SEQPACKET socket the host library opens while attaching.
+static CTL_FD: AtomicI32 = AtomicI32::new(-1);
+/// `1 << 32 | nonce` while a forked child has a snapshot to claim.
+static INHERIT: AtomicU64 = AtomicU64::new(0);
 
 /// Changes in every forked child: per-thread state made before the fork
 /// (poll helpers) belongs to the parent.
@@ -13,22 +41,107 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
 
-pub fn take_inherit_token() -> Option<u64> {
-    None
+pub fn note_control_socket(fd: RawFd) {
+    CTL_FD.store(fd, Ordering::Release);
 }
 
-pub fn attach_inherit(path: &Path, _token: u64) -> std::io::Result<tcps::Client> {
-    tcps::Client::attach(path)
+pub fn take_inherit_token() -> Option<u32> {
+    let v = INHERIT.swap(0, Ordering::AcqRel);
+    (v != 0).then_some(v as u32)
+}
+
+/// One control message and its reply on the current control socket.
+fn exchange(msg: ControlMsg) -> Result<(), i32> {
+    let ctl = CTL_FD.load(Ordering::Acquire);
+    if ctl < 0 {
+        return Err(libc::ENOTCONN);
+    }
+    let handle = match msg {
+        ControlMsg::Fork { handle } | ControlMsg::Inherit { handle } => handle,
+        _ => return Err(libc::EINVAL),
+    };
+    fdpass::send_with_fds(ctl, &msg.encode(), &[]).map_err(|e| crate::errno_of(&e))?;
+    let mut b = [0u8; CONTROL_MSG_LEN + 1];
+    // The control socket has a receive timeout (set at attach): bounded.
+    let (n, _) = fdpass::recv_with_fds(ctl, &mut b, 0).map_err(|e| crate::errno_of(&e))?;
+    match ControlMsg::decode(&b[..n]) {
+        Some(ControlMsg::Reply { handle: h, errno }) if h == handle => {
+            if errno == 0 {
+                Ok(())
+            } else {
+                Err(errno)
+            }
+        }
+        _ => Err(libc::EPROTO),
+    }
+}
+
+fn nonce() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom fills our 4-byte buffer.
+    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+    u32::from_ne_bytes(b).max(1)
+}
+
+/// Attaches as a forked child and adopts the parent's snapshot `token`.
+pub fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
+    let c = tcps::Client::attach(path)?;
+    match exchange(ControlMsg::Inherit { handle: token }) {
+        Ok(()) => debug!("fork: inherited the parent's sockets"),
+        Err(e) => {
+            warning!(
+                "fork: could not inherit the parent's sockets (errno {e}); they are lost in this process"
+            );
+            for (fd, _) in fdtable::all() {
+                fdtable::remove(fd);
+            }
+        }
+    }
+    Ok(c)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    let attached = state::client().is_some();
+    let token = if attached {
+        let n = nonce();
+        match exchange(ControlMsg::Fork { handle: n }) {
+            Ok(()) => Some(n),
+            Err(e) => {
+                warning!("fork: the server refused a socket snapshot (errno {e}); the child will not have the parent's sockets");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let guard = crate::epoll::lock_for_fork();
-    let pid = crate::real::fork()();
+    let pid = real::fork()();
     drop(guard);
     if pid == 0 {
         GENERATION.fetch_add(1, Ordering::Relaxed);
-        crate::state::forget();
+        if attached {
+            // The parent's channels are not ours; its control socket must
+            // not stay open here (the server would not see the parent go).
+            let ctl = CTL_FD.swap(-1, Ordering::AcqRel);
+            if ctl >= 0 {
+                real::close()(ctl);
+            }
+            state::forget();
+            if let Some(n) = token {
+                INHERIT.store(1 << 32 | u64::from(n), Ordering::Release);
+                // Claim at once: the snapshot holds the sockets at the server
+                // and must live exactly as long as this process (as the
+                // kernel's fds would), even if it never touches them.
+                let _ = state::for_new_socket();
+            } else {
+                for (fd, _) in fdtable::all() {
+                    fdtable::remove(fd);
+                }
+            }
+        }
+    } else if pid > 0 {
+        debug!("fork: child {pid}");
     }
     pid
 }

@@ -83,11 +83,19 @@ pub fn summary() -> String {
     )
 }
 
+/// `TCPS_PRELOAD_STATS`, read once (before a program like nginx clears the
+/// environment of its workers).
+pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
+    static FILE: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| std::env::var_os("TCPS_PRELOAD_STATS"))
+        .as_deref()
+}
+
 /// atexit hook: the summary line (info level) and the stats file.
 pub extern "C" fn at_exit() {
     let line = summary();
     info!("exit: {line}");
-    if let Some(path) = std::env::var_os("TCPS_PRELOAD_STATS") {
+    if let Some(path) = stats_file() {
         use std::io::Write;
         let exe = std::env::current_exe()
             .ok()

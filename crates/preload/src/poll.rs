@@ -341,8 +341,10 @@ fn ts_ms(ts: *const libc::timespec) -> c_int {
     // SAFETY: a non-null timespec from the caller.
     match unsafe { ts.as_ref() } {
         None => -1,
-        Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000)
-            .min(i32::MAX as i64) as c_int,
+        Some(t) => {
+            (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000).min(i32::MAX as i64)
+                as c_int
+        }
     }
 }
 

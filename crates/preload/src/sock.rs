@@ -62,8 +62,14 @@ pub fn adopt(c: &tcps::Client, id: u32, flags: c_int) -> Result<c_int, i32> {
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     if !is_tcp(domain, ty, protocol) {
-        COUNTERS.kernel_other.fetch_add(1, Ordering::Relaxed);
-        return real::socket()(domain, ty, protocol);
+        let fd = real::socket()(domain, ty, protocol);
+        if domain == libc::AF_UNIX && state::attaching_here() {
+            // The host library's control socket (fork needs it).
+            crate::fork::note_control_socket(fd);
+        } else {
+            COUNTERS.kernel_other.fetch_add(1, Ordering::Relaxed);
+        }
+        return fd;
     }
     match state::for_new_socket() {
         Ok(c) => {

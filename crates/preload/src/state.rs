@@ -75,20 +75,49 @@ pub fn for_existing() -> Option<&'static Client> {
     for_new_socket().ok()
 }
 
+/// The summary at exit, registered once per process image (a forked child
+/// inherits the registration).
+fn at_exit_once() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registering a plain extern "C" fn with atexit.
+    DONE.call_once(|| unsafe {
+        libc::atexit(log::at_exit);
+    });
+}
+
+thread_local! {
+    static IN_ATTACH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True while this thread attaches: the Unix socket it opens now is the
+/// control socket (`sock.rs` tells `fork.rs`).
+pub fn attaching_here() -> bool {
+    IN_ATTACH.with(|a| a.get())
+}
+
+/// The control socket path, fixed by the first attach: a forked child uses
+/// its parent's even if the program cleared its environment (nginx does).
+fn socket_path() -> &'static std::path::Path {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(tcps::default_path)
+}
+
 fn attach() {
-    let path = tcps::default_path();
+    let path = socket_path();
+    crate::log::stats_file();
+    IN_ATTACH.with(|a| a.set(true));
     let result = match crate::fork::take_inherit_token() {
-        Some(token) => crate::fork::attach_inherit(&path, token),
-        None => Client::attach(&path),
+        Some(token) => crate::fork::attach_inherit(path, token),
+        None => Client::attach(path),
     };
+    IN_ATTACH.with(|a| a.set(false));
     match result {
         Ok(c) => {
             info!(
                 "attached to the TCP server at {}: TCP sockets are offloaded",
                 path.display()
             );
-            // SAFETY: registering a plain extern "C" fn with atexit.
-            unsafe { libc::atexit(log::at_exit) };
+            at_exit_once();
             install(c);
         }
         Err(e) => {
@@ -104,8 +133,7 @@ fn attach() {
                     warning!("no TCP server ({why}); running on kernel sockets");
                 }
                 debug!("fallback: every TCP socket of this process goes to the kernel");
-                // SAFETY: as above.
-                unsafe { libc::atexit(log::at_exit) };
+                at_exit_once();
                 MODE.store(KERNEL, Ordering::Release);
             }
         }

@@ -15,6 +15,8 @@
 //! ```text
 //! host   → server  Register   { handle, len } + SCM_RIGHTS [memfd]
 //! host   → server  Deregister { handle }
+//! host   → server  Fork       { handle }  snapshot my sockets for a child
+//! host   → server  Inherit    { handle }  (a forked child) adopt that snapshot
 //! server → host    Reply      { handle, errno }      (one per message above)
 //! ```
 //!
@@ -133,13 +135,21 @@ pub enum ControlMsg {
     Register { handle: u32, len: u64 },
     /// Unmap registration `handle`; refused with EBUSY while sends use it.
     Deregister { handle: u32 },
-    /// The server's answer to either: 0 or an errno.
+    /// fork(): duplicate every socket of this host into a snapshot named by
+    /// `handle` (a random nonce) for a child to inherit.
+    Fork { handle: u32 },
+    /// Sent by a forked child right after it attached: adopt snapshot
+    /// `handle` of the parent, under the same socket ids.
+    Inherit { handle: u32 },
+    /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },
 }
 
 const CTL_REGISTER: u32 = 1;
 const CTL_DEREGISTER: u32 = 2;
 const CTL_REPLY: u32 = 3;
+const CTL_FORK: u32 = 4;
+const CTL_INHERIT: u32 = 5;
 
 impl ControlMsg {
     pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
@@ -147,6 +157,8 @@ impl ControlMsg {
             ControlMsg::Register { handle, len } => (CTL_REGISTER, handle, len),
             ControlMsg::Deregister { handle } => (CTL_DEREGISTER, handle, 0),
             ControlMsg::Reply { handle, errno } => (CTL_REPLY, handle, errno as u32 as u64),
+            ControlMsg::Fork { handle } => (CTL_FORK, handle, 0),
+            ControlMsg::Inherit { handle } => (CTL_INHERIT, handle, 0),
         };
         let mut b = [0u8; CONTROL_MSG_LEN];
         b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
@@ -167,6 +179,8 @@ impl ControlMsg {
         match u32::from_le_bytes(b[4..8].try_into().ok()?) {
             CTL_REGISTER => Some(ControlMsg::Register { handle, len: arg }),
             CTL_DEREGISTER => Some(ControlMsg::Deregister { handle }),
+            CTL_FORK => Some(ControlMsg::Fork { handle }),
+            CTL_INHERIT => Some(ControlMsg::Inherit { handle }),
             CTL_REPLY => Some(ControlMsg::Reply {
                 handle,
                 errno: arg as u32 as i32,
@@ -209,6 +223,8 @@ mod tests {
                 len: 1 << 40,
             },
             ControlMsg::Deregister { handle: 1023 },
+            ControlMsg::Fork { handle: 0xdead_beef },
+            ControlMsg::Inherit { handle: 1 },
             ControlMsg::Reply {
                 handle: 7,
                 errno: libc::EBUSY,

@@ -13,6 +13,7 @@ mod calls;
 mod control;
 pub mod engine;
 mod host;
+mod inherit;
 pub mod privilege;
 mod registry;
 mod slab;

@@ -32,6 +32,22 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Inserts at key `k` (a forked child inherits its parent's socket ids);
+    /// false if `k` is taken.
+    pub fn insert_at(&mut self, k: usize, v: T) -> bool {
+        while self.entries.len() <= k {
+            self.free.push(self.entries.len());
+            self.entries.push(None);
+        }
+        if self.entries[k].is_some() {
+            return false;
+        }
+        self.free.retain(|&f| f != k);
+        self.entries[k] = Some(v);
+        self.len += 1;
+        true
+    }
+
     pub fn remove(&mut self, k: usize) -> Option<T> {
         let v = self.entries.get_mut(k)?.take()?;
         self.free.push(k);
@@ -87,5 +103,17 @@ mod tests {
         assert_eq!(s.insert("c"), a);
         assert_eq!(s.get(b), Some(&"b"));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn insert_at_takes_exactly_that_key() {
+        let mut s = Slab::default();
+        assert!(s.insert_at(3, "d"));
+        assert!(!s.insert_at(3, "x"));
+        assert_eq!(s.get(3), Some(&"d"));
+        assert_eq!(s.len(), 1);
+        let mut keys = vec![s.insert("a"), s.insert("b"), s.insert("c"), s.insert("e")];
+        keys.sort();
+        assert_eq!(keys, vec![0, 1, 2, 4]);
     }
 }

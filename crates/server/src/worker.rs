@@ -37,6 +37,8 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
             (handle, res)
         }
         ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
+        ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
+        ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
     };
     debug!(host = host.id, ?m, ?res, "registration");

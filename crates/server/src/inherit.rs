@@ -1,0 +1,143 @@
+//! fork() support: a forked child inherits its parent's sockets.
+//!
+//! The server keeps sockets per attached host, so a child process (which
+//! attaches on its own) would otherwise lose the sockets it inherited as
+//! fds. Before fork(2) the parent asks for a **snapshot** (`ControlMsg::Fork`
+//! with a random nonce): every socket of the host is dup()ed as it is at
+//! that moment, exactly the kernel's fork semantics (both processes then
+//! share each socket; either may close its copy). The child attaches and
+//! presents the nonce (`ControlMsg::Inherit`); the server moves the
+//! snapshot into the child's table under the same socket ids.
+//!
+//! A snapshot is claimed once, with its nonce, only by a child of the parent
+//! (its `PPid`, read from /proc by the server; any uid, since a child that
+//! dropped privileges — an nginx worker — keeps its fds under the kernel
+//! too) or by the parent itself after exec(2) (same uid). It expires
+//! unclaimed after [`TTL`] (its descriptors are closed).
+
+use crate::host::{Host, Sock};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How long an unclaimed snapshot is kept.
+pub const TTL: Duration = Duration::from_secs(60);
+
+struct Inherited {
+    id: u32,
+    fd: OwnedFd,
+    nonblocking: bool,
+    rcv_timeout: Option<Duration>,
+    snd_timeout: Option<Duration>,
+}
+
+struct Snapshot {
+    nonce: u32,
+    parent_pid: u32,
+    uid: u32,
+    made: Instant,
+    sockets: Vec<Inherited>,
+}
+
+/// Snapshots waiting for their child, server-wide (the parent and the child
+/// may be served by different workers).
+static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
+
+fn pending() -> std::sync::MutexGuard<'static, Vec<Snapshot>> {
+    let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    p.retain(|s| s.made.elapsed() < TTL);
+    p
+}
+
+fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// `ControlMsg::Fork`: snapshot every socket of `host` under `nonce`.
+pub fn snapshot(host: &Host, nonce: u32) -> Result<(), i32> {
+    let mut sockets = Vec::with_capacity(host.sockets.len());
+    for (id, s) in host.sockets.iter() {
+        sockets.push(Inherited {
+            id: id as u32,
+            fd: dup(&s.fd)?,
+            nonblocking: s.nonblocking,
+            rcv_timeout: s.rcv_timeout,
+            snd_timeout: s.snd_timeout,
+        });
+    }
+    info!(
+        host = host.id,
+        pid = host.pid,
+        sockets = sockets.len(),
+        "fork: sockets snapshotted for a child"
+    );
+    let mut p = pending();
+    p.retain(|s| !(s.parent_pid == host.pid && s.nonce == nonce));
+    p.push(Snapshot {
+        nonce,
+        parent_pid: host.pid,
+        uid: host.uid,
+        made: Instant::now(),
+        sockets,
+    });
+    Ok(())
+}
+
+/// The parent pid of `pid` (from /proc), if it can be read.
+fn ppid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `ControlMsg::Inherit`: move snapshot `nonce` into `host` (a fresh child).
+/// ENOENT: no such snapshot for this process; EEXIST: an id is taken.
+pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
+    let parent = ppid(host.pid);
+    let snap = {
+        let mut p = pending();
+        let pos = p
+            .iter()
+            .position(|s| {
+                s.nonce == nonce
+                    && (Some(s.parent_pid) == parent
+                        || (s.parent_pid == host.pid && s.uid == host.uid))
+            })
+            .ok_or(libc::ENOENT)?;
+        p.swap_remove(pos)
+    };
+    let n = snap.sockets.len();
+    for i in snap.sockets {
+        host.next_gen = host.next_gen.wrapping_add(1) & crate::token::GEN_MASK;
+        let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking);
+        s.rcv_timeout = i.rcv_timeout;
+        s.snd_timeout = i.snd_timeout;
+        if !host.sockets.insert_at(i.id as usize, s) {
+            warn!(
+                host = host.id,
+                id = i.id,
+                "inherit: socket id already taken"
+            );
+            return Err(libc::EEXIST);
+        }
+    }
+    info!(
+        host = host.id,
+        pid = host.pid,
+        parent = snap.parent_pid,
+        sockets = n,
+        "fork: child inherited its parent's sockets"
+    );
+    Ok(())
+}
