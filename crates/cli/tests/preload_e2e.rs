@@ -430,3 +430,237 @@ fn nginx_workers_sendfile_on_off() {
         "workers did not inherit:\n{log}"
     );
 }
+
+/// memcached (2 threads, libevent) checked by memccapable (the protocol
+/// compatibility suite) and loaded by memcslap: same verdicts on both.
+#[test]
+fn memcached_memccapable_memcslap() {
+    for p in ["memcached", "memccapable", "memcslap"] {
+        need(p);
+    }
+    let srv = server();
+    let dir = TempDir::new("memcached");
+    let mut verdicts = Vec::new();
+    for net in [Net::Kernel, Net::Tcps] {
+        let port = free_port();
+        let p = port.to_string();
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.log"));
+        let argv = [
+            "memcached",
+            "-u",
+            "root",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &p,
+            "-U",
+            "0",
+            "-t",
+            "2",
+        ];
+        let mut child = command(net, &srv, &stats, &log, &argv)
+            .spawn()
+            .expect("spawn memcached");
+        wait_port(port, &mut child, "memcached", &log);
+        let cap = Command::new("memccapable")
+            .args(["-h", "127.0.0.1", "-p", &p])
+            .output()
+            .expect("memccapable");
+        let cap_text = String::from_utf8_lossy(&cap.stdout).to_string();
+        assert!(
+            cap.status.success(),
+            "memccapable failed on {net:?}:\n{cap_text}"
+        );
+        let slap = Command::new("memcslap")
+            .args([
+                &format!("--servers=127.0.0.1:{p}"),
+                "--concurrency=8",
+                "--execute-number=500",
+            ])
+            .output()
+            .expect("memcslap");
+        let slap_text = String::from_utf8_lossy(&slap.stdout).to_string()
+            + &String::from_utf8_lossy(&slap.stderr);
+        assert!(
+            slap.status.success(),
+            "memcslap failed on {net:?}:\n{slap_text}"
+        );
+        assert!(
+            slap_text.contains("Time to set"),
+            "memcslap did not run on {net:?}:\n{slap_text}"
+        );
+        stop(&mut child, libc::SIGTERM);
+        verdicts.push((
+            cap_text,
+            wait_summaries(&stats, if net == Net::Tcps { 1 } else { 0 }),
+        ));
+    }
+    assert_eq!(verdicts[0].0, verdicts[1].0, "memccapable verdicts differ");
+    assert!(
+        verdicts[1].0.contains("All tests passed"),
+        "{}",
+        verdicts[1].0
+    );
+    let t = &verdicts[1].1;
+    assert!(
+        t.len() == 1 && t[0].accepted >= 9 && t[0].kernel_tcp == 0,
+        "not offloaded: {t:?}"
+    );
+}
+
+/// Bytes iperf3 moved, from its JSON report (panics on an error report).
+fn iperf_bytes(out: &std::process::Output, what: &str) -> u64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: bad JSON ({e}):\n{text}"));
+    assert!(v.get("error").is_none(), "{what}: {}", v["error"]);
+    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
+}
+
+/// iperf3 as server and as client through the TCP server, both directions
+/// (-R), against a kernel peer; and the same runs on kernel sockets.
+#[test]
+fn iperf3_both_roles_both_directions() {
+    need("iperf3");
+    let srv = server();
+    let dir = TempDir::new("iperf3");
+    for net in [Net::Kernel, Net::Tcps] {
+        for (offloaded_role, reverse) in [
+            ("server", false),
+            ("server", true),
+            ("client", false),
+            ("client", true),
+        ] {
+            let tag = format!("{net:?}-{offloaded_role}-{reverse}");
+            let port = free_port();
+            let p = port.to_string();
+            let stats = dir.path().join(format!("{tag}.stats"));
+            let slog = dir.path().join(format!("{tag}.server.log"));
+            let clog = dir.path().join(format!("{tag}.client.log"));
+            let server_net = if offloaded_role == "server" {
+                net
+            } else {
+                Net::Kernel
+            };
+            let client_net = if offloaded_role == "client" {
+                net
+            } else {
+                Net::Kernel
+            };
+            let mut s = command(
+                server_net,
+                &srv,
+                &stats,
+                &slog,
+                &["iperf3", "-s", "-1", "--forceflush", "-p", &p],
+            )
+            .spawn()
+            .expect("spawn iperf3 -s");
+            // iperf3 -s accepts the probe connection as a test: wait on the log instead.
+            let t = std::time::Instant::now();
+            while !read(&slog).contains("Server listening") {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "{tag}: iperf3 -s not listening:\n{}",
+                    read(&slog)
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let mut argv = vec!["iperf3", "-c", "127.0.0.1", "-p", &p, "-t", "1", "-J"];
+            if reverse {
+                argv.push("-R");
+            }
+            let mut c = command(client_net, &srv, &stats, &clog, &argv);
+            c.stdout(std::process::Stdio::piped());
+            let out = c.output().expect("iperf3 -c");
+            let bytes = iperf_bytes(&out, &tag);
+            assert!(bytes > 10 << 20, "{tag}: only {bytes} bytes");
+            if common::wait_timeout(&mut s, Duration::from_secs(10)).is_none() {
+                stop(&mut s, libc::SIGKILL);
+            }
+            let sums = wait_summaries(&stats, if net == Net::Tcps { 1 } else { 0 });
+            if net == Net::Tcps {
+                assert!(
+                    sums.len() == 1 && sums[0].offloaded >= 2 && sums[0].kernel_tcp == 0,
+                    "{tag}: not offloaded: {sums:?}"
+                );
+            } else {
+                assert!(sums.is_empty(), "{tag}: {sums:?}");
+            }
+        }
+    }
+}
+
+/// A Python asyncio echo server (one event loop, epoll) with many
+/// concurrent clients: every byte comes back, on both.
+#[test]
+fn python_asyncio_echo() {
+    need("python3");
+    let srv = server();
+    let dir = TempDir::new("asyncio");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/asyncio_echo.py");
+    const CONNS: usize = 24;
+    for net in [Net::Kernel, Net::Tcps] {
+        let port = free_port();
+        let p = port.to_string();
+        let n = CONNS.to_string();
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.log"));
+        let mut child = command(
+            net,
+            &srv,
+            &stats,
+            &log,
+            &["python3", script, &p, "--conns", &n],
+        )
+        .spawn()
+        .expect("spawn asyncio");
+        // The readiness probe is a connection too: the server counts it.
+        wait_port(port, &mut child, "asyncio echo", &log);
+        let clients: Vec<_> = (0..CONNS - 1)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let data = common::Rng::new(i as u64 + 1).bytes(50_000 + i * 7_919);
+                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                    let mut w = s.try_clone().expect("clone");
+                    let d2 = data.clone();
+                    let writer = std::thread::spawn(move || {
+                        use std::io::Write;
+                        w.write_all(&d2).expect("write");
+                        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+                    });
+                    let mut got = Vec::new();
+                    use std::io::Read;
+                    s.read_to_end(&mut got).expect("read");
+                    writer.join().expect("writer");
+                    common::sha256(&got) == common::sha256(&data)
+                })
+            })
+            .collect();
+        for (i, c) in clients.into_iter().enumerate() {
+            assert!(
+                c.join().expect("client"),
+                "{net:?}: connection {i} echoed wrong bytes"
+            );
+        }
+        let st = common::wait_timeout(&mut child, Duration::from_secs(20));
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "{net:?}: asyncio server did not finish: {st:?}\n{}",
+            read(&log)
+        );
+        if net == Net::Tcps {
+            let t = summaries(&stats);
+            assert!(
+                t.len() == 1 && t[0].accepted == CONNS as u64 && t[0].kernel_tcp == 0,
+                "not offloaded: {t:?}"
+            );
+        }
+    }
+}
