@@ -403,6 +403,16 @@ fn nginx_workers_sendfile_on_off() {
                     accepted >= 16 + 5,
                     "{tag}: connections not offloaded: {sums:?}"
                 );
+                // sendfile on: the server sent every file body itself.
+                let by_server: u64 = sums.iter().map(|s| s.sendfile_bytes).sum();
+                if sendfile {
+                    assert!(
+                        by_server >= (1 << 20) + 100 * (16 << 10),
+                        "{tag}: sendfile bytes {by_server}: {sums:?}"
+                    );
+                } else {
+                    assert_eq!(by_server, 0, "{tag}: sendfile off used sendfile: {sums:?}");
+                }
                 assert!(
                     sums.iter().all(|s| s.kernel_tcp == 0),
                     "{tag}: kernel sockets: {sums:?}"

@@ -21,17 +21,12 @@
 //! sockets (calls on them fail with EBADF).
 
 use crate::log::{debug, warning};
-use crate::{fdtable, real, state};
-use std::os::fd::RawFd;
+use crate::{control, fdtable, real, state};
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use tcps_proto::fdpass;
-use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tcps_proto::handshake::ControlMsg;
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
-/// The control socket of the current attachment (-1: none): the library
-/// notes the SOCK_SEQPACKET socket the host library opens while attaching.
-static CTL_FD: AtomicI32 = AtomicI32::new(-1);
 /// `1 << 32 | nonce` while a forked child has a snapshot to claim.
 static INHERIT: AtomicU64 = AtomicU64::new(0);
 
@@ -41,39 +36,9 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Relaxed)
 }
 
-pub fn note_control_socket(fd: RawFd) {
-    CTL_FD.store(fd, Ordering::Release);
-}
-
 pub fn take_inherit_token() -> Option<u32> {
     let v = INHERIT.swap(0, Ordering::AcqRel);
     (v != 0).then_some(v as u32)
-}
-
-/// One control message and its reply on the current control socket.
-fn exchange(msg: ControlMsg) -> Result<(), i32> {
-    let ctl = CTL_FD.load(Ordering::Acquire);
-    if ctl < 0 {
-        return Err(libc::ENOTCONN);
-    }
-    let handle = match msg {
-        ControlMsg::Fork { handle } | ControlMsg::Inherit { handle } => handle,
-        _ => return Err(libc::EINVAL),
-    };
-    fdpass::send_with_fds(ctl, &msg.encode(), &[]).map_err(|e| crate::errno_of(&e))?;
-    let mut b = [0u8; CONTROL_MSG_LEN + 1];
-    // The control socket has a receive timeout (set at attach): bounded.
-    let (n, _) = fdpass::recv_with_fds(ctl, &mut b, 0).map_err(|e| crate::errno_of(&e))?;
-    match ControlMsg::decode(&b[..n]) {
-        Some(ControlMsg::Reply { handle: h, errno }) if h == handle => {
-            if errno == 0 {
-                Ok(())
-            } else {
-                Err(errno)
-            }
-        }
-        _ => Err(libc::EPROTO),
-    }
 }
 
 fn nonce() -> u32 {
@@ -86,7 +51,7 @@ fn nonce() -> u32 {
 /// Attaches as a forked child and adopts the parent's snapshot `token`.
 pub fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
     let c = tcps::Client::attach(path)?;
-    match exchange(ControlMsg::Inherit { handle: token }) {
+    match control::call(ControlMsg::Inherit { handle: token }, token) {
         Ok(()) => debug!("fork: inherited the parent's sockets"),
         Err(e) => {
             warning!(
@@ -105,7 +70,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     let attached = state::client().is_some();
     let token = if attached {
         let n = nonce();
-        match exchange(ControlMsg::Fork { handle: n }) {
+        match control::call(ControlMsg::Fork { handle: n }, n) {
             Ok(()) => Some(n),
             Err(e) => {
                 warning!("fork: the server refused a socket snapshot (errno {e}); the child will not have the parent's sockets");
@@ -123,7 +88,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         if attached {
             // The parent's channels are not ours; its control socket must
             // not stay open here (the server would not see the parent go).
-            let ctl = CTL_FD.swap(-1, Ordering::AcqRel);
+            let ctl = control::take_socket();
             if ctl >= 0 {
                 real::close()(ctl);
             }

@@ -8,12 +8,14 @@
 //! a `tcps::Client` call. See `docs/PRELOAD.md` for what is intercepted, how
 //! epoll, fork and sendfile work, and what is not supported.
 //!
-//! Modules: `state` (the attachment, fallback), `fdtable` (fd → socket id),
+//! Modules: `state` (the attachment, fallback), `control` (messages on
+//! the control socket), `fdtable` (fd → socket id),
 //! `sock` (socket calls), `io` (data calls), `fdops` (close, dup, fcntl,
 //! ioctl), `poll` (poll/select and the mixed wait), `epoll`, `fork`,
 //! `sendfile`, `log` (TCPS_LOG, counters).
 #![allow(clippy::missing_safety_doc)]
 
+mod control;
 mod epoll;
 mod fdops;
 mod fdtable;

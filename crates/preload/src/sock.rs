@@ -65,7 +65,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         let fd = real::socket()(domain, ty, protocol);
         if domain == libc::AF_UNIX && state::attaching_here() {
             // The host library's control socket (fork needs it).
-            crate::fork::note_control_socket(fd);
+            crate::control::note_socket(fd);
         } else {
             COUNTERS.kernel_other.fetch_add(1, Ordering::Relaxed);
         }

@@ -16,6 +16,7 @@ mod host;
 mod inherit;
 pub mod privilege;
 mod registry;
+mod sendfile;
 mod slab;
 mod sys;
 mod token;

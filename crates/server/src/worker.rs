@@ -26,6 +26,15 @@ use tracing::{debug, info, warn};
 /// Executes one registration message of a host and answers it. An error is
 /// a control socket that cannot carry the reply (the host is cut off).
 fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std::io::Result<()> {
+    if let ControlMsg::SendFile {
+        sock,
+        offset,
+        count,
+    } = m
+    {
+        let reply = crate::sendfile::serve(host, sock, offset, count, fds);
+        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &[]);
+    }
     let (handle, res) = match m {
         ControlMsg::Register { handle, len } => {
             let res = if fds.len() == 1 {
@@ -40,6 +49,9 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
+        ControlMsg::SendFile { sock, .. } | ControlMsg::Sent { sock, .. } => {
+            (sock, Err(libc::EINVAL))
+        }
     };
     debug!(host = host.id, ?m, ?res, "registration");
     let reply = ControlMsg::Reply {
