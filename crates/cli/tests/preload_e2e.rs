@@ -58,6 +58,12 @@ fn probe_matches_kernel() {
         t[0].offloaded >= 50 && t[0].accepted >= 25 && t[0].kernel_tcp == 0,
         "not offloaded: {t:?}"
     );
+    // The forked child's exec got its socket back from the server.
+    assert!(
+        srv.log_text().contains("exec: socket handed back"),
+        "no socket was handed back at exec:\n{}",
+        srv.log_text()
+    );
     assert!(
         srv.log_text().contains(&format!("pid={}", t[0].pid)),
         "the server never saw pid {}",

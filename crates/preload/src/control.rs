@@ -2,7 +2,7 @@
 //! one request and its reply at a time per process, under a lock, so two
 //! threads never read each other's replies.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use tcps_proto::fdpass;
@@ -26,6 +26,11 @@ pub fn take_socket() -> RawFd {
 
 /// Sends `msg` (with `fds`) and returns the server's reply.
 pub fn exchange(msg: ControlMsg, fds: &[RawFd]) -> Result<ControlMsg, i32> {
+    exchange_fds(msg, fds).map(|(m, _)| m)
+}
+
+/// As [`exchange`], also returning the descriptors the reply carried.
+pub fn exchange_fds(msg: ControlMsg, fds: &[RawFd]) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ctl = CTL_FD.load(Ordering::Acquire);
     if ctl < 0 {
@@ -34,8 +39,8 @@ pub fn exchange(msg: ControlMsg, fds: &[RawFd]) -> Result<ControlMsg, i32> {
     fdpass::send_with_fds(ctl, &msg.encode(), fds).map_err(|e| crate::errno_of(&e))?;
     let mut b = [0u8; CONTROL_MSG_LEN + 1];
     // The control socket has a receive timeout (set at attach): bounded.
-    let (n, _) = fdpass::recv_with_fds(ctl, &mut b, 0).map_err(|e| crate::errno_of(&e))?;
-    ControlMsg::decode(&b[..n]).ok_or(libc::EPROTO)
+    let (n, got) = fdpass::recv_with_fds(ctl, &mut b, 0).map_err(|e| crate::errno_of(&e))?;
+    Ok((ControlMsg::decode(&b[..n]).ok_or(libc::EPROTO)?, got))
 }
 
 /// A message answered by `Reply { handle, errno }`: Ok on errno 0.

@@ -83,7 +83,6 @@ pub fn note_write(id: u32) {
 }
 
 /// Every offloaded fd and its id (fork, exec).
-#[allow(dead_code)]
 pub fn all() -> Vec<(i32, u32)> {
     FDS.iter()
         .enumerate()

@@ -11,12 +11,13 @@
 //! Modules: `state` (the attachment, fallback), `control` (messages on
 //! the control socket), `fdtable` (fd → socket id),
 //! `sock` (socket calls), `io` (data calls), `fdops` (close, dup, fcntl,
-//! ioctl), `poll` (poll/select and the mixed wait), `epoll`, `fork`,
+//! ioctl), `poll` (poll/select and the mixed wait), `epoll`, `fork`, `exec`,
 //! `sendfile`, `log` (TCPS_LOG, counters).
 #![allow(clippy::missing_safety_doc)]
 
 mod control;
 mod epoll;
+mod exec;
 mod fdops;
 mod fdtable;
 mod fork;

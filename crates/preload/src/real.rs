@@ -71,7 +71,6 @@ real! {
     sendmsg: fn(c_int, *const libc::msghdr, c_int) -> ssize_t;
     sendfile: fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t;
     sendfile64: fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t;
-    pread64: fn(c_int, *mut c_void, size_t, libc::off64_t) -> ssize_t;
     close: fn(c_int) -> c_int;
     dup: fn(c_int) -> c_int;
     dup2: fn(c_int, c_int) -> c_int;
@@ -84,6 +83,11 @@ real! {
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     fork: fn() -> libc::pid_t;
     eventfd: fn(c_uint, c_int) -> c_int;
+    execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+    execv: fn(*const c_char, *const *const c_char) -> c_int;
+    execvp: fn(*const c_char, *const *const c_char) -> c_int;
+    execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+    fexecve: fn(c_int, *const *const c_char, *const *const c_char) -> c_int;
 }
 
 real! {

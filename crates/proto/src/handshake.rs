@@ -18,6 +18,7 @@
 //! host   → server  Fork       { handle }  snapshot my sockets for a child
 //! host   → server  Inherit    { handle }  (a forked child) adopt that snapshot
 //! host   → server  SendFile   { sock, offset, count } + SCM_RIGHTS [file]
+//! host   → server  Export     { handle: sock }  hand the kernel socket back (exec)
 //! server → host    Reply      { handle, errno }      (one per message above)
 //! server → host    Sent       { sock, bytes }        (SendFile's success)
 //! ```
@@ -147,6 +148,10 @@ pub enum ControlMsg {
     /// message, `count` bytes at `offset`; the server reads the file itself
     /// (one non-blocking sendfile: may send less, or fail with EAGAIN).
     SendFile { sock: u32, offset: u64, count: u32 },
+    /// Take socket `handle` out of the server and hand its kernel socket to
+    /// the host (before exec(2)): answered by a `Reply` carrying the socket
+    /// (SCM_RIGHTS) when `errno` is 0.
+    Export { handle: u32 },
     /// SendFile's answer on success (a failure is a `Reply` with the errno).
     Sent { sock: u32, bytes: u64 },
     /// The server's answer to any of the above: 0 or an errno.
@@ -160,6 +165,7 @@ const CTL_FORK: u32 = 4;
 const CTL_INHERIT: u32 = 5;
 const CTL_SENDFILE: u32 = 6;
 const CTL_SENT: u32 = 7;
+const CTL_EXPORT: u32 = 8;
 
 impl ControlMsg {
     pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
@@ -179,6 +185,7 @@ impl ControlMsg {
                 (CTL_SENDFILE, sock, offset)
             }
             ControlMsg::Sent { sock, bytes } => (CTL_SENT, sock, bytes),
+            ControlMsg::Export { handle } => (CTL_EXPORT, handle, 0),
         };
         let mut b = [0u8; CONTROL_MSG_LEN];
         b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
@@ -207,6 +214,7 @@ impl ControlMsg {
                 offset: arg,
                 count: u32::from_le_bytes(b[12..16].try_into().ok()?),
             }),
+            CTL_EXPORT => Some(ControlMsg::Export { handle }),
             CTL_SENT => Some(ControlMsg::Sent {
                 sock: handle,
                 bytes: arg,
@@ -266,6 +274,7 @@ mod tests {
                 sock: 5,
                 bytes: 4096,
             },
+            ControlMsg::Export { handle: 9 },
             ControlMsg::Reply {
                 handle: 7,
                 errno: libc::EBUSY,

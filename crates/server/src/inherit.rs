@@ -9,6 +9,11 @@
 //! presents the nonce (`ControlMsg::Inherit`); the server moves the
 //! snapshot into the child's table under the same socket ids.
 //!
+//! exec(2) is the other way across process images: `ControlMsg::Export`
+//! takes one socket out of the host's table and hands the kernel socket
+//! itself to the host, which puts it where its placeholder fd was, so the
+//! new program image gets a plain kernel socket ([`export`]).
+//!
 //! A snapshot is claimed once, with its nonce, only by a child of the parent
 //! (its `PPid`, read from /proc by the server; any uid, since a child that
 //! dropped privileges — an nginx worker — keeps its fds under the kernel
@@ -19,6 +24,7 @@ use crate::host::{Host, Sock};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tcps_proto::handshake::ControlMsg;
 use tracing::{info, warn};
 
 /// How long an unclaimed snapshot is kept.
@@ -140,4 +146,31 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
         "fork: child inherited its parent's sockets"
     );
     Ok(())
+}
+
+/// `ControlMsg::Export`: removes socket `id` from `host` and returns the
+/// kernel socket for the host. EBUSY while calls are parked on it or the
+/// engine watches it, or while it holds an asynchronous send queue or an
+/// admission count (`--max-conns-*`); the host then leaves it offloaded.
+pub fn export(host: &mut Host, id: u32) -> (ControlMsg, Option<OwnedFd>) {
+    let reply = |errno| ControlMsg::Reply { handle: id, errno };
+    let Some(s) = host.socket(id) else {
+        return (reply(libc::EBADF), None);
+    };
+    if !s.readers.is_empty() || !s.writers.is_empty() || !s.pollers.is_empty() || s.armed_mask != 0
+    {
+        return (reply(libc::EBUSY), None);
+    }
+    match host.sockets.remove(id as usize) {
+        Some(s) => {
+            info!(
+                host = host.id,
+                pid = host.pid,
+                id,
+                "exec: socket handed back to the host's kernel"
+            );
+            (reply(0), Some(s.fd))
+        }
+        None => (reply(libc::EBADF), None),
+    }
 }

@@ -35,6 +35,11 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         let reply = crate::sendfile::serve(host, sock, offset, count, fds);
         return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &[]);
     }
+    if let ControlMsg::Export { handle } = m {
+        let (reply, fd) = crate::inherit::export(host, handle);
+        let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &fds);
+    }
     let (handle, res) = match m {
         ControlMsg::Register { handle, len } => {
             let res = if fds.len() == 1 {
@@ -49,9 +54,11 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
+        // Answered above (SendFile, Export) or never sent by a host (Sent).
         ControlMsg::SendFile { sock, .. } | ControlMsg::Sent { sock, .. } => {
             (sock, Err(libc::EINVAL))
         }
+        ControlMsg::Export { handle } => (handle, Err(libc::EINVAL)),
     };
     debug!(host = host.id, ?m, ?res, "registration");
     let reply = ControlMsg::Reply {

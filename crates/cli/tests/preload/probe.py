@@ -229,4 +229,33 @@ th.join()
 say("many", answers == [b"CONN%d" % i for i in range(20)])
 lst.close()
 
+# 13. fork + exec: an inheritable socket reaches the new program image as a
+# working (kernel) socket; the parent keeps its copy.
+import sys
+lst = listener()
+c, a = pair(lst)
+a.set_inheritable(True)
+c.send(b"before-exec")
+time.sleep(0.05)
+child_code = (
+    "import socket,sys; s=socket.socket(fileno=int(sys.argv[1])); "
+    "s.setblocking(True); d=s.recv(100); s.sendall(b'after-exec:'+d); "
+    "s.sendall(b':type=%d' % s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE))"
+)
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-c", child_code, str(a.fileno())])
+_, status = os.waitpid(pid, 0)
+say("exec.child.status", status)
+a.close()
+got = b""
+while len(got) < len(b"after-exec:before-exec:type=1"):
+    chunk = c.recv(100)
+    if not chunk:
+        break
+    got += chunk
+say("exec.reply", got)
+c.close()
+lst.close()
+
 print("\n".join(out))
