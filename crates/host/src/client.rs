@@ -392,6 +392,24 @@ impl Client {
         })
     }
 
+    /// sendfile(2) at the server: up to `len` bytes of file `file` (handed
+    /// over beforehand with `ControlMsg::FileOpen` on the control socket)
+    /// from `offset`, sent on `s` by the server without the bytes passing
+    /// through this process. One non-blocking attempt: may send less, or
+    /// fail with EAGAIN.
+    pub fn sendfile(&self, s: u32, file: u32, offset: u64, len: u32) -> io::Result<usize> {
+        let mut r = request(Op::SendFile, s);
+        r.args[0] = u64::from(file);
+        r.args[1] = offset;
+        r.args[2] = u64::from(len);
+        self.with_channel(libc::EPIPE, 0, 0, |l| {
+            let n = count(&l.exchange(r)?, len as usize)?;
+            // Sent by the server, copied by nobody: no bytes_copied.
+            l.count_network(n, 0);
+            Ok(n)
+        })
+    }
+
     /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`).
     pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
         let mut r = request(Op::Fcntl, s);

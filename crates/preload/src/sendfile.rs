@@ -1,8 +1,12 @@
 //! sendfile / sendfile64 to an offloaded socket: the TCP server reads the
-//! file itself. The open file travels to the server (SCM_RIGHTS on the
-//! control socket, `ControlMsg::SendFile`) with the range; the server does
-//! a non-blocking sendfile(2) on its kernel socket and answers the count.
-//! No file byte passes through this process or the channel.
+//! file itself and no file byte passes through this process or the channel.
+//!
+//! The open file is handed to the server once (`ControlMsg::FileOpen`,
+//! SCM_RIGHTS on the control socket) and cached here by (device, inode,
+//! size, mtime), so a file served again — nginx opens it anew for every
+//! request — costs one fstat and an ordinary channel request
+//! (`Client::sendfile`, `Op::SendFile`). At most [`MAX_FILES`] files are
+//! kept open at the server; when the cache is full it is emptied.
 //!
 //! A blocking socket waits for POLLOUT (at the server) and asks again until
 //! all of `count` is sent, as the kernel's blocking sendfile does; a
@@ -12,24 +16,77 @@ use crate::log::{debug, COUNTERS};
 use crate::sock::on_socket;
 use crate::{control, fail, real};
 use libc::{c_int, off64_t, size_t, ssize_t};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use tcps_proto::handshake::ControlMsg;
 
-/// Largest range per message (the server's limit).
+/// Largest range per request (the server's limit).
 const MAX_CHUNK: usize = 1 << 30;
+/// Files kept open at the server per process.
+const MAX_FILES: usize = 1024;
 
-/// One server-side sendfile: bytes sent or an errno.
-fn server_sendfile(id: u32, in_fd: c_int, offset: u64, count: usize) -> Result<usize, i32> {
-    let msg = ControlMsg::SendFile {
-        sock: id,
-        offset,
-        count: count.min(MAX_CHUNK) as u32,
-    };
-    match control::exchange(msg, &[in_fd])? {
-        ControlMsg::Sent { sock, bytes } if sock == id => Ok(bytes as usize),
-        ControlMsg::Reply { handle, errno } if handle == id && errno != 0 => Err(errno),
-        _ => Err(libc::EPROTO),
+/// (st_dev, st_ino, st_size, st_mtime, st_mtime_nsec)
+type FileKey = (u64, u64, i64, i64, i64);
+
+struct Files {
+    generation: u64,
+    next: u32,
+    handles: HashMap<FileKey, u32>,
+}
+
+static FILES: Mutex<Option<Files>> = Mutex::new(None);
+
+/// The server's handle for the regular file open as `fd`.
+fn file_handle(fd: c_int) -> Result<u32, i32> {
+    // SAFETY: fstat into a zeroed stat we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(crate::last_errno());
     }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(libc::EINVAL);
+    }
+    let key = (
+        st.st_dev,
+        st.st_ino,
+        st.st_size,
+        st.st_mtime,
+        st.st_mtime_nsec,
+    );
+    let mut g = FILES.lock().unwrap_or_else(|p| p.into_inner());
+    let generation = crate::fork::generation();
+    // A forked child's server-side files are not its parent's.
+    let files = match g.as_mut() {
+        Some(f) if f.generation == generation => f,
+        _ => g.insert(Files {
+            generation,
+            next: 1,
+            handles: HashMap::new(),
+        }),
+    };
+    if let Some(&h) = files.handles.get(&key) {
+        return Ok(h);
+    }
+    if files.handles.len() >= MAX_FILES {
+        for (_, h) in files.handles.drain() {
+            let _ = control::call(ControlMsg::FileClose { handle: h }, h);
+        }
+    }
+    let h = files.next;
+    files.next = files.next.wrapping_add(1).max(1);
+    match control::exchange(ControlMsg::FileOpen { handle: h }, &[fd])? {
+        ControlMsg::Reply { handle, errno: 0 } if handle == h => {}
+        ControlMsg::Reply { handle, errno } if handle == h => return Err(errno),
+        _ => return Err(libc::EPROTO),
+    }
+    debug!(
+        "sendfile: file (dev {}, inode {}) handed to the server as file {h}",
+        key.0, key.1
+    );
+    files.handles.insert(key, h);
+    Ok(h)
 }
 
 unsafe fn offloaded_sendfile(
@@ -52,12 +109,20 @@ unsafe fn offloaded_sendfile(
             libc::EINVAL
         });
     }
+    let file = match file_handle(in_fd) {
+        Ok(h) => h,
+        Err(e) => return fail(e),
+    };
     let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
     crate::fdtable::note_write(id);
     let mut total = 0usize;
     let mut err = 0;
     while total < count {
-        match server_sendfile(id, in_fd, start as u64 + total as u64, count - total) {
+        let chunk = (count - total).min(MAX_CHUNK) as u32;
+        match c
+            .sendfile(id, file, start as u64 + total as u64, chunk)
+            .map_err(|e| crate::errno_of(&e))
+        {
             Ok(0) => break, // end of file
             Ok(n) => total += n,
             Err(libc::EAGAIN) if !nonblocking => {}

@@ -17,10 +17,10 @@
 //! host   → server  Deregister { handle }
 //! host   → server  Fork       { handle }  snapshot my sockets for a child
 //! host   → server  Inherit    { handle }  (a forked child) adopt that snapshot
-//! host   → server  SendFile   { sock, offset, count } + SCM_RIGHTS [file]
 //! host   → server  Export     { handle: sock }  hand the kernel socket back (exec)
+//! host   → server  FileOpen   { handle } + SCM_RIGHTS [file]  for `Op::SendFile`
+//! host   → server  FileClose  { handle }
 //! server → host    Reply      { handle, errno }      (one per message above)
-//! server → host    Sent       { sock, bytes }        (SendFile's success)
 //! ```
 //!
 //! The memfd must be sealed against shrinking (`F_SEAL_SHRINK`), so the
@@ -144,16 +144,15 @@ pub enum ControlMsg {
     /// Sent by a forked child right after it attached: adopt snapshot
     /// `handle` of the parent, under the same socket ids.
     Inherit { handle: u32 },
-    /// sendfile(2) on socket `sock` from the file that comes with this
-    /// message, `count` bytes at `offset`; the server reads the file itself
-    /// (one non-blocking sendfile: may send less, or fail with EAGAIN).
-    SendFile { sock: u32, offset: u64, count: u32 },
     /// Take socket `handle` out of the server and hand its kernel socket to
     /// the host (before exec(2)): answered by a `Reply` carrying the socket
     /// (SCM_RIGHTS) when `errno` is 0.
     Export { handle: u32 },
-    /// SendFile's answer on success (a failure is a `Reply` with the errno).
-    Sent { sock: u32, bytes: u64 },
+    /// Keep the regular file that comes with this message as file `handle`
+    /// of this host, for `Op::SendFile` (the server sends from it itself).
+    FileOpen { handle: u32 },
+    /// Close file `handle`.
+    FileClose { handle: u32 },
     /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },
 }
@@ -163,35 +162,26 @@ const CTL_DEREGISTER: u32 = 2;
 const CTL_REPLY: u32 = 3;
 const CTL_FORK: u32 = 4;
 const CTL_INHERIT: u32 = 5;
-const CTL_SENDFILE: u32 = 6;
-const CTL_SENT: u32 = 7;
-const CTL_EXPORT: u32 = 8;
+const CTL_EXPORT: u32 = 6;
+const CTL_FILE_OPEN: u32 = 7;
+const CTL_FILE_CLOSE: u32 = 8;
 
 impl ControlMsg {
     pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
-        let mut extra = 0u32;
         let (kind, handle, arg) = match *self {
             ControlMsg::Register { handle, len } => (CTL_REGISTER, handle, len),
             ControlMsg::Deregister { handle } => (CTL_DEREGISTER, handle, 0),
             ControlMsg::Reply { handle, errno } => (CTL_REPLY, handle, errno as u32 as u64),
             ControlMsg::Fork { handle } => (CTL_FORK, handle, 0),
             ControlMsg::Inherit { handle } => (CTL_INHERIT, handle, 0),
-            ControlMsg::SendFile {
-                sock,
-                offset,
-                count,
-            } => {
-                extra = count;
-                (CTL_SENDFILE, sock, offset)
-            }
-            ControlMsg::Sent { sock, bytes } => (CTL_SENT, sock, bytes),
             ControlMsg::Export { handle } => (CTL_EXPORT, handle, 0),
+            ControlMsg::FileOpen { handle } => (CTL_FILE_OPEN, handle, 0),
+            ControlMsg::FileClose { handle } => (CTL_FILE_CLOSE, handle, 0),
         };
         let mut b = [0u8; CONTROL_MSG_LEN];
         b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
         b[4..8].copy_from_slice(&kind.to_le_bytes());
         b[8..12].copy_from_slice(&handle.to_le_bytes());
-        b[12..16].copy_from_slice(&extra.to_le_bytes());
         b[16..24].copy_from_slice(&arg.to_le_bytes());
         b
     }
@@ -209,16 +199,9 @@ impl ControlMsg {
             CTL_DEREGISTER => Some(ControlMsg::Deregister { handle }),
             CTL_FORK => Some(ControlMsg::Fork { handle }),
             CTL_INHERIT => Some(ControlMsg::Inherit { handle }),
-            CTL_SENDFILE => Some(ControlMsg::SendFile {
-                sock: handle,
-                offset: arg,
-                count: u32::from_le_bytes(b[12..16].try_into().ok()?),
-            }),
             CTL_EXPORT => Some(ControlMsg::Export { handle }),
-            CTL_SENT => Some(ControlMsg::Sent {
-                sock: handle,
-                bytes: arg,
-            }),
+            CTL_FILE_OPEN => Some(ControlMsg::FileOpen { handle }),
+            CTL_FILE_CLOSE => Some(ControlMsg::FileClose { handle }),
             CTL_REPLY => Some(ControlMsg::Reply {
                 handle,
                 errno: arg as u32 as i32,
@@ -265,16 +248,9 @@ mod tests {
                 handle: 0xdead_beef,
             },
             ControlMsg::Inherit { handle: 1 },
-            ControlMsg::SendFile {
-                sock: 5,
-                offset: 1 << 33,
-                count: 16384,
-            },
-            ControlMsg::Sent {
-                sock: 5,
-                bytes: 4096,
-            },
             ControlMsg::Export { handle: 9 },
+            ControlMsg::FileOpen { handle: 10 },
+            ControlMsg::FileClose { handle: 11 },
             ControlMsg::Reply {
                 handle: 7,
                 errno: libc::EBUSY,

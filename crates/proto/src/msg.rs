@@ -76,7 +76,7 @@ ops! {
     Nop = 1, Socket = 2, Bind = 3, Listen = 4, Accept = 5, Connect = 6, Send = 7,
     Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
     GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
-    SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20,
+    SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20, SendFile = 21,
 }
 
 /// A byte range of the channel arena, checked to lie inside it.
@@ -204,6 +204,14 @@ pub enum Call {
         sock: u32,
         data: MemRange,
         flags: i32,
+    },
+    /// sendfile(2) from file `file` (registered with `ControlMsg::FileOpen`)
+    /// at `offset`, at most `count` bytes: the server reads the file itself.
+    SendFile {
+        sock: u32,
+        file: u32,
+        offset: u64,
+        count: u32,
     },
     /// Binds send queue `queue` to the socket; its first descriptor is `start`.
     AsyncBind {
@@ -372,6 +380,12 @@ impl Call {
                 start: u32_arg(1, "send queue start")?,
             },
             Op::AsyncKick => Call::AsyncKick { sock },
+            Op::SendFile => Call::SendFile {
+                sock,
+                file: u32_arg(0, "file handle")?,
+                offset: r.args[1],
+                count: u32_arg(2, "sendfile count")?,
+            },
         })
     }
 

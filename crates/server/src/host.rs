@@ -38,6 +38,8 @@ pub struct Host {
     pub doomed: Option<String>,
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
+    /// Files the host opened for `Op::SendFile` (`ControlMsg::FileOpen`).
+    pub files: std::collections::HashMap<u32, OwnedFd>,
     /// The server's private state of each send queue (index = queue).
     pub queues: Vec<QueueState>,
     /// Queues the worker watches on every pass (their `active` is set).
@@ -84,6 +86,7 @@ impl Host {
             stats: HostStats::default(),
             doomed: None,
             registry: Registry::default(),
+            files: Default::default(),
             queues: vec![QueueState::default(); layout.send_queues as usize],
             hot: Vec::new(),
             cooling: Vec::new(),

@@ -26,15 +26,6 @@ use tracing::{debug, info, warn};
 /// Executes one registration message of a host and answers it. An error is
 /// a control socket that cannot carry the reply (the host is cut off).
 fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std::io::Result<()> {
-    if let ControlMsg::SendFile {
-        sock,
-        offset,
-        count,
-    } = m
-    {
-        let reply = crate::sendfile::serve(host, sock, offset, count, fds);
-        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &[]);
-    }
     if let ControlMsg::Export { handle } = m {
         let (reply, fd) = crate::inherit::export(host, handle);
         let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
@@ -54,11 +45,10 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
-        // Answered above (SendFile, Export) or never sent by a host (Sent).
-        ControlMsg::SendFile { sock, .. } | ControlMsg::Sent { sock, .. } => {
-            (sock, Err(libc::EINVAL))
-        }
+        // Answered above.
         ControlMsg::Export { handle } => (handle, Err(libc::EINVAL)),
+        ControlMsg::FileOpen { handle } => (handle, crate::sendfile::open(host, handle, fds)),
+        ControlMsg::FileClose { handle } => (handle, crate::sendfile::close(host, handle)),
     };
     debug!(host = host.id, ?m, ?res, "registration");
     let reply = ControlMsg::Reply {

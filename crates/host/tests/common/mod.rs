@@ -606,8 +606,11 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
                 _ => fail(&mut c, libc::EINVAL),
             }
         }
-        // The fake server has no registered memory nor send queues.
-        Call::SendReg { .. } | Call::RecvReg { .. } | Call::AsyncBind { .. } => {
+        // The fake server has no registered memory, send queues nor files.
+        Call::SendReg { .. }
+        | Call::RecvReg { .. }
+        | Call::AsyncBind { .. }
+        | Call::SendFile { .. } => {
             fail(&mut c, libc::EOPNOTSUPP)
         }
         Call::AsyncKick { .. } => None,

@@ -167,6 +167,12 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
             ..
         } => return poll::start(cx, host, ch, req.user_data, entries, timeout_ms),
         Call::Fcntl { sock, cmd, arg } => fcntl(host, sock, cmd, arg),
+        Call::SendFile {
+            sock,
+            file,
+            offset,
+            count,
+        } => crate::sendfile::call(host, sock, file, offset, count),
     };
     complete(host, ch, req.user_data, op, res);
 }
