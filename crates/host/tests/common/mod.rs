@@ -610,9 +610,7 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         Call::SendReg { .. }
         | Call::RecvReg { .. }
         | Call::AsyncBind { .. }
-        | Call::SendFile { .. } => {
-            fail(&mut c, libc::EOPNOTSUPP)
-        }
+        | Call::SendFile { .. } => fail(&mut c, libc::EOPNOTSUPP),
         Call::AsyncKick { .. } => None,
     }
 }
