@@ -120,7 +120,20 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
         publish_done(sq.ctl(), head);
         return 0;
     }
-    let mut jobs = Vec::with_capacity(n as usize);
+    // Straight into the socket's write queue (disjoint fields of `host`:
+    // no temporary allocation on this path).
+    let Host {
+        sockets,
+        registry,
+        region,
+        ..
+    } = &mut *host;
+    let Some(sq) = region.send_queue(q) else {
+        return 0;
+    };
+    let Some(sock) = sockets.get_mut(sid as usize) else {
+        return 0;
+    };
     for i in 0..n {
         let seq = st.ingested.wrapping_add(i);
         let d = sq.read_desc(seq);
@@ -132,15 +145,15 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
         let valid = d.flags & !DESC_FLAGS == 0
             && d.len > 0
             && u32::from(d.mem) < sendq::MAX_REGISTRATIONS
-            && host.registry.resolve(data).is_ok();
+            && registry.resolve(data).is_ok();
         if valid {
-            host.registry.hold(d.mem);
+            registry.hold(d.mem);
         }
         let mut flags = libc::MSG_NOSIGNAL;
         if d.flags & DESC_MORE != 0 {
             flags |= libc::MSG_MORE;
         }
-        jobs.push(Parked {
+        sock.writers.push_back(Parked {
             ch: 0,
             user_data: 0,
             op: Op::SendReg,
@@ -161,9 +174,6 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
         });
     }
     host.queues[q as usize].ingested = head;
-    if let Some(s) = host.any_socket_mut(sid) {
-        s.writers.extend(jobs);
-    }
     drive_writers(cx, host, sid);
     let hkey = cx.hkey;
     if let Some(s) = host.any_socket_mut(sid) {
