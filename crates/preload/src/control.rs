@@ -24,6 +24,11 @@ pub fn take_socket() -> RawFd {
     CTL_FD.swap(-1, Ordering::AcqRel)
 }
 
+/// Held across fork (`fork.rs`): the child must not inherit it locked.
+pub fn lock_for_fork() -> std::sync::MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Sends `msg` (with `fds`) and returns the server's reply.
 pub fn exchange(msg: ControlMsg, fds: &[RawFd]) -> Result<ControlMsg, i32> {
     exchange_fds(msg, fds).map(|(m, _)| m)

@@ -80,9 +80,14 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     } else {
         None
     };
-    let guard = crate::epoll::lock_for_fork();
+    // Locks another thread may hold must not be copied held into the
+    // child (it would deadlock on them): take them across the fork, in the
+    // order their users take them.
+    let files = crate::sendfile::lock_for_fork();
+    let ctl = control::lock_for_fork();
+    let sets = crate::epoll::lock_for_fork();
     let pid = real::fork()();
-    drop(guard);
+    drop((sets, ctl, files));
     if pid == 0 {
         GENERATION.fetch_add(1, Ordering::Relaxed);
         if attached {

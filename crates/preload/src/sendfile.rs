@@ -29,13 +29,19 @@ const MAX_FILES: usize = 1024;
 /// (st_dev, st_ino, st_size, st_mtime, st_mtime_nsec)
 type FileKey = (u64, u64, i64, i64, i64);
 
-struct Files {
+pub struct Files {
     generation: u64,
     next: u32,
     handles: HashMap<FileKey, u32>,
 }
 
 static FILES: Mutex<Option<Files>> = Mutex::new(None);
+
+/// Held across fork (`fork.rs`), before the control lock (the order
+/// [`file_handle`] takes them in).
+pub fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<Files>> {
+    FILES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The server's handle for the regular file open as `fd`.
 fn file_handle(fd: c_int) -> Result<u32, i32> {
