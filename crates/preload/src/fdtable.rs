@@ -92,3 +92,29 @@ pub fn all() -> Vec<(i32, u32)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dups_share_a_socket_until_the_last_close() {
+        let (a, b, id) = (MAX_FDS as i32 - 3, MAX_FDS as i32 - 2, 77);
+        insert(a, id);
+        insert(b, id);
+        assert_eq!(lookup(a), Some(id));
+        assert_eq!(remove(a), Some((id, false)));
+        assert_eq!(lookup(a), None);
+        assert_eq!(remove(b), Some((id, true)));
+        assert_eq!(remove(b), None);
+    }
+
+    #[test]
+    fn bounds() {
+        assert!(!fits(-1, 0));
+        assert!(!fits(MAX_FDS as i32, 0));
+        assert!(!fits(0, MAX_IDS as u32));
+        assert_eq!(lookup(-5), None);
+        assert_eq!(lookup(i32::MAX), None);
+    }
+}
