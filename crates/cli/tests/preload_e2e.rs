@@ -376,10 +376,12 @@ fn nginx_workers_sendfile_on_off() {
                 "-p",
                 dir.path().to_str().unwrap(),
             ];
-            let mut child = command(net, &srv, &stats, &log, &argv)
-                .spawn()
-                .expect("spawn nginx");
-            wait_port(port, &mut child, "nginx", &log);
+            let mut nginx = Daemon(
+                command(net, &srv, &stats, &log, &argv)
+                    .spawn()
+                    .expect("spawn nginx"),
+            );
+            wait_port(port, &mut nginx.0, "nginx", &log);
             let mut got = Vec::new();
             for (name, _) in files.iter().chain([("missing", 0)].iter()) {
                 let out = Command::new("curl")
@@ -395,7 +397,7 @@ fn nginx_workers_sendfile_on_off() {
             }
             let requests = wrk_requests(port, "16k.bin");
             assert!(requests > 100, "{tag}: only {requests} requests");
-            stop(&mut child, libc::SIGQUIT);
+            stop(&mut nginx.0, libc::SIGQUIT);
             let sums = wait_summaries(&stats, if net == Net::Tcps { 3 } else { 0 });
             if net == Net::Tcps {
                 assert_eq!(

@@ -174,3 +174,16 @@ pub fn wait_summaries(stats: &Path, n: usize) -> Vec<Summary> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A daemon with worker processes (nginx): SIGTERMed on drop, so a failing
+/// test does not leave workers behind (its master alone would get the
+/// PDEATHSIG).
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            stop(&mut self.0, libc::SIGTERM);
+        }
+    }
+}
