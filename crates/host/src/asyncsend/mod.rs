@@ -493,6 +493,14 @@ impl Client {
         self.forget_done(&mut g.pending, done);
     }
 
+    /// [`refresh`](Self::refresh) for a socket bound to a queue (else nothing).
+    fn refresh_bound(&self, g: &mut SockState) {
+        if let Some(q) = g.queue {
+            let sq = self.conn.send_queue(q);
+            self.refresh(g, &sq);
+        }
+    }
+
     /// Drops the finished descriptors of `pending`, freeing staged bytes.
     fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32) {
         while let Some(p) = pending.front() {
@@ -616,11 +624,7 @@ impl Client {
         // Bring the socket's books up to date (frees staging, reads the
         // debug-mode misuse count).
         if let Some(lock) = self.asyncs().socks.get(s) {
-            let mut g = lock.lock();
-            if let Some(q) = g.queue {
-                let sq = self.conn.send_queue(q);
-                self.refresh(&mut g, &sq);
-            }
+            self.refresh_bound(&mut lock.lock());
         }
         Ok(())
     }
@@ -632,12 +636,8 @@ impl Client {
             return Ok(());
         };
         let mut g = lock.lock();
-        let Some(q) = g.queue else {
-            return Ok(());
-        };
         if g.error == 0 {
-            let sq = self.conn.send_queue(q);
-            self.refresh(&mut g, &sq);
+            self.refresh_bound(&mut g);
         }
         if g.error != 0 && !g.reported {
             return Err(g.report());
@@ -684,10 +684,7 @@ impl Client {
             .any(|o| o.pending.iter().any(|p| u32::from(p.mem) == mem));
         in_orphans
             || st.socks.any(|g| {
-                if let Some(q) = g.queue {
-                    let sq = self.conn.send_queue(q);
-                    self.refresh(g, &sq);
-                }
+                self.refresh_bound(g);
                 g.pending.iter().any(|p| u32::from(p.mem) == mem)
             })
     }
