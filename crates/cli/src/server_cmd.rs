@@ -78,12 +78,56 @@ pub struct ServerArgs {
     /// sends one socket may have in flight (the thesis' maxPipeline)
     #[arg(long, default_value_t = tcps_proto::layout::DEFAULT_SQ_ENTRIES)]
     pub sq_entries: u32,
+    /// Receive rings per host: sockets with a smaller id can receive
+    /// eagerly into the host's memory (push); others fall back to pull
+    #[arg(long, value_name = "N", default_value_t = tcps_proto::layout::DEFAULT_RECV_RINGS)]
+    pub recv_rings: u32,
+    /// Eager accept (process-ahead): the server accepts connections before
+    /// the host asks, into each listener's accept ring (on|off)
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub eager_accept: bool,
+    /// Most connections accepted ahead and not yet taken, per listener;
+    /// above it the kernel backlog applies as usual
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_EAGER_ACCEPT_SIZE)]
+    pub eager_accept_size: u32,
+    /// Eager receive (process-ahead): off (recv goes to the kernel on
+    /// demand), pull (the server reads ahead into its own buffer and answers
+    /// recv at once), push (the server reads ahead into a ring in the host's
+    /// memory; recv is a local copy with no round trip)
+    #[arg(long, value_name = "off|pull|push", default_value = "push", value_parser = parse_eager_recv)]
+    pub eager_recv: tcps_server::EagerRecv,
+    /// Bytes read ahead per connection before the server stops reading
+    /// (TCP's window then holds the peer back); the ring size for push,
+    /// rounded up to a power of two
+    #[arg(long, value_name = "BYTES", default_value_t = tcps_proto::layout::DEFAULT_RQ_BYTES)]
+    pub eager_recv_size: u32,
+    /// Set up the async send queue and receive ring of a connection as
+    /// part of accept, so its first send/recv needs no extra round trip (on|off)
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub setup_with_accept: bool,
     /// Mode of the control socket file (octal); the server checks each host's privileges itself
     #[arg(long, default_value = "666")]
     pub socket_mode: String,
     /// Read options from a config file (`key = value` lines)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+fn parse_eager_recv(s: &str) -> Result<tcps_server::EagerRecv, String> {
+    match s {
+        "off" => Ok(tcps_server::EagerRecv::Off),
+        "pull" => Ok(tcps_server::EagerRecv::Pull),
+        "push" | "on" => Ok(tcps_server::EagerRecv::Push),
+        _ => Err(format!("expected off, pull or push, got {s:?}")),
+    }
 }
 
 /// Parses a CPU list: `1`, `0,2`, `0-3`, `0-1,3`.
@@ -156,10 +200,22 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.max_sockets_per_host = args.max_sockets_per_host;
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
+    if !(4096..=16 << 20).contains(&args.eager_recv_size) {
+        return Err("--eager-recv-size must be between 4096 and 16777216 bytes".into());
+    }
+    cfg.eager = tcps_server::EagerPolicy {
+        accept: args.eager_accept,
+        accept_size: args.eager_accept_size.max(1),
+        recv: args.eager_recv,
+        recv_size: args.eager_recv_size,
+        setup_with_accept: args.setup_with_accept,
+    };
     cfg.layout.n_channels = args.channels;
     cfg.layout.arena_size = args.arena_kib.saturating_mul(1024);
     cfg.layout.send_queues = args.send_queues;
     cfg.layout.sq_entries = args.sq_entries;
+    cfg.layout.recv_rings = args.recv_rings;
+    cfg.layout.rq_bytes = args.eager_recv_size.next_power_of_two();
     cfg.layout
         .validate()
         .map_err(|e| format!("bad channel geometry: {e}"))?;

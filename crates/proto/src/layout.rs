@@ -1,6 +1,7 @@
 //! Geometry of the shared region: a header page, `n_channels` channels,
 //! each a control block, a request ring, a completion ring and a data arena,
-//! then `send_queues` asynchronous send queues (see [`crate::sendq`]).
+//! then `send_queues` asynchronous send queues (see [`crate::sendq`]), then
+//! `recv_rings` receive/accept rings (see [`crate::recvq`]).
 //!
 //! ```text
 //! offset 0            RegionHeader (one page)
@@ -12,6 +13,9 @@
 //! send_queues_offset + q*sq_stride:
 //!   +0                SendQueueCtl (three cache lines)
 //!   +SQ_CTL_SIZE      SendDesc[sq_entries]       (32 B each)
+//! recv_rings_offset + r*rq_stride:
+//!   +0                RecvRingCtl (three cache lines)
+//!   +RQ_CTL_SIZE      bytes [rq_bytes]
 //! ```
 //!
 //! The server creates the region and writes the header; the host reads the
@@ -38,6 +42,11 @@ pub const DEFAULT_SEND_QUEUES: u32 = 1024;
 /// Default descriptors per send queue (a power of two): the most
 /// asynchronous sends one socket may have in flight (the thesis' `maxPipeline`).
 pub const DEFAULT_SQ_ENTRIES: u32 = 64;
+/// Default number of receive rings per host: sockets with a smaller id can
+/// receive eagerly into host-visible memory (the others fall back to pull).
+pub const DEFAULT_RECV_RINGS: u32 = 1024;
+/// Default bytes per receive ring: the thesis' `EAGER_RECV_SIZE` (32 KiB).
+pub const DEFAULT_RQ_BYTES: u32 = 32 * 1024;
 
 /// The first page of the region. Fields a host may write are atomics; the
 /// geometry is written once by the server before the region is handed out.
@@ -53,7 +62,9 @@ pub struct RegionHeader {
     pub region_size: u64,
     pub send_queues: u32,
     pub sq_entries: u32,
-    _pad0: [u8; 16],
+    pub recv_rings: u32,
+    pub rq_bytes: u32,
+    _pad0: [u8; 8],
     /// Server-written: non-zero while the server may be asleep; a host that
     /// publishes a request must then ring the doorbell eventfd.
     pub server_sleeping: AtomicU32,
@@ -123,6 +134,10 @@ pub struct Layout {
     pub send_queues: u32,
     /// Descriptors per send queue (a power of two).
     pub sq_entries: u32,
+    /// Receive rings (0: no eager receive push, no accept rings).
+    pub recv_rings: u32,
+    /// Bytes per receive ring (a power of two, 4 KiB..=16 MiB).
+    pub rq_bytes: u32,
 }
 
 impl Default for Layout {
@@ -133,6 +148,8 @@ impl Default for Layout {
             arena_size: DEFAULT_ARENA_SIZE,
             send_queues: DEFAULT_SEND_QUEUES,
             sq_entries: DEFAULT_SQ_ENTRIES,
+            recv_rings: DEFAULT_RECV_RINGS,
+            rq_bytes: DEFAULT_RQ_BYTES,
         }
     }
 }
@@ -161,6 +178,14 @@ impl Layout {
         }
         if !self.sq_entries.is_power_of_two() || !(2..=4096).contains(&self.sq_entries) {
             return Err(LayoutError("sq_entries must be a power of two in 2..=4096"));
+        }
+        if self.recv_rings > 1 << 20 {
+            return Err(LayoutError("recv_rings must be at most 1048576"));
+        }
+        if !self.rq_bytes.is_power_of_two() || !(4096..=16 << 20).contains(&self.rq_bytes) {
+            return Err(LayoutError(
+                "rq_bytes must be a power of two in 4096..=16777216",
+            ));
         }
         if self.region_size() > 1 << 36 {
             return Err(LayoutError("region larger than 64 GiB"));
@@ -205,8 +230,22 @@ impl Layout {
         self.send_queues_offset() + q as usize * self.sq_stride()
     }
 
-    pub fn region_size(&self) -> usize {
+    /// Where the receive rings start (page aligned: after the send queues).
+    pub fn recv_rings_offset(&self) -> usize {
         (self.send_queues_offset() + self.send_queues as usize * self.sq_stride())
+            .next_multiple_of(PAGE)
+    }
+
+    pub fn rq_stride(&self) -> usize {
+        crate::recvq::RQ_CTL_SIZE + self.rq_bytes as usize
+    }
+
+    pub fn recv_ring_offset(&self, r: u32) -> usize {
+        self.recv_rings_offset() + r as usize * self.rq_stride()
+    }
+
+    pub fn region_size(&self) -> usize {
+        (self.recv_rings_offset() + self.recv_rings as usize * self.rq_stride())
             .next_multiple_of(PAGE)
     }
 }
@@ -227,8 +266,11 @@ mod tests {
             HEADER_SIZE + DEFAULT_CHANNELS as usize * l.channel_stride()
         );
         assert_eq!(l.region_size() % PAGE, 0);
-        assert!(l.region_size() >= l.send_queue_offset(l.send_queues));
+        assert!(l.recv_rings_offset() >= l.send_queue_offset(l.send_queues));
+        assert!(l.region_size() >= l.recv_ring_offset(l.recv_rings));
         assert_eq!(l.sq_stride() % 64, 0);
+        assert_eq!(l.rq_stride() % 64, 0);
+        assert_eq!(l.recv_rings_offset() % PAGE, 0);
     }
 
     #[test]
@@ -259,5 +301,12 @@ mod tests {
         }
         .validate()
         .is_ok());
+        assert!(Layout {
+            rq_bytes: 5000,
+            ..d
+        }
+        .validate()
+        .is_err());
+        assert!(Layout { recv_rings: 0, ..d }.validate().is_ok());
     }
 }

@@ -7,7 +7,9 @@
 //! host writes is checked by [`msg::Call::decode`] before the server acts on
 //! it. Socket addresses travel as raw `sockaddr` bytes ([`addr`]).
 //! Asynchronous sends from registered memory go through per-socket send
-//! queues ([`sendq`]) instead of request/completion pairs.
+//! queues ([`sendq`]) instead of request/completion pairs; received bytes
+//! and accepted connections processed ahead arrive in receive and accept
+//! rings ([`recvq`]).
 //!
 //! This crate does no I/O on sockets or memory of its own. The OS primitives
 //! the protocol needs live in two small modules: the futex a waiting host
@@ -20,6 +22,7 @@ pub mod futex;
 pub mod handshake;
 pub mod layout;
 pub mod msg;
+pub mod recvq;
 pub mod region;
 pub mod ring;
 pub mod sendq;
@@ -31,4 +34,4 @@ pub use region::Region;
 /// Identifies a tcps channel region and control message ("TCPSCHN1").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
 /// Protocol version; bumped on any change to the shared layout or messages.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;

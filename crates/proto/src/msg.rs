@@ -77,6 +77,7 @@ ops! {
     Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
     GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
     SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20, SendFile = 21,
+    RecvKick = 22, RecvBind = 23,
 }
 
 /// A byte range of the channel arena, checked to lie inside it.
@@ -224,12 +225,23 @@ pub enum Call {
     AsyncKick {
         sock: u32,
     },
+    /// "I consumed from this socket's paused receive/accept ring": the
+    /// server may read (accept) ahead again. Answered by no completion.
+    RecvKick {
+        sock: u32,
+    },
+    /// Sets up eager receive for a socket that was not set up at accept
+    /// (a connected socket's first `recv`): binds its receive ring or
+    /// starts pull. Result: a `recvq::RECV_MODE_*`.
+    RecvBind {
+        sock: u32,
+    },
 }
 
 impl Call {
-    /// Whether the request gets a completion (an `AsyncKick` does not).
+    /// Whether the request gets a completion (kicks do not).
     pub fn completes(&self) -> bool {
-        !matches!(self, Call::AsyncKick { .. })
+        !matches!(self, Call::AsyncKick { .. } | Call::RecvKick { .. })
     }
 }
 
@@ -380,6 +392,8 @@ impl Call {
                 start: u32_arg(1, "send queue start")?,
             },
             Op::AsyncKick => Call::AsyncKick { sock },
+            Op::RecvKick => Call::RecvKick { sock },
+            Op::RecvBind => Call::RecvBind { sock },
             Op::SendFile => Call::SendFile {
                 sock,
                 file: u32_arg(0, "file handle")?,

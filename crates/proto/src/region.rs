@@ -6,6 +6,7 @@
 
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
 use crate::msg::{ArenaRange, Completion, Request};
+use crate::recvq::{RecvRingCtl, RQ_CTL_SIZE};
 use crate::ring::stamp;
 use crate::sendq::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use crate::{MAGIC, VERSION};
@@ -67,6 +68,8 @@ impl Region {
             arena_size: 4096,
             send_queues: 0,
             sq_entries: 2,
+            recv_rings: 0,
+            rq_bytes: 4096,
         };
         // Map just the header first to read the geometry.
         let head = Region::map(fd, probe)?;
@@ -92,6 +95,8 @@ impl Region {
             arena_size: h.arena_size,
             send_queues: h.send_queues,
             sq_entries: h.sq_entries,
+            recv_rings: h.recv_rings,
+            rq_bytes: h.rq_bytes,
         };
         drop(head);
         if layout.region_size() as u64 != region_size {
@@ -120,6 +125,8 @@ impl Region {
             std::ptr::addr_of_mut!((*h).region_size).write(l.region_size() as u64);
             std::ptr::addr_of_mut!((*h).send_queues).write(l.send_queues);
             std::ptr::addr_of_mut!((*h).sq_entries).write(l.sq_entries);
+            std::ptr::addr_of_mut!((*h).recv_rings).write(l.recv_rings);
+            std::ptr::addr_of_mut!((*h).rq_bytes).write(l.rq_bytes);
         }
         self.header()
             .server_alive
@@ -204,6 +211,100 @@ impl<'a> SendQueueRef<'a> {
     pub fn write_desc(&self, seq: u32, d: &SendDesc) {
         // SAFETY: as for read_desc.
         unsafe { std::ptr::write_volatile(self.desc_ptr(seq), *d) }
+    }
+}
+
+impl Region {
+    /// Receive ring `r`, or `None` if out of range.
+    pub fn recv_ring(&self, r: u32) -> Option<RecvRingRef<'_>> {
+        if r >= self.layout.recv_rings {
+            return None;
+        }
+        // SAFETY: r < recv_rings, so the ring lies inside the mapping.
+        let base = unsafe { self.base.as_ptr().add(self.layout.recv_ring_offset(r)) };
+        Some(RecvRingRef {
+            base,
+            size: self.layout.rq_bytes,
+            _region: std::marker::PhantomData,
+        })
+    }
+}
+
+/// One receive (or accept) ring of a mapped region (see [`crate::recvq`]).
+/// Positions are free-running byte counts; they wrap modulo the ring size.
+#[derive(Clone, Copy)]
+pub struct RecvRingRef<'a> {
+    base: *mut u8,
+    size: u32,
+    _region: std::marker::PhantomData<&'a Region>,
+}
+
+impl<'a> RecvRingRef<'a> {
+    pub fn ctl(&self) -> &'a RecvRingCtl {
+        // SAFETY: the control block is at the (64-aligned) start of the ring.
+        unsafe { &*(self.base as *const RecvRingCtl) }
+    }
+
+    /// Bytes of ring (a power of two).
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// The contiguous free span starting at position `pos`, at most `max`
+    /// bytes (it stops at the wrap): a pointer the server hands to
+    /// `recv(2)`. Never form a Rust reference to it: the other side may
+    /// read or write it at any time.
+    pub fn span_ptr(&self, pos: u32, max: u32) -> (*mut u8, usize) {
+        let at = pos & (self.size - 1);
+        let n = max.min(self.size - at);
+        // SAFETY: at < size, and at + n <= size: inside this ring's bytes.
+        (
+            unsafe { self.base.add(RQ_CTL_SIZE + at as usize) },
+            n as usize,
+        )
+    }
+
+    /// Copies `src` into the ring at position `pos`, wrapping (at most `size` bytes).
+    pub fn write_at(&self, pos: u32, src: &[u8]) {
+        let mut done = 0usize;
+        while done < src.len().min(self.size as usize) {
+            let (p, n) = self.span_ptr(pos.wrapping_add(done as u32), (src.len() - done) as u32);
+            // SAFETY: p..p+n is inside the ring (span_ptr); src is private memory.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(done), p, n) };
+            done += n;
+        }
+    }
+
+    /// Copies ring bytes at position `pos` into `dst`, wrapping (at most `size` bytes).
+    pub fn read_at(&self, pos: u32, dst: &mut [u8]) {
+        let mut done = 0usize;
+        while done < dst.len().min(self.size as usize) {
+            let (p, n) = self.span_ptr(pos.wrapping_add(done as u32), (dst.len() - done) as u32);
+            // SAFETY: as in write_at, with the roles swapped.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().add(done), n) };
+            done += n;
+        }
+    }
+
+    /// Reads the accept record at position `pos` (a multiple of 64).
+    pub fn read_record(&self, pos: u32) -> crate::recvq::AcceptRecord {
+        let mut b = [0u8; crate::recvq::ACCEPT_RECORD_SIZE as usize];
+        self.read_at(pos, &mut b);
+        // SAFETY: AcceptRecord is plain integers and byte arrays (any bit
+        // pattern is valid) of exactly this size; read_unaligned copies it.
+        unsafe { std::ptr::read_unaligned(b.as_ptr() as *const crate::recvq::AcceptRecord) }
+    }
+
+    /// Writes an accept record at position `pos` (a multiple of 64).
+    pub fn write_record(&self, pos: u32, r: &crate::recvq::AcceptRecord) {
+        // SAFETY: a plain-data struct viewed as its bytes.
+        let b = unsafe {
+            std::slice::from_raw_parts(
+                r as *const crate::recvq::AcceptRecord as *const u8,
+                crate::recvq::ACCEPT_RECORD_SIZE as usize,
+            )
+        };
+        self.write_at(pos, b);
     }
 }
 

@@ -254,6 +254,22 @@ pub struct HostStats {
     pub async_failed: u64,
     /// Kicks (`AsyncKick`) and sends taken without one (the queue was watched).
     pub kicks: u64,
+    /// Completions published: channel round trips the host waited on
+    /// (kicks get none).
+    pub round_trips: u64,
+    /// Connections accepted ahead into accept rings, and `Accept` requests
+    /// that went to the kernel (on demand).
+    pub accepts_eager: u64,
+    pub accepts_on_demand: u64,
+    /// Receives served ahead: `recv(2)`s into receive rings (push) and
+    /// `Recv` requests answered from the pull buffer; and `Recv` requests
+    /// that went to the kernel (on demand).
+    pub recvs_eager: u64,
+    pub recvs_on_demand: u64,
+    /// Bytes received ahead (into rings or pull buffers).
+    pub bytes_ahead: u64,
+    /// `RecvKick`s taken (the host resumed a paused ring).
+    pub recv_kicks: u64,
 }
 
 impl std::fmt::Display for HostStats {
@@ -267,7 +283,14 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "round_trips={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_ahead={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            self.round_trips,
+            self.accepts_eager,
+            self.accepts_on_demand,
+            self.recvs_eager,
+            self.recvs_on_demand,
+            self.bytes_ahead,
+            self.recv_kicks,
             self.parked,
             self.invalid,
             self.refused_sockets,

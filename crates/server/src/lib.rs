@@ -67,7 +67,52 @@ pub struct Config {
     /// Live accepted connections per client IP address across the whole
     /// server; more are reset at the server (0: unlimited).
     pub max_conns_per_addr: u32,
+    /// Process-ahead policy (server-wide defaults; sockets override with
+    /// `SOL_TCPS` options).
+    pub eager: EagerPolicy,
 }
+
+/// How the server receives ahead of the host's `recv` calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EagerRecv {
+    /// Only when the host asks (a `recv` request).
+    Off,
+    /// Into a buffer at the server; a `recv` request is answered from it at once.
+    Pull,
+    /// Into the socket's receive ring in the host's region; a `recv` is a
+    /// local copy at the host (pull for sockets without a ring).
+    Push,
+}
+
+/// Process-ahead (thesis §4.6.2–4.6.4): what the server does before the
+/// host asks. Defaults are the fastest safe choice: everything on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EagerPolicy {
+    /// Accept ahead into each listener's accept ring.
+    pub accept: bool,
+    /// Most connections accepted ahead and not yet taken, per listener.
+    pub accept_size: u32,
+    pub recv: EagerRecv,
+    /// Bytes read ahead per socket in pull mode (push: the ring size).
+    pub recv_size: u32,
+    /// Bind the async send queue and the receive ring as part of accept.
+    pub setup_with_accept: bool,
+}
+
+impl Default for EagerPolicy {
+    fn default() -> Self {
+        EagerPolicy {
+            accept: true,
+            accept_size: DEFAULT_EAGER_ACCEPT_SIZE,
+            recv: EagerRecv::Push,
+            recv_size: tcps_proto::layout::DEFAULT_RQ_BYTES,
+            setup_with_accept: true,
+        }
+    }
+}
+
+/// The thesis' `EAGER_ACCEPT_SIZE`: connections accepted ahead per listener.
+pub const DEFAULT_EAGER_ACCEPT_SIZE: u32 = 64;
 
 impl Default for Config {
     fn default() -> Self {
@@ -84,6 +129,7 @@ impl Default for Config {
             unprivileged_port_start: privilege::unprivileged_port_start(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
+            eager: EagerPolicy::default(),
         }
     }
 }

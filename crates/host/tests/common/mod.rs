@@ -611,6 +611,8 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         | Call::RecvReg { .. }
         | Call::AsyncBind { .. }
         | Call::SendFile { .. } => fail(&mut c, libc::EOPNOTSUPP),
-        Call::AsyncKick { .. } => None,
+        // No process-ahead either: every socket receives on demand.
+        Call::RecvBind { .. } => done(&mut c, tcps_proto::recvq::RECV_MODE_NONE as i64),
+        Call::AsyncKick { .. } | Call::RecvKick { .. } => None,
     }
 }

@@ -72,6 +72,7 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
     let Some(chan) = host.region.channel(ch) else {
         return;
     };
+    host.stats.round_trips += 1;
     let c = Completion {
         user_data,
         op: op as u16,
@@ -145,6 +146,17 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         Call::AsyncKick { sock } => {
             host.cursors[ch as usize].retire();
             return asyncq::kick(cx, host, sock, Instant::now());
+        }
+        Call::RecvKick { sock: _ } => {
+            host.cursors[ch as usize].retire();
+            return;
+        }
+        Call::RecvBind { sock } => {
+            if host.socket(sock).is_none() {
+                Err(libc::EBADF)
+            } else {
+                Ok((tcps_proto::recvq::RECV_MODE_NONE as i64, 0))
+            }
         }
         Call::Close { sock } => close_socket(cx, host, sock),
         Call::SetSockOpt {
