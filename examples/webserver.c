@@ -100,6 +100,8 @@ static int listen_fd = -1;
 static atomic_int stopping = 0;
 static atomic_int workers_running = 0;
 static atomic_int exit_status = 0;
+/* Requests answered (the benchmarks divide the library's counters by it). */
+static atomic_ullong requests_served = 0;
 
 static void warnx_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void warnx_(const char *fmt, ...)
@@ -653,6 +655,7 @@ static int serve_cached(struct worker *w, int s, const struct request *rq,
 
 static int serve_request(struct worker *w, int s, const struct request *rq)
 {
+    atomic_fetch_add_explicit(&requests_served, 1, memory_order_relaxed);
     if (!rq->method_ok)
         return reply_error(s, rq, 501);
     if (rq->target_too_long)
@@ -882,9 +885,11 @@ static void print_stats(void)
     }
     fprintf(stderr,
             "webserver: tcps_stats: mode=%s bytes_copied=%llu bytes_sent=%llu bytes_received=%llu "
-            "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu\n",
+            "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu "
+            "requests=%llu\n",
             mode_names[opt_mode], st.bytes_copied, st.bytes_sent, st.bytes_received,
-            st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse);
+            st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse,
+            (unsigned long long)atomic_load(&requests_served));
 }
 
 static void usage(FILE *f)

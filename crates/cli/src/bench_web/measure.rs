@@ -134,13 +134,22 @@ fn parse_perf_count(text: &str) -> Option<u64> {
 /// a line `tcps_stats: … bytes_copied=N bytes_sent=N bytes_received=N …`.
 /// Returns bytes copied per network byte.
 pub fn copies_per_network_byte(log: &str) -> Option<f64> {
+    let net = stats_field(log, "bytes_sent")? + stats_field(log, "bytes_received")?;
+    (net > 0.0).then(|| stats_field(log, "bytes_copied").map(|c| c / net))?
+}
+
+/// Channel round trips the host waited on per request the web server
+/// answered (`round_trips=N requests=N` in its `tcps_stats` line).
+pub fn round_trips_per_request(log: &str) -> Option<f64> {
+    let requests = stats_field(log, "requests")?;
+    (requests > 0.0).then(|| stats_field(log, "round_trips").map(|r| r / requests))?
+}
+
+/// Field `k` of the last `tcps_stats: k=v …` line of a log.
+fn stats_field(log: &str, k: &str) -> Option<f64> {
     let line = log.lines().rev().find(|l| l.contains("tcps_stats"))?;
-    let field = |k: &str| -> Option<f64> {
-        line.split(|c: char| c.is_whitespace() || c == ',')
-            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
-    };
-    let net = field("bytes_sent")? + field("bytes_received")?;
-    (net > 0.0).then(|| field("bytes_copied").map(|c| c / net))?
+    line.split(|c: char| c.is_whitespace() || c == ',')
+        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
 }
 
 #[cfg(test)]
@@ -162,6 +171,9 @@ mod tests {
         let log = "listening on 10.77.0.1:8080\ntcps_stats: calls=10 bytes_copied=50 bytes_sent=90 bytes_received=10\n";
         assert_eq!(copies_per_network_byte(log), Some(0.5));
         assert_eq!(copies_per_network_byte("nothing"), None);
+        assert_eq!(round_trips_per_request(log), None);
+        let log = "webserver: tcps_stats: mode=sync round_trips=30 requests=10 bytes_copied=1\n";
+        assert_eq!(round_trips_per_request(log), Some(3.0));
     }
 
     #[test]

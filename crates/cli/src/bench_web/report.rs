@@ -207,7 +207,7 @@ fn summary(
     let _ = writeln!(s, "## Costs per request at saturation\n");
     let _ = writeln!(
         s,
-        "| workload | variant | host CPU µs/req | TCP server µs/req | total µs/req | host syscalls/req (lowest load) | host bytes copied / network byte | host cores user/sys/idle % | TCP server core user/sys/idle % |\n|---|---|---:|---:|---:|---:|---:|---|---|"
+        "| workload | variant | host CPU µs/req | TCP server µs/req | total µs/req | host syscalls/req (lowest load) | host round trips/req | host bytes copied / network byte | host cores user/sys/idle % | TCP server core user/sys/idle % |\n|---|---|---:|---:|---:|---:|---:|---:|---|---|"
     );
     for w in wl {
         for v in &run_vars {
@@ -220,13 +220,14 @@ fn summary(
             };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 w.id,
                 v.label,
                 opt(c.host_cpu_us_per_req, 1),
                 opt(c.server_cpu_us_per_req, 1),
                 opt(c.total_cpu_us_per_req, 1),
                 opt(c.syscalls_per_req, 2),
+                opt(c.round_trips_per_req, 2),
                 opt(c.bytes_copied_per_network_byte, 2),
                 split(sat.map(|p| &p.host_cores)),
                 split(sat.and_then(|p| p.server_cores.as_ref())),
@@ -240,7 +241,8 @@ fn summary(
          shows only in the core utilisation. System calls: `perf stat -e raw_syscalls:sys_enter -p` on \
          the web server during the lowest paced point only (counting perturbs the rest); they include \
          the ~5 file-system calls per static request (openat, 2 newfstatat, pread64, close) every \
-         variant makes. Server core for Regular (host cores): the other core (wrk, softirqs). Bytes copied: \
+         variant makes. Server core for Regular (host cores): the other core (wrk, softirqs). Round trips \
+         (channel round trips the host waited on, over the whole curve) and bytes copied: \
          `tcps_stats()` of the host library, when the web server prints it at exit (`–` otherwise).\n"
     );
     // Targets.

@@ -72,6 +72,9 @@ pub struct Curve {
     pub syscalls_per_req: Option<f64>,
     /// From the host library's counters (tcps variants), if the web server reports them.
     pub bytes_copied_per_network_byte: Option<f64>,
+    /// Channel round trips the host waited on per request served, over the
+    /// whole curve (the web server's counters at exit).
+    pub round_trips_per_req: Option<f64>,
 }
 
 struct Env<'a> {
@@ -365,6 +368,7 @@ fn empty_curve(w: &Workload, v: &Variant, error: Option<String>) -> Curve {
         total_cpu_us_per_req: None,
         syscalls_per_req: None,
         bytes_copied_per_network_byte: None,
+        round_trips_per_req: None,
     }
 }
 
@@ -441,8 +445,9 @@ fn curve(
         .find(|p| p.offered_rps.is_some())
         .and_then(|p| p.syscalls_per_req);
     if v.net == Net::Tcps {
-        c.bytes_copied_per_network_byte =
-            measure::copies_per_network_byte(&fs::read_to_string(&log).unwrap_or_default());
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        c.bytes_copied_per_network_byte = measure::copies_per_network_byte(&text);
+        c.round_trips_per_req = measure::round_trips_per_request(&text);
     }
     Ok(c)
 }

@@ -82,27 +82,47 @@ impl Features {
     }
 }
 
-const EAGER_ISSUE: &str =
-    "needs the TCP server's eager receive/accept and setup-with-accept (issue 4)";
+/// TCP server flags with every process-ahead mechanism off (the server's
+/// defaults have them all on).
+const AHEAD_OFF: [&str; 6] = [
+    "--eager-accept",
+    "off",
+    "--eager-recv",
+    "off",
+    "--setup-with-accept",
+    "off",
+];
+
+/// `AHEAD_OFF` with some mechanisms switched on again (`--flag value` pairs
+/// given later win: `tcps server` lets a flag override itself).
+fn ahead(on: &[&str]) -> Vec<String> {
+    AHEAD_OFF.iter().chain(on).map(|s| s.to_string()).collect()
+}
 
 /// Every variant, available or not.
 pub fn all(f: &Features) -> Vec<Variant> {
-    let has_mode = f.webserver_help.contains("--mode");
-    let mode_variant = |id, label, mode: &str, missing: &str| {
-        let ok = f.mode(mode);
+    let ahead_ok = f.server_flag("--eager-recv") && f.server_flag("--setup-with-accept");
+    // A tcps variant: web server mode, TCP server flags.
+    let tcps = |id, label, mode: &str, server_args: Vec<String>| {
+        let ok = f.mode(mode) && (server_args.is_empty() || ahead_ok);
+        let flags = server_args.join(" ");
         Variant {
             id,
             label,
             net: Net::Tcps,
             host_cores_only: true,
             web_args: vec!["--mode".into(), mode.into()],
-            server_args: vec![],
-            available: ok,
-            note: if ok {
-                format!("webserver --net tcps --mode {mode}")
+            note: if !f.mode(mode) {
+                format!("webserver --mode {mode} not available")
+            } else if !ok {
+                "tcps server has no process-ahead flags".into()
+            } else if flags.is_empty() {
+                format!("webserver --mode {mode}; tcps server defaults (all process-ahead on)")
             } else {
-                missing.to_string()
+                format!("webserver --mode {mode}; tcps server {flags}")
             },
+            server_args,
+            available: ok,
         }
     };
     let mut v = vec![
@@ -126,85 +146,27 @@ pub fn all(f: &Features) -> Vec<Variant> {
             available: true,
             note: "kernel sockets on the host's cores only (the thesis' comparison: one node)".into(),
         },
-    ];
-    // Sync: today's --net tcps path until --mode exists.
-    let mut sync = mode_variant(
-        "sync",
-        "Sync",
-        "sync",
-        "webserver --mode sync not available",
-    );
-    if !has_mode {
-        sync.web_args.clear();
-        sync.available = true;
-        sync.note =
-            "webserver --net tcps (no --mode yet: synchronous calls through the copying API)"
-                .into();
-    }
-    v.push(sync);
-    v.push(mode_variant(
-        "sock",
-        "Sock",
-        "copy",
-        "needs webserver --mode copy (issue 3)",
-    ));
-    v.push(mode_variant(
-        "async",
-        "AsyncSend",
-        "async",
-        "needs webserver --mode async (issue 3)",
-    ));
-    v.push(mode_variant(
-        "async-reg",
-        "AsyncSend (registered)",
-        "async-registered",
-        "needs webserver --mode async-registered (issue 3)",
-    ));
-    // Server-side process-ahead: the flag names issue 4 is expected to add.
-    for (id, label, flags) in [
-        (
+        // Thesis Table 6.5, each mechanism alone on top of its base ...
+        tcps("sock", "Sock", "copy", ahead(&[])),
+        tcps("sync", "Sync", "sync", ahead(&[])),
+        tcps("async", "AsyncSend", "async", ahead(&[])),
+        tcps("async-reg", "AsyncSend (registered)", "async-registered", ahead(&[])),
+        tcps("eaccept", "Sync + EAccept", "sync", ahead(&["--eager-accept", "on"])),
+        tcps("erecv-pull", "Sync + ERecv (pull)", "sync", ahead(&["--eager-recv", "pull"])),
+        tcps("erecv-push", "Sync + ERecv (push)", "sync", ahead(&["--eager-recv", "push"])),
+        // ... the combinations the thesis plots ...
+        tcps(
             "erecv-setup",
             "ERecv + Setup",
-            &["--eager-recv", "--setup-with-accept"][..],
+            "sync",
+            ahead(&["--eager-recv", "push", "--setup-with-accept", "on"]),
         ),
-        (
-            "async-eaccept",
-            "AsyncSend + EAccept",
-            &["--eager-accept"][..],
-        ),
-        (
-            "async-setup",
-            "AsyncSend + Setup",
-            &["--setup-with-accept"][..],
-        ),
-    ] {
-        let flags_ok = flags.iter().all(|fl| f.server_flag(fl));
-        let async_ok = id == "erecv-setup" || f.mode("async");
-        let available = flags_ok && async_ok;
-        let mut web_args = vec![];
-        if id != "erecv-setup" && available {
-            web_args = vec!["--mode".into(), "async".into()];
-        }
-        v.push(Variant {
-            id,
-            label,
-            net: Net::Tcps,
-            host_cores_only: true,
-            web_args,
-            server_args: flags.iter().map(|s| s.to_string()).collect(),
-            available,
-            note: if available {
-                format!("tcps server {}", flags.join(" "))
-            } else if !flags_ok {
-                format!(
-                    "{EAGER_ISSUE}: `tcps server --help` has no {}",
-                    flags.join("/")
-                )
-            } else {
-                "needs webserver --mode async (issue 3)".into()
-            },
-        });
-    }
+        tcps("async-eaccept", "AsyncSend + EAccept", "async", ahead(&["--eager-accept", "on"])),
+        tcps("async-setup", "AsyncSend + Setup", "async", ahead(&["--setup-with-accept", "on"])),
+        // ... and everything on (the TCP server's defaults).
+        tcps("ahead-all", "Sync + all process-ahead", "sync", vec![]),
+        tcps("all", "AsyncSend (reg.) + all process-ahead", "async-registered", vec![]),
+    ];
     let nginx_note = if !f.has_run {
         "needs `tcps run` to start unmodified programs through the TCP server (issue 5)"
     } else if crate::demo::which("nginx").is_none() {
