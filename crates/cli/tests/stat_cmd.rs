@@ -284,3 +284,57 @@ fn stat_watch_prints_deltas() {
         "second report shows the interval's deltas:\n{text}"
     );
 }
+
+/// Another user's `tcps stat` sees no detail of root's host, only totals
+/// (root and the server's own user see every host).
+#[test]
+fn stat_hides_other_users_hosts() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!(
+            "stat_hides_other_users_hosts: needs root to run tcps stat as another uid; skipped"
+        );
+        return;
+    }
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let c = srv.attach();
+    c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    wait_stat(&srv, "the socket call", |v| {
+        me(v).is_some_and(|h| calls(h, "Socket") == 1)
+    });
+    // A copy of tcps that uid 65534 can surely execute (srv.dir is 0755).
+    let exe = srv.dir.path().join("tcps-stat-copy");
+    std::fs::copy(TCPS, &exe).expect("copy tcps");
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&exe)
+        .arg("stat")
+        .arg("--socket")
+        .arg(&srv.socket)
+        .arg("--json")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run tcps stat as uid 65534");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tcps stat as uid 65534: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["viewer"]["uid"].as_u64(), Some(65534), "{text}");
+    assert_eq!(
+        v["viewer"]["sees_all_hosts"].as_bool(),
+        Some(false),
+        "{text}"
+    );
+    assert_eq!(v["hosts"].as_array().map(Vec::len), Some(0), "{text}");
+    assert_eq!(v["hidden_hosts"].as_u64(), Some(1), "{text}");
+    assert_eq!(
+        v["total"]["counters"]["calls"]["Socket"].as_u64(),
+        Some(1),
+        "totals cover hidden hosts: {text}"
+    );
+}
