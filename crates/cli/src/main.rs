@@ -6,6 +6,7 @@ mod bench_web;
 mod demo;
 mod run_cmd;
 mod server_cmd;
+mod stat_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run an unmodified program with its TCP sockets served by the TCP server (preload library).
     Run(run_cmd::RunArgs),
+    /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
+    Stat(stat_cmd::StatArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
+        Command::Stat(args) => stat_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

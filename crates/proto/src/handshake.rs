@@ -25,6 +25,16 @@
 //!
 //! The memfd must be sealed against shrinking (`F_SEAL_SHRINK`), so the
 //! server's mapping can never lose its pages (SIGBUS) under it.
+//!
+//! A statistics client (`tcps stat`) sends a [`StatQuery`] instead of a
+//! `Hello` (same length, told apart by its magic). It is not an attach: the
+//! server answers with JSON text in SEQPACKET messages of at most
+//! [`STAT_CHUNK`] bytes, then one empty message, and closes:
+//!
+//! ```text
+//! client → server  StatQuery { magic "TCPSSTAT", version, flags }
+//! server → client  JSON chunk … | empty message
+//! ```
 
 use crate::{MAGIC, VERSION};
 
@@ -211,6 +221,54 @@ impl ControlMsg {
     }
 }
 
+/// Identifies a [`StatQuery`] ("TCPSSTAT").
+pub const STAT_MAGIC: u64 = u64::from_le_bytes(*b"TCPSSTAT");
+/// Bytes of an encoded [`StatQuery`] (the same as a `Hello`).
+pub const STAT_QUERY_LEN: usize = 16;
+/// Largest message of a stat reply; the reply ends with an empty message.
+pub const STAT_CHUNK: usize = 60 * 1024;
+
+/// `tcps stat`'s request on the control socket, sent instead of a `Hello`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatQuery {
+    pub magic: u64,
+    pub version: u32,
+    /// Reserved for options; 0.
+    pub flags: u32,
+}
+
+impl StatQuery {
+    pub fn new(flags: u32) -> StatQuery {
+        StatQuery {
+            magic: STAT_MAGIC,
+            version: VERSION,
+            flags,
+        }
+    }
+
+    pub fn encode(&self) -> [u8; STAT_QUERY_LEN] {
+        let mut b = [0u8; STAT_QUERY_LEN];
+        b[0..8].copy_from_slice(&self.magic.to_le_bytes());
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
+        b
+    }
+
+    /// A stat query (any version), or `None` for anything else — a
+    /// `Hello` included, its magic being different.
+    pub fn decode(b: &[u8]) -> Option<StatQuery> {
+        if b.len() != STAT_QUERY_LEN {
+            return None;
+        }
+        let q = StatQuery {
+            magic: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            version: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            flags: u32::from_le_bytes(b[12..16].try_into().ok()?),
+        };
+        (q.magic == STAT_MAGIC).then_some(q)
+    }
+}
+
 /// Where a server listens and a host looks when no path is given:
 /// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
 pub fn default_socket_path() -> std::path::PathBuf {
@@ -234,6 +292,21 @@ mod tests {
         let w = Welcome::refused(libc::EAGAIN, "too many hosts");
         assert_eq!(Welcome::decode(&w.encode()), Some(w));
         assert_eq!(Hello::decode(&[0u8; 3]), None);
+    }
+
+    #[test]
+    fn stat_query_round_trip() {
+        let q = StatQuery::new(5);
+        let b = q.encode();
+        assert_eq!(&b[0..8], b"TCPSSTAT");
+        assert_eq!(StatQuery::decode(&b), Some(q));
+        assert_eq!(q.version, VERSION);
+        // A Hello is not a stat query (nor the other way round), though both are 16 bytes.
+        assert_eq!(StatQuery::decode(&Hello::new(1).encode()), None);
+        assert_ne!(Hello::decode(&b).map(|h| h.magic), Some(MAGIC));
+        assert_eq!(StatQuery::decode(&b[..15]), None);
+        assert_eq!(StatQuery::decode(&[0u8; STAT_QUERY_LEN]), None);
+        assert_eq!(STAT_QUERY_LEN, HELLO_LEN);
     }
 
     #[test]

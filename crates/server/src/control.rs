@@ -5,6 +5,7 @@
 //! host's channel region (a memfd) and answers with a `Welcome` carrying the
 //! region and the worker's doorbell eventfd (SCM_RIGHTS). The connection is
 //! then handed to a worker, which watches it for the host's hang-up.
+//! A `StatQuery` instead of a `Hello` is answered here (`stats::answer`).
 
 use crate::host::NewHost;
 use crate::privilege::Privileges;
@@ -17,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tcps_proto::handshake::{Hello, Welcome, HELLO_LEN};
+use tcps_proto::handshake::{Hello, StatQuery, Welcome, HELLO_LEN};
 use tcps_proto::layout::SERVER_DEDICATED_CORES;
 use tcps_proto::{Region, MAGIC, VERSION};
 use tracing::{info, warn};
@@ -219,6 +220,11 @@ fn attach(
     let mut buf = [0u8; HELLO_LEN + 1];
     // SAFETY: reading into a valid local buffer.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    // `tcps stat`: not an attach, so before admission control.
+    if let Some(q) = StatQuery::decode(&buf[..n.max(0) as usize]) {
+        crate::stats::answer(fd, cred.uid, q, shared);
+        return Ok(());
+    }
     let hello = if n >= 0 {
         Hello::decode(&buf[..n as usize])
     } else {

@@ -18,6 +18,7 @@ pub mod privilege;
 mod registry;
 mod sendfile;
 mod slab;
+mod stats;
 mod sys;
 mod token;
 mod worker;
@@ -143,6 +144,8 @@ pub struct Shared {
     pub refused_hosts: AtomicU64,
     /// Live accepted connections per client address (--max-conns-per-addr).
     pub conns_per_addr: admission::AddrCounts,
+    /// Hosts' counters and queue depths as the workers last published them (`tcps stat`).
+    pub stats: stats::Board,
 }
 
 /// The eventfd a signal handler rings to stop the server (-1: none yet).

@@ -95,6 +95,10 @@ pub struct Worker {
     events: Vec<Event>,
     next_sweep: Instant,
     next_hot_poll: Instant,
+    /// When the hosts' snapshots are next published (`tcps stat`), and
+    /// whether there was work since the last time.
+    next_publish: Instant,
+    stats_dirty: bool,
 }
 
 impl Worker {
@@ -127,6 +131,8 @@ impl Worker {
             events: Vec::new(),
             next_sweep: Instant::now(),
             next_hot_poll: Instant::now(),
+            next_publish: Instant::now(),
+            stats_dirty: false,
         })
     }
 
@@ -154,6 +160,10 @@ impl Worker {
             }
             work += self.fire_timers(now);
             self.reap_doomed();
+            self.stats_dirty |= work > 0;
+            if now >= self.next_publish {
+                self.publish_stats(now);
+            }
             if work > 0 {
                 last_work = now;
                 continue;
@@ -171,6 +181,13 @@ impl Worker {
             }
         }
         self.shutdown();
+    }
+
+    /// Publishes every host's counters and depths for `tcps stat`.
+    fn publish_stats(&mut self, now: Instant) {
+        self.shared.stats.publish(self.hosts.iter().map(|(_, h)| h));
+        self.next_publish = now + crate::stats::PUBLISH_EVERY;
+        self.stats_dirty = false;
     }
 
     /// Whether any host has a call waiting at the server (a parked call is
@@ -368,6 +385,9 @@ impl Worker {
             ) {
                 warn!(error = %e, "cannot watch host control socket");
             }
+            if let Some(h) = self.hosts.get(hkey) {
+                self.shared.stats.publish(std::iter::once(h));
+            }
             debug!(worker = self.index, host = id, pid, "host adopted");
         }
     }
@@ -402,6 +422,7 @@ impl Worker {
             let sockets = host.sockets.len();
             calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
             self.engine.forget(host.control.as_raw_fd(), 0);
+            self.shared.stats.detach(&host);
             self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             if why == "detached" {
                 info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
@@ -444,6 +465,10 @@ impl Worker {
                 wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
             }
         }
+        // Counters changed since the last publication: publish them on time.
+        if self.stats_dirty {
+            wake_at = Some(wake_at.map_or(self.next_publish, |w| w.min(self.next_publish)));
+        }
         if !pending {
             let timeout = match wake_at {
                 Some(when) => when
@@ -451,7 +476,7 @@ impl Worker {
                     .min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
-            self.poll_engine(Some(timeout));
+            self.stats_dirty |= self.poll_engine(Some(timeout)) > 0;
         }
         for (_, h) in self.hosts.iter() {
             h.region
@@ -475,6 +500,7 @@ impl Worker {
                     }
                 }
                 calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
+                self.shared.stats.detach(&host);
                 self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
             }
         }

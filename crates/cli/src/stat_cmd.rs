@@ -1,0 +1,487 @@
+//! `tcps stat [--socket PATH] [--json] [--watch SECS]`: what a running TCP
+//! server is doing, per attached host and in total.
+//!
+//! The command connects to the server's control socket and sends a
+//! `StatQuery` instead of a `Hello` (`docs/PROTOCOL.md` §1); the server
+//! answers with JSON (messages of at most 60 KiB, then an empty one) built
+//! from the snapshots its workers publish every 100 ms.
+
+use clap::Args;
+use serde_json::{Map, Value};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tcps_proto::handshake::{StatQuery, Welcome, STAT_CHUNK, WELCOME_LEN};
+use tcps_proto::{Op, MAGIC};
+
+const AFTER_HELP: &str = "\
+Counters (since each host attached; with --watch: during the last interval):
+  CALLS       socket calls the host made (requests taken from its channels);
+              the \"calls by type\" lines break them down by call (Socket,
+              Send, Recv, Accept, ...)
+  RTRIPS      channel round trips: completions published, each one a call
+              the host waited on (asynchronous sends and kicks need none)
+  ACCEPT e/d  connections accepted ahead into accept rings (eager) / Accept
+              requests that went to the kernel (on demand)
+  RECV e/d    receives served ahead (into receive rings or answered from the
+              read-ahead buffer) / Recv requests that went to the kernel
+  AHEAD       bytes received ahead of the host's recv calls
+  IN, OUT     bytes received from / sent to the network for the host
+  REFUSED c/s connections reset by admission limits (--max-conns-per-*) /
+              sockets refused by --max-sockets-per-host
+  ASYNC       asynchronous sends finished (failed ones in brackets)
+  KICKS       AsyncKick requests (host woke a cold send queue)
+  RKICKS      RecvKick requests (host resumed a paused receive ring)
+
+Queues right now (as the server's worker last published them, <= 100 ms old):
+  PARKED      calls parked at the server waiting for their socket (a
+              blocking recv, accept, send or connect)
+  POLLS       poll calls parked
+  SOCKETS     sockets the host holds (+N: closed, still sending queued data)
+  SENDQ b/d   bound send queues with asynchronous sends in progress / those
+              sends (descriptors taken, not finished)
+  RING-B      bytes waiting in receive rings for the host to recv
+  RING-A      connections waiting in accept rings for the host to accept
+
+TOTAL covers every host, also those of other users (whose rows only root and
+the server's own user see) and hosts that detached (their counters are kept).
+Exit status 1 when no server answers.";
+
+#[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct StatArgs {
+    /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Print the server's answer as JSON (pretty printed) instead of tables
+    #[arg(long)]
+    pub json: bool,
+    /// Ask again every SECS seconds (until interrupted); the tables then
+    /// show what the counters did during each interval
+    #[arg(long, value_name = "SECS")]
+    pub watch: Option<f64>,
+}
+
+pub fn run(args: StatArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let socket = args.socket.clone().unwrap_or_else(tcps::default_path);
+    let every = match args.watch {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => {
+            return Err(format!("--watch needs a positive number of seconds, got {s}").into())
+        }
+    };
+    let mut prev: Option<(Value, Instant)> = None;
+    loop {
+        let v = query(&socket)?;
+        let at = Instant::now();
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            let since = prev.as_ref().map(|(p, t)| (p, at.duration_since(*t)));
+            print!("{}", render(&v, &socket, since));
+        }
+        let Some(every) = every else {
+            return Ok(());
+        };
+        prev = Some((v, at));
+        std::thread::sleep(every);
+        if !args.json {
+            println!();
+        }
+    }
+}
+
+fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_un is plain data; zero is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= sa.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, s) in sa.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: sa/len describe a valid sockaddr_un.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let tv = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: tv is a valid timeval of the given size.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+    }
+    Ok(fd)
+}
+
+/// Asks the server at `path` for its statistics.
+pub fn query(path: &Path) -> Result<Value, String> {
+    let fd = seqpacket_connect(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            format!("cannot reach the tcps server at {}: {e}", path.display())
+        }
+        _ => format!(
+            "no tcps server at {} (is `tcps server` running?)",
+            path.display()
+        ),
+    })?;
+    let q = StatQuery::new(0).encode();
+    // SAFETY: q is a valid buffer of its length.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            q.as_ptr() as *const libc::c_void,
+            q.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n != q.len() as isize {
+        return Err(format!(
+            "tcps server at {}: cannot send the query: {}",
+            path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    let mut text = Vec::new();
+    let mut buf = vec![0u8; STAT_CHUNK + 1];
+    loop {
+        // SAFETY: reading into a valid buffer of its length.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(format!(
+                "tcps server at {}: no answer: {}",
+                path.display(),
+                io::Error::last_os_error()
+            ));
+        }
+        let n = n as usize;
+        // An empty message (or the server closing) ends the answer.
+        if n == 0 {
+            break;
+        }
+        if text.is_empty() && n == WELCOME_LEN {
+            if let Some(w) = Welcome::decode(&buf[..n]).filter(|w| w.magic == MAGIC) {
+                return Err(format!(
+                    "the tcps server at {} does not answer stat queries (an older version?): {}",
+                    path.display(),
+                    w.message
+                ));
+            }
+        }
+        if n > STAT_CHUNK {
+            return Err(format!(
+                "tcps server at {}: answer message too long",
+                path.display()
+            ));
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    let v: Value = serde_json::from_slice(&text).map_err(|e| {
+        format!(
+            "tcps server at {}: unreadable answer ({} bytes): {e}",
+            path.display(),
+            text.len()
+        )
+    })?;
+    if let Some(err) = v.get("error").and_then(Value::as_str) {
+        return Err(format!("tcps server at {}: {err}", path.display()));
+    }
+    Ok(v)
+}
+
+// ---- rendering ----------------------------------------------------------------
+
+fn num(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// `a - b` for every number in `a` (recursively through objects); numbers
+/// missing in `b` count as 0.
+fn delta(a: &Value, b: Option<&Value>) -> Value {
+    match a {
+        Value::Number(n) => {
+            let old = b.and_then(Value::as_u64).unwrap_or(0);
+            Value::from(n.as_u64().unwrap_or(0).saturating_sub(old))
+        }
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), delta(v, b.and_then(|b| b.get(k)))))
+                .collect::<Map<String, Value>>(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n}B");
+    }
+    let mut x = n as f64 / 1024.0;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    format!("{x:.1}{}", UNITS[u])
+}
+
+/// Right-aligned columns, two spaces apart; the first column left-aligned.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, c) in cells.enumerate() {
+            if i == 0 {
+                s.push_str(&format!("{c:<width$}", width = w[0]));
+            } else {
+                s.push_str(&format!("  {c:>width$}", width = w[i]));
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut header.iter().copied());
+    for r in rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
+fn counter_cells(c: &Value) -> Vec<String> {
+    let failed = num(c, "async_failed");
+    vec![
+        num(c, "calls_total").to_string(),
+        num(c, "round_trips").to_string(),
+        format!(
+            "{}/{}",
+            num(c, "accepts_eager"),
+            num(c, "accepts_on_demand")
+        ),
+        format!("{}/{}", num(c, "recvs_eager"), num(c, "recvs_on_demand")),
+        bytes(num(c, "bytes_ahead")),
+        bytes(num(c, "bytes_received")),
+        bytes(num(c, "bytes_sent")),
+        format!("{}/{}", num(c, "refused_conns"), num(c, "refused_sockets")),
+        if failed > 0 {
+            format!("{}({failed})", num(c, "async_sends"))
+        } else {
+            num(c, "async_sends").to_string()
+        },
+        num(c, "kicks").to_string(),
+        num(c, "recv_kicks").to_string(),
+    ]
+}
+
+fn depth_cells(d: &Value) -> Vec<String> {
+    let closing = num(d, "sockets_closing");
+    vec![
+        num(d, "parked_calls").to_string(),
+        num(d, "parked_polls").to_string(),
+        if closing > 0 {
+            format!("{}+{closing}", num(d, "sockets"))
+        } else {
+            num(d, "sockets").to_string()
+        },
+        format!(
+            "{}/{}",
+            num(d, "send_queues_busy"),
+            num(d, "send_descs_pending")
+        ),
+        bytes(num(d, "recv_ring_bytes")),
+        num(d, "accept_ring_records").to_string(),
+    ]
+}
+
+/// `Socket=3 Connect=1 Send=2` (calls by type, non-zero only, in op order).
+fn calls_line(c: &Value) -> String {
+    let calls = c.get("calls");
+    let parts: Vec<String> = Op::ALL
+        .iter()
+        .filter_map(|op| {
+            let n = calls.map(|m| num(m, op.name())).unwrap_or(0);
+            (n > 0).then(|| format!("{}={n}", op.name()))
+        })
+        .collect();
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// The human-readable report of answer `v`; with `prev`, counters are the
+/// differences since that earlier answer (`elapsed` before this one).
+pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> String {
+    let server = &v["server"];
+    let mut out = format!(
+        "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached\n",
+        num(server, "pid"),
+        socket.display(),
+        num(server, "hosts_attached"),
+        num(server, "hosts_refused"),
+        num(server, "hosts_detached"),
+    );
+    let hidden = num(v, "hidden_hosts");
+    if hidden > 0 {
+        out.push_str(&format!(
+            "({hidden} hosts of other users not shown; TOTAL includes them)\n"
+        ));
+    }
+    let prev_host = |id: u64| -> Option<&Value> {
+        prev?.0["hosts"]
+            .as_array()?
+            .iter()
+            .find(|h| num(h, "id") == id)
+    };
+    let counters = |h: &Value, old: Option<&Value>| -> Value {
+        match prev {
+            Some(_) => delta(&h["counters"], old.map(|o| &o["counters"])),
+            None => h["counters"].clone(),
+        }
+    };
+    let hosts: Vec<&Value> = v["hosts"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let total_c = counters(&v["total"], prev.map(|p| &p.0["total"]));
+
+    let title = match prev {
+        Some((_, d)) => format!("COUNTERS (last {:.1}s)", d.as_secs_f64()),
+        None => "COUNTERS".to_string(),
+    };
+    let mut rows = Vec::new();
+    let mut calls_rows = Vec::new();
+    for h in &hosts {
+        let id = num(h, "id");
+        let c = counters(h, prev_host(id));
+        let mut r = vec![
+            format!("host {id}"),
+            num(h, "pid").to_string(),
+            num(h, "uid").to_string(),
+        ];
+        r.extend(counter_cells(&c));
+        rows.push(r);
+        calls_rows.push(format!("  pid {}: {}\n", num(h, "pid"), calls_line(&c)));
+    }
+    let mut r = vec!["TOTAL".to_string(), String::new(), String::new()];
+    r.extend(counter_cells(&total_c));
+    rows.push(r);
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            &title,
+            "PID",
+            "UID",
+            "CALLS",
+            "RTRIPS",
+            "ACCEPT e/d",
+            "RECV e/d",
+            "AHEAD",
+            "IN",
+            "OUT",
+            "REFUSED c/s",
+            "ASYNC",
+            "KICKS",
+            "RKICKS",
+        ],
+        &rows,
+    ));
+    out.push_str("\ncalls by type:\n");
+    for l in calls_rows {
+        out.push_str(&l);
+    }
+    out.push_str(&format!("  TOTAL: {}\n", calls_line(&total_c)));
+
+    let mut rows = Vec::new();
+    for h in &hosts {
+        let mut r = vec![
+            format!("host {}", num(h, "id")),
+            num(h, "pid").to_string(),
+            num(h, "uid").to_string(),
+        ];
+        r.extend(depth_cells(&h["depths"]));
+        rows.push(r);
+    }
+    let mut r = vec!["TOTAL".to_string(), String::new(), String::new()];
+    r.extend(depth_cells(&v["total"]["depths"]));
+    rows.push(r);
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "QUEUES NOW",
+            "PID",
+            "UID",
+            "PARKED",
+            "POLLS",
+            "SOCKETS",
+            "SENDQ b/d",
+            "RING-B",
+            "RING-A",
+        ],
+        &rows,
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn deltas_and_table() {
+        let a = json!({"calls": {"Send": 5}, "bytes_sent": 100, "x": "y"});
+        let b = json!({"calls": {"Send": 2}, "bytes_sent": 40});
+        assert_eq!(
+            delta(&a, Some(&b)),
+            json!({"calls": {"Send": 3}, "bytes_sent": 60, "x": "y"})
+        );
+        assert_eq!(delta(&a, None), a);
+        assert_eq!(bytes(10), "10B");
+        assert_eq!(bytes(1536), "1.5KiB");
+        let t = table(&["A", "BB"], &[vec!["x".into(), "1".into()]]);
+        assert_eq!(t, "A  BB\nx   1\n");
+    }
+}

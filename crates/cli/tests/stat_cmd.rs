@@ -1,0 +1,340 @@
+//! `tcps stat`: a host makes a known set of calls through a real server, and
+//! the `tcps stat` binary reports them — calls by type, bytes, round trips,
+//! a parked recv as a queue depth, the host's pid in the human table, the
+//! counters kept after the host detaches — and fails clearly without a server.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::ffi::OsStr;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs `tcps stat --socket <socket> <extra...>`; returns (exit code, stdout, stderr).
+fn stat(socket: &OsStr, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(TCPS)
+        .arg("stat")
+        .arg("--socket")
+        .arg(socket)
+        .args(extra)
+        .output()
+        .expect("run tcps stat");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn stat_json(srv: &Server) -> Value {
+    let (code, out, err) = stat(srv.socket.as_os_str(), &["--json"]);
+    assert_eq!(code, Some(0), "tcps stat --json failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("tcps stat --json: {e}:\n{out}"))
+}
+
+/// This process's host in an answer.
+fn me(v: &Value) -> Option<&Value> {
+    let pid = std::process::id() as u64;
+    v["hosts"]
+        .as_array()?
+        .iter()
+        .find(|h| h["pid"].as_u64() == Some(pid))
+}
+
+/// Asks until `ok` holds for an answer (the workers publish every 100 ms);
+/// panics with the last answer after 5 s.
+fn wait_stat(srv: &Server, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = stat_json(srv);
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reported within 5 s; last answer:\n{}",
+            serde_json::to_string_pretty(&v).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn calls(h: &Value, op: &str) -> u64 {
+    h["counters"]["calls"][op].as_u64().unwrap_or(0)
+}
+
+fn counter(h: &Value, name: &str) -> u64 {
+    h["counters"][name].as_u64().unwrap_or(0)
+}
+
+fn parked(h: &Value) -> u64 {
+    h["depths"]["parked_calls"].as_u64().unwrap_or(u64::MAX)
+}
+
+fn recv_exact(c: &tcps::Client, s: u32, n: usize, recvs: &mut u64) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; n];
+    while got.len() < n {
+        let k = c.recv(s, &mut buf[..n - got.len()], 0).expect("recv");
+        *recvs += 1;
+        assert!(k > 0, "unexpected end of stream");
+        got.extend_from_slice(&buf[..k]);
+    }
+    got
+}
+
+fn send_exact(c: &tcps::Client, s: u32, data: &[u8], sends: &mut u64) {
+    let mut off = 0;
+    while off < data.len() {
+        off += c.send(s, &data[off..], 0).expect("send");
+        *sends += 1;
+    }
+}
+
+fn stat_reports_a_host(engine: &str) {
+    // Eager receive off: every recv is a request to the server, so the
+    // counts below are exact (eager accept starts only after a host's
+    // `RecvKick`, which a blocking accept on a plain listener does not send).
+    // One host slot: a stat query is no attach.
+    let srv = Server::start(
+        engine,
+        &[
+            "--poll",
+            "adaptive",
+            "--eager-recv",
+            "off",
+            "--max-hosts",
+            "1",
+        ],
+    );
+    let c = srv.attach();
+    let (mut sends, mut recvs) = (0u64, 0u64);
+    let l = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    let k = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    let spare = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.bind(l, &"127.0.0.1:0".parse::<SocketAddr>().unwrap())
+        .unwrap();
+    c.listen(l, 16).unwrap();
+    let addr = c.getsockname(l).unwrap();
+    c.connect(k, &addr).unwrap();
+    let (a, _) = c.accept(l, 0).unwrap();
+    let ping = Rng::new(1).bytes(1000);
+    let pong = Rng::new(2).bytes(500);
+    send_exact(&c, k, &ping, &mut sends);
+    assert_eq!(recv_exact(&c, a, ping.len(), &mut recvs), ping);
+    send_exact(&c, a, &pong, &mut sends);
+    assert_eq!(recv_exact(&c, k, pong.len(), &mut recvs), pong);
+    let made = 3 + 1 + 1 + 1 + 1 + 1 + sends + recvs;
+
+    let v = wait_stat(&srv, "the host's calls", |v| {
+        me(v).is_some_and(|h| calls(h, "Recv") == recvs && parked(h) == 0)
+    });
+    let h = me(&v).unwrap();
+    let ctx = serde_json::to_string_pretty(h).unwrap();
+    assert_eq!(calls(h, "Socket"), 3, "{ctx}");
+    assert_eq!(calls(h, "Bind"), 1, "{ctx}");
+    assert_eq!(calls(h, "Listen"), 1, "{ctx}");
+    assert_eq!(calls(h, "GetSockName"), 1, "{ctx}");
+    assert_eq!(calls(h, "Connect"), 1, "{ctx}");
+    assert_eq!(calls(h, "Accept"), 1, "{ctx}");
+    assert_eq!(calls(h, "Send"), sends, "{ctx}");
+    assert_eq!(calls(h, "Recv"), recvs, "{ctx}");
+    assert!(counter(h, "calls_total") >= made, "{ctx}");
+    assert!(counter(h, "round_trips") >= made, "{ctx}");
+    assert_eq!(counter(h, "bytes_sent"), 1500, "{ctx}");
+    assert_eq!(counter(h, "bytes_received"), 1500, "{ctx}");
+    // Process-ahead counters are reported (their values are the
+    // process-ahead work's to test).
+    for name in [
+        "accepts_eager",
+        "accepts_on_demand",
+        "recvs_eager",
+        "recvs_on_demand",
+        "bytes_ahead",
+        "recv_kicks",
+    ] {
+        assert!(h["counters"][name].is_u64(), "{name} missing: {ctx}");
+    }
+    assert!(
+        counter(h, "accepts_on_demand") <= calls(h, "Accept"),
+        "{ctx}"
+    );
+    assert_eq!(h["uid"].as_u64(), Some(unsafe { libc::getuid() } as u64));
+    assert_eq!(h["depths"]["sockets"].as_u64(), Some(4), "{ctx}");
+    assert_eq!(v["server"]["hosts_attached"].as_u64(), Some(1));
+    assert_eq!(v["server"]["pid"].as_u64(), Some(srv.pid() as u64));
+    assert!(v["total"]["counters"]["calls_total"].as_u64().unwrap() >= made);
+
+    // A recv parked at the server shows as a queue depth while it waits.
+    let c2 = c.clone();
+    let waiter = std::thread::spawn(move || {
+        let mut b = [0u8; 16];
+        c2.recv(a, &mut b, 0).expect("parked recv")
+    });
+    wait_stat(&srv, "one parked recv", |v| {
+        me(v).is_some_and(|h| parked(h) == 1)
+    });
+    let mut more = 0;
+    send_exact(&c, k, b"wake", &mut more);
+    assert_eq!(waiter.join().unwrap(), 4);
+    wait_stat(&srv, "no parked call once the recv completed", |v| {
+        me(v).is_some_and(|h| parked(h) == 0 && counter(h, "bytes_received") == 1504)
+    });
+
+    // The human tables: this process's pid in a row, a TOTAL row.
+    let (code, out, err) = stat(srv.socket.as_os_str(), &[]);
+    assert_eq!(code, Some(0), "tcps stat: {err}");
+    let pid = std::process::id().to_string();
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("host ") && l.split_whitespace().any(|w| w == pid)),
+        "no row with pid {pid}:\n{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("TOTAL")),
+        "no TOTAL row:\n{out}"
+    );
+    assert!(out.contains("Socket=3"), "calls by type:\n{out}");
+
+    // Detached: the host's row goes, its counters stay in the totals.
+    let _ = c.close(spare);
+    c.detach();
+    let v = wait_stat(&srv, "the host detached", |v| {
+        me(v).is_none() && v["server"]["hosts_detached"].as_u64() == Some(1)
+    });
+    assert_eq!(
+        v["detached"]["counters"]["calls"]["Socket"].as_u64(),
+        Some(3)
+    );
+    assert_eq!(v["total"]["counters"]["calls"]["Socket"].as_u64(), Some(3));
+    assert_eq!(
+        v["total"]["counters"]["bytes_received"].as_u64(),
+        Some(1504)
+    );
+    assert_eq!(v["total"]["depths"]["parked_calls"].as_u64(), Some(0));
+}
+
+engine_tests!(stat_reports_a_host);
+
+#[test]
+fn stat_without_a_server() {
+    let dir = TempDir::new("stat-none");
+    let path = dir.path().join("tcps.sock");
+    let (code, out, err) = stat(path.as_os_str(), &[]);
+    assert_eq!(code, Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains(&format!(
+            "no tcps server at {} (is `tcps server` running?)",
+            path.display()
+        )),
+        "stderr: {err}"
+    );
+    let (code, _, err) = stat(OsStr::new("/nonexistent"), &["--json"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("no tcps server at /nonexistent (is `tcps server` running?)"),
+        "stderr: {err}"
+    );
+}
+
+/// `--watch`: per-interval deltas; the second report shows no calls when
+/// nothing happened in between.
+#[test]
+fn stat_watch_prints_deltas() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let c = srv.attach();
+    c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    wait_stat(&srv, "the socket call", |v| {
+        me(v).is_some_and(|h| calls(h, "Socket") == 1)
+    });
+    let mut child = Command::new(TCPS)
+        .arg("stat")
+        .arg("--socket")
+        .arg(&srv.socket)
+        .args(["--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tcps stat --watch");
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = String::new();
+        let mut b = [0u8; 4096];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while s.matches("calls by type").count() < 2 && Instant::now() < deadline {
+            match out.read(&mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => s.push_str(&String::from_utf8_lossy(&b[..n])),
+            }
+        }
+        s
+    });
+    let text = within(Duration::from_secs(10), "tcps stat --watch", move || {
+        reader.join().unwrap()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let reports: Vec<&str> = text.split("tcps server pid").skip(1).collect();
+    assert!(reports.len() >= 2, "two reports expected:\n{text}");
+    assert!(reports[0].contains("Socket=1"), "first report:\n{text}");
+    assert!(
+        reports[1].contains("COUNTERS (last") && !reports[1].contains("Socket=1"),
+        "second report shows the interval's deltas:\n{text}"
+    );
+}
+
+/// Another user's `tcps stat` sees no detail of root's host, only totals
+/// (root and the server's own user see every host).
+#[test]
+fn stat_hides_other_users_hosts() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!(
+            "stat_hides_other_users_hosts: needs root to run tcps stat as another uid; skipped"
+        );
+        return;
+    }
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let c = srv.attach();
+    c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    wait_stat(&srv, "the socket call", |v| {
+        me(v).is_some_and(|h| calls(h, "Socket") == 1)
+    });
+    // A copy of tcps that uid 65534 can surely execute (srv.dir is 0755).
+    let exe = srv.dir.path().join("tcps-stat-copy");
+    std::fs::copy(TCPS, &exe).expect("copy tcps");
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&exe)
+        .arg("stat")
+        .arg("--socket")
+        .arg(&srv.socket)
+        .arg("--json")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run tcps stat as uid 65534");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tcps stat as uid 65534: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["viewer"]["uid"].as_u64(), Some(65534), "{text}");
+    assert_eq!(
+        v["viewer"]["sees_all_hosts"].as_bool(),
+        Some(false),
+        "{text}"
+    );
+    assert_eq!(v["hosts"].as_array().map(Vec::len), Some(0), "{text}");
+    assert_eq!(v["hidden_hosts"].as_u64(), Some(1), "{text}");
+    assert_eq!(
+        v["total"]["counters"]["calls"]["Socket"].as_u64(),
+        Some(1),
+        "totals cover hidden hosts: {text}"
+    );
+}
