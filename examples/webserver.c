@@ -882,9 +882,11 @@ static void print_stats(void)
     }
     fprintf(stderr,
             "webserver: tcps_stats: mode=%s bytes_copied=%llu bytes_sent=%llu bytes_received=%llu "
-            "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu\n",
+            "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu "
+            "round_trips=%llu\n",
             mode_names[opt_mode], st.bytes_copied, st.bytes_sent, st.bytes_received,
-            st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse);
+            st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse,
+            st.round_trips);
 }
 
 static void usage(FILE *f)
