@@ -128,6 +128,17 @@ int tcps_stats(struct tcps_stats *out);
 #define TCPS_OPT_SETUP_WITH_ACCEPT   3
 #define TCPS_OPT_EAGER_RECV_SIZE     4
 
+/* Zero-copy receive from a socket's receive ring (eager receive push):
+ * tcps_recv_view waits like tcps_recv (O_NONBLOCK: EAGAIN; SO_RCVTIMEO),
+ * then sets *ptr to the first pending bytes and returns how many (at most
+ * max; contiguous, so possibly fewer than are pending where the ring
+ * wraps); 0 at end of stream; -1/errno on a connection error (once),
+ * EOPNOTSUPP if the socket has no receive ring (use tcps_recv). The bytes
+ * stay valid and unchanged until tcps_recv_consume(s, n) releases the first
+ * n of them (EINVAL if fewer are pending). Nothing is copied. */
+ssize_t tcps_recv_view(int s, const void **ptr, size_t max);
+int tcps_recv_consume(int s, size_t n);
+
 /* ---- Asynchronous sends and registered memory ----------------------------
  *
  * Registered memory is memory the TCP server maps too: sends from it and

@@ -262,3 +262,35 @@ fn close_and_reuse_forget_ring_state() {
     // Closed: no ring any more; the server says EBADF.
     assert_eq!(raw(&c.recv(s, &mut b, 0).unwrap_err()), libc::EBADF);
 }
+
+#[test]
+fn zero_copy_view_and_consume() {
+    let fake = Fake::with_rings();
+    let c = Client::attach(&fake.path).unwrap();
+    let (_l, s) = listener_and_conn(&fake, &c, 0);
+    c.send_all(s, b"0123456789").unwrap();
+    let before = c.stats();
+    let mut seen = Vec::new();
+    while seen.len() < 10 {
+        let (p, n) = c.recv_view(s, 4, 0).unwrap();
+        assert!(n > 0 && n <= 4);
+        // SAFETY: the view is valid until consumed.
+        seen.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+        c.recv_consume(s, n).unwrap();
+    }
+    assert_eq!(&seen, b"0123456789");
+    assert_eq!(raw(&c.recv_consume(s, 1).unwrap_err()), libc::EINVAL);
+    let after = c.stats();
+    assert_eq!(after.bytes_copied, before.bytes_copied);
+    assert_eq!(after.bytes_received - before.bytes_received, 10);
+    assert_eq!(after.round_trips, before.round_trips);
+    c.shutdown(s, libc::SHUT_WR).unwrap();
+    assert_eq!(c.recv_view(s, 4, 0).unwrap().1, 0);
+    // A socket without a ring.
+    let plain = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.listen(plain, 1).unwrap(); // an accept ring, not a byte ring
+    assert_eq!(
+        raw(&c.recv_view(plain, 4, 0).unwrap_err()),
+        libc::EOPNOTSUPP
+    );
+}

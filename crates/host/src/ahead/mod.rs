@@ -540,9 +540,9 @@ impl Client {
                     return Ok(Some(got));
                 }
                 if end == END_ERROR && !g.end_reported {
-                    if !peek {
-                        g.end_reported = true;
-                    }
+                    // Reported once, also by MSG_PEEK (the kernel's
+                    // sock_error clears the error either way).
+                    g.end_reported = true;
                     let e = ctl.end_errno.load(Ordering::Acquire);
                     return Err(errno(if e > 0 { e } else { libc::EIO }));
                 }
@@ -566,6 +566,65 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// A zero-copy view of the bytes at the front of the socket's byte
+    /// ring: a pointer and a length (at most `max`, contiguous, so possibly
+    /// less than what is pending at the ring's wrap). Waits like `recv`
+    /// (O_NONBLOCK / `MSG_DONTWAIT`: EAGAIN, SO_RCVTIMEO); `(null, 0)` at
+    /// end of stream; an error of the connection once. The bytes stay
+    /// valid and unchanged until [`recv_consume`](Self::recv_consume)
+    /// releases them. EOPNOTSUPP if the socket has no byte ring.
+    pub fn recv_view(&self, s: u32, max: usize, flags: i32) -> io::Result<(*const u8, usize)> {
+        self.take_async_error(s)?;
+        if flags & !libc::MSG_DONTWAIT != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        // Waits, and reports the end, exactly as a recv that neither copies
+        // nor consumes.
+        let mut probe = [0u8; 1];
+        let flags = flags | libc::MSG_PEEK | libc::MSG_TRUNC;
+        match self.ring_recv(s, &mut probe, flags)? {
+            None => return Err(errno(libc::EOPNOTSUPP)),
+            Some(0) => return Ok((std::ptr::null(), 0)),
+            Some(_) => {}
+        }
+        let ring = self.conn.recv_ring(s).ok_or(errno(libc::EOPNOTSUPP))?;
+        let g = self.recv_state(s)?;
+        if g.mode != Mode::Bytes {
+            return Err(errno(libc::EBADF));
+        }
+        let tail = ring.ctl().tail.load(Ordering::Acquire);
+        let n =
+            available(tail, g.consumed, ring.size()).min(u32::try_from(max).unwrap_or(u32::MAX));
+        let (p, n) = ring.span_ptr(g.consumed, n);
+        Ok((p as *const u8, n))
+    }
+
+    /// Releases the first `n` bytes of the socket's byte ring (after
+    /// [`recv_view`](Self::recv_view)): EINVAL if fewer are pending.
+    pub fn recv_consume(&self, s: u32, n: usize) -> io::Result<()> {
+        let ring = self.conn.recv_ring(s).ok_or(errno(libc::EOPNOTSUPP))?;
+        let mut g = self.recv_state(s)?;
+        if g.mode != Mode::Bytes {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        let tail = ring.ctl().tail.load(Ordering::Acquire);
+        let n = u32::try_from(n).map_err(|_| errno(libc::EINVAL))?;
+        if n > available(tail, g.consumed, ring.size()) {
+            return Err(errno(libc::EINVAL));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // Received, and copied by nobody.
+        g.bytes += u64::from(n);
+        let kick = g.consume(&ring, n);
+        drop(g);
+        if kick {
+            self.post_kick(s)?;
+        }
+        Ok(())
     }
 
     /// accept4(2) from the listener's accept ring: `Ok(None)` if it has
