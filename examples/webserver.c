@@ -886,9 +886,10 @@ static void print_stats(void)
     fprintf(stderr,
             "webserver: tcps_stats: mode=%s bytes_copied=%llu bytes_sent=%llu bytes_received=%llu "
             "async_sends=%llu async_fallbacks=%llu kicks=%llu calls=%llu registered_misuse=%llu "
-            "requests=%llu\n",
+            "round_trips=%llu ring_recvs=%llu ring_accepts=%llu requests=%llu\n",
             mode_names[opt_mode], st.bytes_copied, st.bytes_sent, st.bytes_received,
             st.async_sends, st.async_fallbacks, st.kicks, st.calls, st.registered_misuse,
+            st.round_trips, st.ring_recvs, st.ring_accepts,
             (unsigned long long)atomic_load(&requests_served));
 }
 

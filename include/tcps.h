@@ -88,8 +88,56 @@ struct tcps_stats {
     unsigned long long async_fallbacks;/* ... run synchronously (no queue free) */
     unsigned long long kicks;          /* async sends that had to notify the server */
     unsigned long long registered_misuse; /* TCPS_DEBUG_REGISTERED: buffers written in flight */
+    /* Appended with process-ahead (protocol version 3): */
+    unsigned long long round_trips;    /* calls that waited for a completion */
+    unsigned long long ring_recvs;     /* recvs answered from a receive ring (no request) */
+    unsigned long long ring_accepts;   /* accepts answered from an accept ring */
+    unsigned long long recv_kicks;     /* notifications to resume a ring / start accepting ahead */
 };
 int tcps_stats(struct tcps_stats *out);
+
+/* ---- Process-ahead: tcps' own socket options ----------------------------
+ *
+ * The TCP server can work ahead of the application: accept connections on a
+ * listener before accept() is called (an accept ring: accept() then takes a
+ * connection with no round trip), and receive a connection's bytes before
+ * recv() is called (push: into a receive ring the library copies from with
+ * no round trip; pull: into a buffer at the server, so recv() is answered
+ * at once). Whether it does is a server-wide default (`tcps server
+ * --eager-accept --eager-recv --setup-with-accept ...`) that a socket can
+ * override with tcps_setsockopt(s, TCPS_SOL_TCPS, name, &int_value, sizeof(int)):
+ *
+ *   TCPS_OPT_EAGER_RECV         0 off, 1 pull, 2 push. On a listener: what its
+ *                               accepted connections get. EBUSY once the
+ *                               socket's ring is bound.
+ *   TCPS_OPT_EAGER_ACCEPT       on a listener, before listen(): 0 off, else
+ *                               the most connections accepted ahead.
+ *   TCPS_OPT_SETUP_WITH_ACCEPT  on a listener: 0/1, set up each accepted
+ *                               connection's asynchronous send queue and
+ *                               receive ring with the accept.
+ *   TCPS_OPT_EAGER_RECV_SIZE    bytes read ahead per connection in pull mode.
+ *
+ * tcps_getsockopt reads them back. Semantics of the calls do not change:
+ * O_NONBLOCK, SO_RCVTIMEO, MSG_PEEK/WAITALL/TRUNC/DONTWAIT, end of stream
+ * and errors behave as without process-ahead (a ring has no urgent data:
+ * MSG_OOB on such a socket is EINVAL).
+ */
+#define TCPS_SOL_TCPS                0x74637073 /* "tcps" */
+#define TCPS_OPT_EAGER_RECV          1
+#define TCPS_OPT_EAGER_ACCEPT        2
+#define TCPS_OPT_SETUP_WITH_ACCEPT   3
+#define TCPS_OPT_EAGER_RECV_SIZE     4
+
+/* Zero-copy receive from a socket's receive ring (eager receive push):
+ * tcps_recv_view waits like tcps_recv (O_NONBLOCK: EAGAIN; SO_RCVTIMEO),
+ * then sets *ptr to the first pending bytes and returns how many (at most
+ * max; contiguous, so possibly fewer than are pending where the ring
+ * wraps); 0 at end of stream; -1/errno on a connection error (once),
+ * EOPNOTSUPP if the socket has no receive ring (use tcps_recv). The bytes
+ * stay valid and unchanged until tcps_recv_consume(s, n) releases the first
+ * n of them (EINVAL if fewer are pending). Nothing is copied. */
+ssize_t tcps_recv_view(int s, const void **ptr, size_t max);
+int tcps_recv_consume(int s, size_t n);
 
 /* ---- Asynchronous sends and registered memory ----------------------------
  *

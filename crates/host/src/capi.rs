@@ -535,6 +535,11 @@ pub struct TcpsStats {
     pub async_fallbacks: u64,
     pub kicks: u64,
     pub registered_misuse: u64,
+    // Appended in protocol version 3 (process-ahead).
+    pub round_trips: u64,
+    pub ring_recvs: u64,
+    pub ring_accepts: u64,
+    pub recv_kicks: u64,
 }
 
 /// # Safety
@@ -558,6 +563,10 @@ pub unsafe extern "C" fn tcps_stats(out: *mut TcpsStats) -> c_int {
             async_fallbacks: s.async_fallbacks,
             kicks: s.kicks,
             registered_misuse: s.registered_misuse,
+            round_trips: s.round_trips,
+            ring_recvs: s.ring_recvs,
+            ring_accepts: s.ring_accepts,
+            recv_kicks: s.recv_kicks,
         };
         // SAFETY: the caller passes a writable tcps_stats (checked non-null).
         unsafe { out.write(v) };

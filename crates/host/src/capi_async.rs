@@ -154,3 +154,31 @@ pub unsafe extern "C" fn tcps_alloc_registered(
 pub extern "C" fn tcps_deregister_memory(handle: TcpsMem) -> c_int {
     ffi(|| with_client(|c| c.deregister_memory(handle)).map(|()| 0))
 }
+
+/// # Safety
+/// `ptr` is valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn tcps_recv_view(
+    s: c_int,
+    ptr: *mut *const libc::c_void,
+    max: usize,
+) -> isize {
+    ffi(|| {
+        let s = sock(s)?;
+        if ptr.is_null() {
+            return Err(errno(libc::EFAULT));
+        }
+        let (p, n) = with_client(|c| c.recv_view(s, max, 0))?;
+        // SAFETY: non-null, writable by the caller's contract.
+        unsafe { ptr.write(p as *const libc::c_void) };
+        Ok(n as isize)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn tcps_recv_consume(s: c_int, n: usize) -> c_int {
+    ffi(|| {
+        let s = sock(s)?;
+        with_client(|c| c.recv_consume(s, n)).map(|()| 0)
+    })
+}

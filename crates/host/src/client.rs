@@ -157,7 +157,8 @@ impl Client {
             req.buf_off = 0;
             req.buf_len = cap as u32;
             let c = l.exchange(req)?;
-            let full = c.aux.min(u64::from(max)) as usize;
+            // The length is in aux's low half (Accept: SETUP_* in the high one).
+            let full = (c.aux & 0xffff_ffff).min(u64::from(max)) as usize;
             let n = full.min(cap);
             l.get(0, &mut out[..n])?;
             Ok((c, full))
@@ -178,7 +179,9 @@ impl Client {
             signed(ty.into()),
             signed(protocol.into()),
         ]);
-        socket_id(&self.simple(r)?)
+        let id = socket_id(&self.simple(r)?)?;
+        self.ahead_new_socket(id, ty & libc::SOCK_NONBLOCK != 0, 0, None);
+        Ok(id)
     }
 
     pub fn bind(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {
@@ -196,7 +199,9 @@ impl Client {
     pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
         let mut r = request(Op::Listen, s);
         r.args[0] = signed(backlog.into());
-        self.simple(r).map(drop)
+        let c = self.simple(r)?;
+        self.ahead_listened(s, c.aux);
+        Ok(())
     }
 
     /// accept4(2): returns the new socket and the peer's address.
@@ -211,11 +216,22 @@ impl Client {
     /// accept4(2) writing the peer's raw `sockaddr` into `addr_out` (empty:
     /// not wanted). Returns the new socket and the address's full length,
     /// which may exceed `addr_out.len()` (the copy is then truncated).
+    ///
+    /// A listener with an accept ring (`docs/PROTOCOL.md` §10) hands out
+    /// connections the server accepted ahead, with no request.
     pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
+        if let Some(r) = self.ring_accept(s, flags, addr_out)? {
+            return Ok(r);
+        }
         let mut r = request(Op::Accept, s);
         r.args[0] = signed((flags & !libc::SOCK_CLOEXEC).into());
         let (c, len) = self.with_output(r, addr_out, MAX_ADDR_LEN)?;
-        Ok((socket_id(&c)?, len))
+        let id = socket_id(&c)?;
+        // aux's high half: what the server set up with the accept (SETUP_*).
+        let setup = (c.aux >> 32) as u32;
+        let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+        self.ahead_new_socket(id, nonblocking, setup, self.local_rcvtimeo(s));
+        Ok((id, len))
     }
 
     pub fn connect(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {
@@ -235,6 +251,7 @@ impl Client {
     /// socket), and an error only if nothing was sent.
     pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
         self.take_async_error(s)?;
+        let flags = self.local_flags(s, flags);
         self.with_channel(libc::EPIPE, buf.len().min(1), buf.len(), |l| {
             let chunk = (l.room() as usize).max(1);
             let mut total = 0;
@@ -273,9 +290,14 @@ impl Client {
     }
 
     /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call
-    /// (less when the call shares a busy channel).
+    /// (less when the call shares a busy channel). A socket with a receive
+    /// ring (`docs/PROTOCOL.md` §10) is read from it, with no request.
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
         self.take_async_error(s)?;
+        if let Some(n) = self.ring_recv(s, buf, flags)? {
+            return Ok(n);
+        }
+        let flags = self.local_flags(s, flags);
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
             let mut r = request(Op::Recv, s);
@@ -299,6 +321,7 @@ impl Client {
     /// server sends them and then closes (as the kernel does with data in
     /// the send buffer).
     pub fn close(&self, s: u32) -> io::Result<()> {
+        self.ahead_close(s);
         self.async_close(s);
         self.simple(request(Op::Close, s)).map(drop)
     }
@@ -311,7 +334,9 @@ impl Client {
         let mut r = request(Op::SetSockOpt, s);
         r.args[0] = signed(level.into());
         r.args[1] = signed(name.into());
-        self.with_input(r, value).map(drop)
+        self.with_input(r, value)?;
+        self.ahead_setsockopt(s, level, name, value);
+        Ok(())
     }
 
     pub fn setsockopt_int(&self, s: u32, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -363,9 +388,15 @@ impl Client {
     /// poll(2) over tcps sockets: sets each `revents`, returns how many
     /// entries have events. `timeout_ms < 0` waits forever. At most 4096
     /// entries (EINVAL beyond).
+    ///
+    /// Readability of sockets with rings is answered locally when that
+    /// settles the call (see `ahead::ring_poll`).
     pub fn poll(&self, fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
         if fds.len() > MAX_POLL_ENTRIES as usize {
             return Err(errno(libc::EINVAL));
+        }
+        if let Some(n) = self.ring_poll(fds, timeout_ms)? {
+            return Ok(n);
         }
         let bytes = fds.len() * POLL_ENTRY_LEN;
         if bytes > self.conn.arena_size() as usize {
@@ -410,14 +441,24 @@ impl Client {
         })
     }
 
-    /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`).
+    /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`). O_NONBLOCK is
+    /// the library's own view (an `accept4(SOCK_NONBLOCK)` of a connection
+    /// the server accepted ahead is non-blocking here, not at the server).
     pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
         let mut r = request(Op::Fcntl, s);
         r.args[0] = signed(cmd.into());
         r.args[1] = signed(arg);
-        let res = self.simple(r)?.result;
+        let mut res = self.simple(r)?.result;
+        let nb = i64::from(libc::O_NONBLOCK);
         if cmd == libc::F_SETFL {
-            self.async_set_nonblocking(s, arg & i64::from(libc::O_NONBLOCK) != 0);
+            self.async_set_nonblocking(s, arg & nb != 0);
+            self.ahead_set_nonblocking(s, arg & nb != 0);
+        } else if cmd == libc::F_GETFL {
+            match self.local_nonblocking(s) {
+                Some(true) => res |= nb,
+                Some(false) => res &= !nb,
+                None => {}
+            }
         }
         Ok(res)
     }

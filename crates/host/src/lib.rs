@@ -11,8 +11,10 @@
 //! Modules: [`attach`](Client::attach) does the control-socket handshake and
 //! maps the region; `channel` owns the channel pool and the wait loop;
 //! `client` encodes each call; `memory` registers memory with the server;
-//! `asyncsend` queues asynchronous sends.
+//! `asyncsend` queues asynchronous sends; `ahead` receives and accepts
+//! from the rings the server fills ahead (process-ahead).
 
+mod ahead;
 mod asyncsend;
 mod attach;
 pub mod capi;
@@ -20,6 +22,7 @@ mod capi_async;
 mod channel;
 mod client;
 mod memory;
+mod table;
 
 pub use asyncsend::IoHandle;
 pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};

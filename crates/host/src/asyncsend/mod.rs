@@ -1,8 +1,10 @@
 //! Asynchronous sends and registered memory on the host (the protocol is in
 //! `tcps_proto::sendq`).
 //!
-//! A socket's first asynchronous send binds it to a free send queue (one
-//! round trip). After that a send is: lock the socket's state (a spin lock
+//! A socket's first asynchronous send binds it to its send queue (one
+//! round trip; queue `s` belongs to socket id `s`, PROTOCOL §10, so sockets
+//! with ids beyond the region's queues send synchronously). A connection
+//! the server set up at accept (`SETUP_SENDQ`) is bound already. After that a send is: lock the socket's state (a spin lock
 //! in host memory), check credits against the cached `done`, write one
 //! 32-byte descriptor, store `head`, and kick the server only if it is not
 //! watching the queue. No system call, no fence, no wait: the call returns
@@ -20,23 +22,24 @@
 //! * **Copying sends** stage the bytes in a registered pool, freed as
 //!   descriptors finish.
 //! * **Closing** a socket with sends in flight hands its queue to the
-//!   orphans: the server sends the rest and then closes; the queue (and its
-//!   staged bytes) come back once the server released it.
+//!   orphans: the server sends the rest and then closes; the staged bytes
+//!   are freed once the server released the queue, or at the latest when
+//!   the socket id is handed out again (the server frees an id only after
+//!   its queue is unbound).
 //! * **Debug mode** (`TCPS_DEBUG_REGISTERED=1`): each registered send
 //!   carries a checksum of its bytes; the server counts a mismatch (the
 //!   buffer was written while in flight), which the library reports.
 
 mod pool;
-mod table;
 
 use crate::client::Client;
+use crate::table::{SockTable, SpinGuard};
 use pool::Pool;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
-use table::{SockTable, SpinGuard};
 use tcps_proto::region::SendQueueRef;
 use tcps_proto::sendq::{self, SendDesc, DESC_CHECKSUM, DESC_MORE};
 use tcps_proto::{futex, Op, Request};
@@ -58,7 +61,7 @@ fn errno(e: i32) -> io::Error {
 pub struct IoHandle(pub u64);
 
 impl IoHandle {
-    /// A send that was executed synchronously (no queue was free).
+    /// A send that was executed synchronously (the socket has no queue).
     pub const DONE: IoHandle = IoHandle(u64::MAX);
 
     fn new(queue: u32, gen: u32, seq: u32) -> IoHandle {
@@ -92,6 +95,9 @@ pub(crate) struct SockState {
     done: u32,
     kicks_sent: u32,
     nonblocking: bool,
+    /// The server refused to bind the socket's queue (`AsyncBind` failed
+    /// with EBUSY or EINVAL): its asynchronous sends run synchronously.
+    no_queue: bool,
     /// errno of a failed send, once seen in the queue; `reported` once a
     /// later call returned it.
     error: i32,
@@ -123,8 +129,7 @@ struct Counters {
 
 /// The asynchronous-send state of an attachment.
 pub(crate) struct AsyncState {
-    socks: SockTable,
-    free_queues: Mutex<Vec<u32>>,
+    socks: SockTable<SockState>,
     orphans: Mutex<Vec<Orphan>>,
     /// Host-side binding generation of each queue (names stale io handles).
     gens: Box<[AtomicU32]>,
@@ -148,8 +153,6 @@ impl AsyncState {
     pub fn new(send_queues: u32) -> AsyncState {
         AsyncState {
             socks: SockTable::new(),
-            // Popped from the back: queue 0 first.
-            free_queues: Mutex::new((0..send_queues).rev().collect()),
             orphans: Mutex::new(Vec::new()),
             gens: (0..send_queues).map(|_| AtomicU32::new(0)).collect(),
             pool: OnceLock::new(),
@@ -195,7 +198,7 @@ impl Client {
     /// Sends `buf` asynchronously: copies it into registered staging memory
     /// and returns at once with its full length (the thesis' `AsyncSend`).
     /// Completion and errors: see the module docs. Falls back to a
-    /// synchronous send if the server has no send queue free.
+    /// synchronous send if the socket has no send queue.
     pub fn send_async(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
@@ -388,63 +391,98 @@ impl Client {
         }
     }
 
-    /// The socket's state, locked; binds a send queue on first use (one
-    /// round trip). A socket that cannot get one has `queue == None`.
+    /// The socket's state, locked; binds its send queue (`queue == s`) on
+    /// first use (one round trip). A socket that cannot have one (an id
+    /// beyond the region's queues, or the server refused) has `queue == None`.
     fn sock_state(&self, s: u32) -> io::Result<SpinGuard<'_, SockState>> {
         let st = self.asyncs();
         let lock = st.socks.get_or_insert(s).ok_or(errno(libc::EBADF))?;
         let mut g = lock.lock();
-        if g.queue.is_none() {
-            if let Some(q) = self.take_queue() {
-                let sq = self.conn.send_queue(q);
-                sq.ctl().head.store(0, Ordering::Relaxed);
-                let mut r = Request {
-                    op: Op::AsyncBind as u16,
-                    sock: s,
-                    ..Default::default()
-                };
-                r.args[0] = u64::from(q);
-                match self.simple_call(r) {
-                    Ok(c) => {
-                        let gen = st.gens[q as usize].fetch_add(1, Ordering::AcqRel) + 1;
-                        *g = SockState {
-                            queue: Some(q),
-                            gen,
-                            kicks_sent: sq.ctl().kicks_seen.load(Ordering::Acquire),
-                            nonblocking: c.aux != 0,
-                            ..SockState::default()
-                        };
-                    }
-                    Err(e) => {
-                        st.free_queues
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(q);
-                        return Err(e);
-                    }
-                }
+        if g.queue.is_some() || g.no_queue {
+            return Ok(g);
+        }
+        let Some(sq) = self.conn.region_send_queue(s) else {
+            return Ok(g);
+        };
+        sq.ctl().head.store(0, Ordering::Relaxed);
+        let mut r = Request {
+            op: Op::AsyncBind as u16,
+            sock: s,
+            ..Default::default()
+        };
+        r.args[0] = u64::from(s);
+        match self.simple_call(r) {
+            Ok(c) => {
+                // O_NONBLOCK as this library tracks it (an eagerly accepted
+                // socket made non-blocking by accept4 is blocking at the
+                // server), else as the server reports it.
+                let nonblocking = self.local_nonblocking(s).unwrap_or(c.aux != 0);
+                self.bound(&mut g, s, &sq, nonblocking);
             }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EINVAL)) => {
+                g.no_queue = true;
+            }
+            Err(e) => return Err(e),
         }
         Ok(g)
     }
 
-    /// A free send queue, recycling those of closed sockets the server has
-    /// released.
-    fn take_queue(&self) -> Option<u32> {
+    /// The socket's state after its queue `s` was bound (`head == done == 0`).
+    fn bound(&self, g: &mut SockState, s: u32, sq: &SendQueueRef<'_>, nonblocking: bool) {
+        let gen = self.asyncs().gens[s as usize].fetch_add(1, Ordering::AcqRel) + 1;
+        *g = SockState {
+            queue: Some(s),
+            gen,
+            kicks_sent: sq.ctl().kicks_seen.load(Ordering::Acquire),
+            nonblocking,
+            ..SockState::default()
+        };
+    }
+
+    /// The server handed out socket id `s` (`Socket`, `Accept`, an accept
+    /// ring): whatever was kept of an earlier socket `s` is stale, since
+    /// the server frees an id only after unbinding its queue. With
+    /// `setup_sendq` (`SETUP_SENDQ`) the queue is bound already, with
+    /// `head == done == 0`.
+    pub(crate) fn async_new_socket(&self, s: u32, setup_sendq: bool, nonblocking: bool) {
+        self.forget_orphan(s);
         let st = self.asyncs();
-        if let Some(q) = st
-            .free_queues
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-        {
-            return Some(q);
+        let Some(lock) = st.socks.get_or_insert(s) else {
+            return;
+        };
+        let mut g = lock.lock();
+        st.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
+        st.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
+        // Descriptors of an earlier binding finished when the server freed it.
+        let all = g.head.wrapping_add(1 << 30);
+        self.forget_done(&mut g.pending, all);
+        *g = SockState {
+            nonblocking,
+            ..SockState::default()
+        };
+        if setup_sendq {
+            if let Some(sq) = self.conn.region_send_queue(s) {
+                self.bound(&mut g, s, &sq, nonblocking);
+            }
         }
-        self.reap_orphans();
-        st.free_queues
+    }
+
+    /// Frees the staging of the orphaned queue `q`: its socket id is in use
+    /// again, so the server released it.
+    fn forget_orphan(&self, q: u32) {
+        let mut orphans = self
+            .asyncs()
+            .orphans
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
+            .unwrap_or_else(PoisonError::into_inner);
+        orphans.retain_mut(|o| {
+            if o.queue != q {
+                return true;
+            }
+            let done = self.conn.send_queue(q).ctl().done.load(Ordering::Acquire);
+            self.forget_done(&mut o.pending, done.wrapping_add(1 << 30));
+            false
+        });
     }
 
     fn pool(&self) -> io::Result<&Pool> {
@@ -514,8 +552,8 @@ impl Client {
         }
     }
 
-    /// Frees what the orphaned queues finished; queues the server released
-    /// go back to the free list.
+    /// Frees what the orphaned queues finished, and forgets the queues the
+    /// server released.
     fn reap_orphans(&self) {
         let st = self.asyncs();
         let mut orphans = st.orphans.lock().unwrap_or_else(PoisonError::into_inner);
@@ -527,10 +565,6 @@ impl Client {
             if released {
                 // The server is finished with the queue: everything is done.
                 self.forget_done(&mut o.pending, done.wrapping_add(1 << 30));
-                st.free_queues
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(o.queue);
                 return false;
             }
             self.forget_done(&mut o.pending, done);
@@ -754,6 +788,17 @@ impl Client {
         let len32 = u32::try_from(len).map_err(|_| errno(libc::EINVAL))?;
         let off = self.conn.memory.offset_of(mem, ptr, len)?;
         self.take_async_error(s)?;
+        if op == Op::RecvReg {
+            // A socket with a receive ring: copy from it (one copy, counted).
+            // SAFETY: `ptr..ptr+len` lies inside a registration (checked
+            // above), memory this process owns and lets the server write;
+            // nothing else reads it during the call.
+            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            if let Some(n) = self.ring_recv(s, buf, flags)? {
+                return Ok(n);
+            }
+        }
+        let flags = self.local_flags(s, flags);
         let mut r = Request {
             op: op as u16,
             sock: s,

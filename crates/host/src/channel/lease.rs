@@ -174,6 +174,7 @@ impl<'a> Lease<'a> {
             self.conn.ring_doorbell();
         }
         let c = self.wait(seen, must_ring)?;
+        self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
         if c.op != req.op {
             return Err(errno(libc::EIO));
         }

@@ -63,6 +63,7 @@
 //! thread unwinds, or gives up because the server died) leaves its entry
 //! `Abandoned`: the range is freed when that completion is drained.
 
+use crate::ahead::AheadState;
 use crate::asyncsend::AsyncState;
 use crate::attach::Attached;
 use crate::memory::Registry;
@@ -121,7 +122,7 @@ thread_local! {
 /// Call counters; see [`crate::Client::stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostStats {
-    /// Request/completion exchanges.
+    /// Requests submitted that expect a completion.
     pub calls: u64,
     /// Doorbell rings (eventfd writes: the server was asleep).
     pub doorbells: u64,
@@ -152,6 +153,16 @@ pub struct HostStats {
     pub kicks: u64,
     /// Debug mode: registered buffers written while their send was in flight.
     pub registered_misuse: u64,
+    /// Channel round trips waited on: calls that waited for a completion
+    /// (kicks, which get none, are not counted).
+    pub round_trips: u64,
+    /// recv calls answered from a receive ring (no request at all).
+    pub ring_recvs: u64,
+    /// accept calls answered from an accept ring.
+    pub ring_accepts: u64,
+    /// `RecvKick`s posted: a paused ring resumed, or connections wanted
+    /// from an empty accept ring.
+    pub recv_kicks: u64,
 }
 
 impl HostStats {
@@ -176,6 +187,7 @@ struct SlotStats {
     copied: AtomicU64,
     net_sent: AtomicU64,
     net_received: AtomicU64,
+    round_trips: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -220,6 +232,8 @@ pub(crate) struct Conn {
     /// Registered memory and asynchronous sends (see `asyncsend`).
     pub(crate) memory: Registry,
     pub(crate) asyncs: AsyncState,
+    /// Process-ahead receive state (see `ahead`).
+    pub(crate) ahead: AheadState,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     registered_sent: AtomicU64,
     registered_received: AtomicU64,
@@ -245,6 +259,7 @@ impl Conn {
         Conn {
             memory: Registry::new(),
             asyncs: AsyncState::new(send_queues),
+            ahead: AheadState::new(),
             registered_sent: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
@@ -355,6 +370,17 @@ impl Conn {
         self.region
             .send_queue(q)
             .expect("send queue indices come from the layout")
+    }
+
+    /// Send queue `q`, if the region has one (`q` is a socket id: queue `s`
+    /// belongs to socket `s`).
+    pub(crate) fn region_send_queue(&self, q: u32) -> Option<tcps_proto::region::SendQueueRef<'_>> {
+        self.region.send_queue(q)
+    }
+
+    /// Receive ring `r` (of socket id `r`), if the region has one.
+    pub(crate) fn recv_ring(&self, r: u32) -> Option<tcps_proto::region::RecvRingRef<'_>> {
+        self.region.recv_ring(r)
     }
 
     /// Counts bytes a registered (zero-copy) call moved.
@@ -570,6 +596,7 @@ impl Conn {
             s.bytes_copied += st.copied.load(Ordering::Relaxed);
             s.bytes_sent += st.net_sent.load(Ordering::Relaxed);
             s.bytes_received += st.net_received.load(Ordering::Relaxed);
+            s.round_trips += st.round_trips.load(Ordering::Relaxed);
         }
         let a = self.asyncs.stats();
         s.async_sends = a.sends;
@@ -579,6 +606,12 @@ impl Conn {
         s.bytes_copied += a.bytes_copied;
         s.bytes_sent += a.bytes_sent + self.registered_sent.load(Ordering::Relaxed);
         s.bytes_received += self.registered_received.load(Ordering::Relaxed);
+        let r = self.ahead.stats();
+        s.ring_recvs = r.ring_recvs;
+        s.ring_accepts = r.ring_accepts;
+        s.recv_kicks = r.recv_kicks;
+        s.bytes_received += r.bytes_received;
+        s.bytes_copied += r.bytes_copied;
         s
     }
 }

@@ -10,7 +10,7 @@ use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -28,6 +28,11 @@ pub const SLOW_DELAY: Duration = Duration::from_millis(5);
 pub const FAILING_BACKLOG: i32 = 999;
 /// A send on a socket with `O_NONBLOCK` accepts at most this many bytes.
 pub const NONBLOCK_SEND_LIMIT: usize = 1000;
+/// Ring mode: `shutdown` with this `how` ends the socket's byte ring with
+/// `END_ERROR` (ECONNRESET) after its data.
+pub const RESET_HOW: i32 = 88;
+/// Bytes per receive ring in ring mode.
+pub const RING_BYTES: u32 = 4096;
 
 #[derive(Clone)]
 pub enum Mode {
@@ -51,6 +56,14 @@ struct Shared {
     hosts: Mutex<Vec<Host>>,
     hosts_gone: AtomicU64,
     pub doorbells: AtomicU64,
+    /// Process-ahead (`Fake::with_rings`): listeners get accept rings,
+    /// accepted and connected sockets byte rings (eager receive push).
+    rings: bool,
+    /// Connections the fake may hand out on accept rings (it invents them).
+    offered: AtomicU32,
+    recv_kicks: AtomicU64,
+    /// Every request's op and MSG_ flags argument (Send/Recv), for tests.
+    log: Mutex<Vec<(u16, i64)>>,
 }
 
 /// One attached host: its control socket and its own region.
@@ -91,7 +104,31 @@ impl Fake {
         )
     }
 
+    /// A fake with process-ahead: listen binds an accept ring (the fake
+    /// accepts ahead [`offer`](Fake::offer)ed connections once the host
+    /// kicked), accepted connections come with a byte ring
+    /// (`SETUP_RECV_RING`), `RecvBind` binds one; sends loop back into the
+    /// socket's own ring.
+    pub fn with_rings() -> Fake {
+        Fake::build(
+            Mode::Accept,
+            Layout {
+                n_channels: 8,
+                ring_entries: 8,
+                arena_size: 16384,
+                recv_rings: 64,
+                rq_bytes: RING_BYTES,
+                ..Default::default()
+            },
+            true,
+        )
+    }
+
     pub fn with_layout(mode: Mode, layout: Layout) -> Fake {
+        Fake::build(mode, layout, false)
+    }
+
+    fn build(mode: Mode, layout: Layout, rings: bool) -> Fake {
         let path = unique_path();
         // SAFETY: eventfd with valid flags; result checked.
         let efd =
@@ -108,6 +145,10 @@ impl Fake {
             hosts: Mutex::new(Vec::new()),
             hosts_gone: AtomicU64::new(0),
             doorbells: AtomicU64::new(0),
+            rings,
+            offered: AtomicU32::new(0),
+            recv_kicks: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
         });
         let s1 = shared.clone();
         let s2 = shared.clone();
@@ -120,6 +161,21 @@ impl Fake {
             shared,
             threads,
         }
+    }
+
+    /// Lets the fake accept `n` more connections ahead (ring mode).
+    pub fn offer(&self, n: u32) {
+        self.shared.offered.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// `RecvKick`s taken.
+    pub fn recv_kicks(&self) -> u64 {
+        self.shared.recv_kicks.load(Ordering::Relaxed)
+    }
+
+    /// (op, flags) of every request taken so far.
+    pub fn requests(&self) -> Vec<(u16, i64)> {
+        self.shared.log.lock().unwrap().clone()
     }
 
     pub fn doorbells(&self) -> u64 {
@@ -289,6 +345,12 @@ struct Sock {
     data: VecDeque<u8>,
     flags: i64,
     name: Vec<u8>,
+    /// Ring mode: the socket's ring is bound (`KIND_*`).
+    ring: u32,
+    /// Accept ring: the host kicked (wants connections).
+    demand: bool,
+    /// Byte ring: end after the data (`END_*`).
+    end: u32,
 }
 
 #[derive(Default)]
@@ -307,7 +369,10 @@ fn serve(s: &Shared) {
         let mut hosts = s.hosts.lock().unwrap();
         let mut did = false;
         for h in hosts.iter_mut() {
-            did |= serve_host(&mut st, h);
+            did |= serve_host(s, &mut st, h);
+            if s.rings {
+                did |= pump(s, &mut st, &h.region);
+            }
             watch_host(s, h);
         }
         if did {
@@ -368,7 +433,7 @@ fn serve(s: &Shared) {
 }
 
 /// Runs every pending request of one host; true if there were any.
-fn serve_host(st: &mut State, h: &mut Host) -> bool {
+fn serve_host(s: &Shared, st: &mut State, h: &mut Host) -> bool {
     let used = h
         .region
         .header()
@@ -381,7 +446,13 @@ fn serve_host(st: &mut State, h: &mut Host) -> bool {
         let cursor = &mut h.cursors[i as usize];
         while let Ok(Some(req)) = cursor.pop(&ch) {
             did = true;
-            if let Some(c) = handle(st, &ch, &req) {
+            s.log.lock().unwrap().push((req.op, req.args[0] as i64));
+            let c = if s.rings {
+                handle_ring(s, st, &h.region, &ch, &req)
+            } else {
+                handle(st, &ch, &req)
+            };
+            if let Some(c) = c {
                 if cursor.complete(&ch, &c).unwrap() {
                     futex::wake_all(&ch.ctl().cq_tail);
                 }
@@ -615,4 +686,221 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         Call::RecvBind { .. } => done(&mut c, tcps_proto::recvq::RECV_MODE_NONE as i64),
         Call::AsyncKick { .. } | Call::RecvKick { .. } => None,
     }
+}
+
+/// Binds ring `sock` of `region` as `kind`, empty.
+fn bind_ring(region: &Region, sock: u32, kind: u32) -> bool {
+    let Some(ring) = region.recv_ring(sock) else {
+        return false;
+    };
+    let ctl = ring.ctl();
+    ctl.head.store(0, Ordering::Relaxed);
+    ctl.tail.store(0, Ordering::Relaxed);
+    ctl.end.store(0, Ordering::Relaxed);
+    ctl.end_errno.store(0, Ordering::Relaxed);
+    ctl.paused.store(0, Ordering::Relaxed);
+    ctl.kind.store(kind, Ordering::Relaxed);
+    ctl.owner.store(sock + 1, Ordering::Release);
+    true
+}
+
+/// Ring mode: the calls that differ, then [`handle`].
+fn handle_ring(
+    sh: &Shared,
+    st: &mut State,
+    region: &Region,
+    ch: &ChannelRef<'_>,
+    req: &tcps_proto::Request,
+) -> Option<Completion> {
+    use tcps_proto::recvq::*;
+    let mut c = Completion {
+        user_data: req.user_data,
+        op: req.op,
+        ..Default::default()
+    };
+    let call = match Call::decode(req, ch.arena_size()) {
+        Ok(call) => call,
+        Err(_) => return fail(&mut c, libc::EINVAL),
+    };
+    match call {
+        Call::Listen { sock, .. } => {
+            let s = st.socks.get_mut(&sock)?;
+            if bind_ring(region, sock, KIND_ACCEPT) {
+                s.ring = KIND_ACCEPT;
+                c.aux = RECV_MODE_RING;
+            }
+            done(&mut c, 0)
+        }
+        Call::RecvBind { sock } => {
+            let Some(s) = st.socks.get_mut(&sock) else {
+                return fail(&mut c, libc::EBADF);
+            };
+            if s.ring == 0 && bind_ring(region, sock, KIND_BYTES) {
+                s.ring = KIND_BYTES;
+            }
+            let mode = if s.ring != 0 {
+                RECV_MODE_RING
+            } else {
+                RECV_MODE_NONE
+            };
+            done(&mut c, mode as i64)
+        }
+        Call::RecvKick { sock } => {
+            sh.recv_kicks.fetch_add(1, Ordering::Relaxed);
+            if let (Some(s), Some(ring)) = (st.socks.get_mut(&sock), region.recv_ring(sock)) {
+                s.demand = true;
+                let ctl = ring.ctl();
+                ctl.kicks_seen.fetch_add(1, Ordering::Release);
+                ctl.paused.store(0, Ordering::Release);
+            }
+            None
+        }
+        Call::Shutdown { sock, how } if st.socks.get(&sock).is_some_and(|s| s.ring != 0) => {
+            let s = st.socks.get_mut(&sock)?;
+            if how == RESET_HOW {
+                s.end = END_ERROR;
+            } else if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+                s.end = END_EOF;
+            }
+            done(&mut c, 0)
+        }
+        Call::Close { sock } => {
+            if let (Some(s), Some(ring)) = (st.socks.remove(&sock), region.recv_ring(sock)) {
+                if s.ring != 0 {
+                    ring.ctl().owner.store(0, Ordering::Release);
+                    ring.ctl().kind.store(0, Ordering::Release);
+                }
+            }
+            done(&mut c, 0)
+        }
+        Call::Poll { entries, n, .. } => {
+            let raw = read(ch, entries);
+            let mut ready = 0;
+            for i in 0..n as usize {
+                let e = &raw[i * 8..i * 8 + 8];
+                let sock = u32::from_ne_bytes(e[0..4].try_into().unwrap());
+                let events = i16::from_ne_bytes(e[4..6].try_into().unwrap());
+                let revents = match (st.socks.get(&sock), region.recv_ring(sock)) {
+                    (None, _) => libc::POLLNVAL,
+                    (Some(s), Some(ring)) if s.ring != 0 => {
+                        let ctl = ring.ctl();
+                        let pending = ctl.tail.load(Ordering::Acquire)
+                            != ctl.head.load(Ordering::Acquire)
+                            || ctl.end.load(Ordering::Acquire) != 0;
+                        let mut r = events & libc::POLLOUT;
+                        if pending {
+                            r |= events & libc::POLLIN;
+                        }
+                        r
+                    }
+                    (Some(s), _) => {
+                        let mut r = events & libc::POLLOUT;
+                        if !s.data.is_empty() {
+                            r |= events & libc::POLLIN;
+                        }
+                        r
+                    }
+                };
+                if revents != 0 {
+                    ready += 1;
+                }
+                let off = entries.off + (i * size_of::<PollEntry>()) as u32 + 6;
+                assert!(ch.copy_to_arena(off, &revents.to_ne_bytes()));
+            }
+            done(&mut c, ready)
+        }
+        _ => handle(st, ch, req),
+    }
+}
+
+/// Ring mode: moves loopback data into byte rings (pausing when full),
+/// publishes ends, and accepts offered connections ahead on listeners the
+/// host kicked. True if anything moved.
+fn pump(sh: &Shared, st: &mut State, region: &Region) -> bool {
+    use tcps_proto::recvq::*;
+    let mut did = false;
+    let mut new_conns = Vec::new();
+    let ids: Vec<u32> = st.socks.keys().copied().collect();
+    for id in ids {
+        let Some(ring) = region.recv_ring(id) else {
+            continue;
+        };
+        let ctl = ring.ctl();
+        let s = st.socks.get_mut(&id).unwrap();
+        let tail = ctl.tail.load(Ordering::Relaxed);
+        let head = ctl.head.load(Ordering::Acquire);
+        let room = ring.size() - tail.wrapping_sub(head).min(ring.size());
+        let mut moved = false;
+        match s.ring {
+            KIND_BYTES => {
+                if ctl.end.load(Ordering::Relaxed) != END_NONE {
+                    continue;
+                }
+                let n = (room as usize).min(s.data.len());
+                if n > 0 {
+                    let bytes: Vec<u8> = s.data.drain(..n).collect();
+                    ring.write_at(tail, &bytes);
+                    ctl.tail
+                        .store(tail.wrapping_add(n as u32), Ordering::Release);
+                    moved = true;
+                }
+                if s.data.is_empty() && s.end != END_NONE {
+                    ctl.end_errno.store(libc::ECONNRESET, Ordering::Relaxed);
+                    ctl.end.store(s.end, Ordering::Release);
+                    moved = true;
+                } else if !s.data.is_empty() && ctl.paused.load(Ordering::Relaxed) == 0 {
+                    ctl.paused.store(1, Ordering::Release);
+                }
+            }
+            KIND_ACCEPT if s.demand && room >= ACCEPT_RECORD_SIZE => {
+                let offered = sh.offered.load(Ordering::Acquire);
+                if offered > 0
+                    && sh
+                        .offered
+                        .compare_exchange(offered, offered - 1, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let nid = st.next_id;
+                    st.next_id += 1;
+                    let peer = tcps_proto::addr::encode(&"127.0.0.1:4343".parse().unwrap());
+                    let mut rec = AcceptRecord {
+                        sock: nid,
+                        addr_len: peer.len() as u32,
+                        ..Default::default()
+                    };
+                    rec.addr[..peer.len()].copy_from_slice(&peer);
+                    if bind_ring(region, nid, KIND_BYTES) {
+                        rec.flags = SETUP_RECV_RING;
+                    }
+                    new_conns.push((nid, rec.flags));
+                    ring.write_record(tail, &rec);
+                    ctl.tail
+                        .store(tail.wrapping_add(ACCEPT_RECORD_SIZE), Ordering::Release);
+                    moved = true;
+                }
+            }
+            _ => {}
+        }
+        if moved {
+            did = true;
+            fence(Ordering::SeqCst);
+            if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
+                futex::wake_all(&ctl.tail);
+            }
+        }
+    }
+    for (nid, flags) in new_conns {
+        st.socks.insert(
+            nid,
+            Sock {
+                ring: if flags & SETUP_RECV_RING != 0 {
+                    KIND_BYTES
+                } else {
+                    0
+                },
+                ..Default::default()
+            },
+        );
+    }
+    did
 }

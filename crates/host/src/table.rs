@@ -1,10 +1,10 @@
-//! Per-socket asynchronous-send state, found by socket id without a global
-//! lock: a two-level table of lazily created entries that live as long as
-//! the attachment (a socket id reused after close finds its entry reset).
-//! Each entry has a spin lock: held for a few dozen instructions, never
+//! Per-socket host state (asynchronous sends, process-ahead receive), found
+//! by socket id without a global lock: a two-level table of lazily created
+//! entries that live as long as the attachment (a socket id reused after
+//! close finds its entry reset). Each entry has a spin lock: held for a few
+//! dozen instructions (or one bounded copy out of a receive ring), never
 //! across a wait.
 
-use super::SockState;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,14 +72,14 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
-type Chunk = Box<[OnceLock<SpinLock<SockState>>]>;
+type Chunk<T> = Box<[OnceLock<SpinLock<T>>]>;
 
-pub struct SockTable {
-    chunks: Box<[OnceLock<Chunk>]>,
+pub struct SockTable<T> {
+    chunks: Box<[OnceLock<Chunk<T>>]>,
 }
 
-impl SockTable {
-    pub fn new() -> SockTable {
+impl<T: Default> SockTable<T> {
+    pub fn new() -> SockTable<T> {
         SockTable {
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
         }
@@ -87,7 +87,7 @@ impl SockTable {
 
     /// The entry of socket `s`, if it was ever created.
     #[inline]
-    pub fn get(&self, s: u32) -> Option<&SpinLock<SockState>> {
+    pub fn get(&self, s: u32) -> Option<&SpinLock<T>> {
         let s = s as usize;
         self.chunks.get(s / CHUNK)?.get()?[s % CHUNK].get()
     }
@@ -95,17 +95,17 @@ impl SockTable {
     /// The entry of socket `s`, created on first use; `None` for an id
     /// beyond any the server hands out.
     #[inline]
-    pub fn get_or_insert(&self, s: u32) -> Option<&SpinLock<SockState>> {
+    pub fn get_or_insert(&self, s: u32) -> Option<&SpinLock<T>> {
         let s = s as usize;
         let chunk = self
             .chunks
             .get(s / CHUNK)?
             .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
-        Some(chunk[s % CHUNK].get_or_init(|| SpinLock::new(SockState::default())))
+        Some(chunk[s % CHUNK].get_or_init(|| SpinLock::new(T::default())))
     }
 
     /// Whether `f` holds for any entry (each locked in turn).
-    pub fn any(&self, mut f: impl FnMut(&mut SockState) -> bool) -> bool {
+    pub fn any(&self, mut f: impl FnMut(&mut T) -> bool) -> bool {
         self.chunks
             .iter()
             .filter_map(OnceLock::get)
