@@ -84,7 +84,7 @@ pub struct ServerArgs {
     pub recv_rings: u32,
     /// Eager accept (process-ahead): the server accepts connections before
     /// the host asks, into each listener's accept ring (on|off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub eager_accept: bool,
     /// Most connections accepted ahead and not yet taken, per listener;
     /// above it the kernel backlog applies as usual
@@ -103,7 +103,7 @@ pub struct ServerArgs {
     pub eager_recv_size: u32,
     /// Set up the async send queue and receive ring of a connection as
     /// part of accept, so its first send/recv needs no extra round trip (on|off)
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub setup_with_accept: bool,
     /// Mode of the control socket file (octal); the server checks each host's privileges itself
     #[arg(long, default_value = "666")]
