@@ -107,7 +107,18 @@ pub(super) fn start(
         attempt(cx, host, sid, &mut p)
     };
     match step {
-        Step::Done(res) => finish(host, &p, res),
+        Step::Done(res) => {
+            finish(host, &p, res);
+            if is_reader {
+                // A pull buffer the call drained reads ahead again.
+                let hkey = cx.hkey;
+                if let Some(s) = host.sockets.get_mut(sid as usize) {
+                    if s.ahead.is_active() {
+                        rearm(cx.engine, hkey, sid, s);
+                    }
+                }
+            }
+        }
         Step::Again => park(cx, host, sid, p, is_reader),
     }
 }

@@ -253,6 +253,10 @@ pub(super) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
     let fd = s.fd.as_raw_fd();
     let policy = s.policy;
     if sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).unwrap_or(0) != 0 {
+        if !s.readers.is_empty() {
+            // Accept requests are parked: they keep the listener.
+            return Ok((RECV_MODE_NONE as i64, 0));
+        }
         return Ok((bind_accept(host, sid) as i64, 0));
     }
     if policy.recv == EagerRecv::Off || sys::getpeername(fd).is_err() {
