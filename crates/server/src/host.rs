@@ -47,6 +47,9 @@ pub struct Host {
     /// Queues that went cold, to be looked at once more at the given time
     /// (a host store of `head` that raced with clearing `active`).
     pub cooling: Vec<(u32, std::time::Instant)>,
+    /// Sockets whose receive/accept ring is paused (full) or whose accept
+    /// ahead is stalled: the periodic sweep resumes them when room appears.
+    pub ahead_paused: Vec<u32>,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -90,6 +93,7 @@ impl Host {
             queues: vec![QueueState::default(); layout.send_queues as usize],
             hot: Vec::new(),
             cooling: Vec::new(),
+            ahead_paused: Vec::new(),
         }
     }
 
@@ -148,6 +152,11 @@ pub struct Sock {
     pub live_accepted: u32,
     /// An accepted connection: what it counts against until it closes.
     pub admitted: crate::admission::Admitted,
+    /// Process-ahead policy (server defaults, `SOL_TCPS` options, or the
+    /// listener's for an accepted connection).
+    pub policy: crate::EagerPolicy,
+    /// Process-ahead state: receive ring, accept ring or pull buffer.
+    pub ahead: crate::calls::eager::Ahead,
 }
 
 impl Sock {
@@ -167,6 +176,8 @@ impl Sock {
             closing: false,
             live_accepted: 0,
             admitted: Default::default(),
+            policy: crate::EagerPolicy::default(),
+            ahead: crate::calls::eager::Ahead::None,
         }
     }
 
@@ -178,13 +189,27 @@ impl Sock {
     /// The readiness directions the parked calls on this socket wait for.
     pub fn wanted_mask(&self) -> u32 {
         let mut m = 0u32;
-        if !self.readers.is_empty() {
+        // Reading (accepting) ahead: the server already took the kernel's
+        // readability, so POLLIN is wanted only while it reads ahead; parked
+        // calls and polls get theirs from the ring or the pull buffer.
+        let ahead = self.ahead.is_active();
+        if ahead && self.ahead.wants_readable() {
+            m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
+        }
+        if !ahead && !self.readers.is_empty() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
         if !self.writers.is_empty() {
             m |= libc::POLLOUT as u32;
         }
         for &(_, ev) in &self.pollers {
+            if ahead {
+                // Readiness for POLLIN comes from the ring / buffer.
+                if ev & libc::POLLOUT != 0 {
+                    m |= libc::POLLOUT as u32;
+                }
+                continue;
+            }
             if ev & (libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP) != 0 {
                 m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
             }

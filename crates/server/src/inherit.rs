@@ -36,6 +36,9 @@ struct Inherited {
     nonblocking: bool,
     rcv_timeout: Option<Duration>,
     snd_timeout: Option<Duration>,
+    /// Process-ahead policy; nothing is bound in the child (its host
+    /// library binds with `RecvBind`), and pull buffers are not copied.
+    policy: crate::EagerPolicy,
 }
 
 struct Snapshot {
@@ -71,13 +74,20 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 /// `ControlMsg::Fork`: snapshot every socket of `host` under `nonce`.
 pub fn snapshot(host: &Host, nonce: u32) -> Result<(), i32> {
     let mut sockets = Vec::with_capacity(host.sockets.len());
+    // Connections accepted ahead that the parent has not taken are not the
+    // child's to inherit: it could never name them.
+    let untaken = crate::calls::eager::untaken_ids(host);
     for (id, s) in host.sockets.iter() {
+        if untaken.contains(&(id as u32)) {
+            continue;
+        }
         sockets.push(Inherited {
             id: id as u32,
             fd: dup(&s.fd)?,
             nonblocking: s.nonblocking,
             rcv_timeout: s.rcv_timeout,
             snd_timeout: s.snd_timeout,
+            policy: s.policy,
         });
     }
     info!(
@@ -129,6 +139,7 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
         let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking);
         s.rcv_timeout = i.rcv_timeout;
         s.snd_timeout = i.snd_timeout;
+        s.policy = i.policy;
         if !host.sockets.insert_at(i.id as usize, s) {
             warn!(
                 host = host.id,
@@ -159,6 +170,11 @@ pub fn export(host: &mut Host, id: u32) -> (ControlMsg, Option<OwnedFd>) {
     };
     if !s.readers.is_empty() || !s.writers.is_empty() || !s.pollers.is_empty() || s.armed_mask != 0
     {
+        return (reply(libc::EBUSY), None);
+    }
+    // A ring or pull buffer holding bytes (connections) the host has not
+    // taken: those would be lost.
+    if !crate::calls::eager::release_for_export(host, id) {
         return (reply(libc::EBUSY), None);
     }
     match host.sockets.remove(id as usize) {

@@ -32,6 +32,10 @@ const RECHECK_AFTER: Duration = Duration::from_micros(100);
 /// descriptor `start`.
 pub(super) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Instant) -> Res {
     let sock = host.socket(sid).ok_or(libc::EBADF)?;
+    if queue != sid {
+        // A socket's queue is the one with its id (PROTOCOL §10).
+        return Err(libc::EINVAL);
+    }
     let sq = host.region.send_queue(queue).ok_or(libc::EINVAL)?;
     if sock.queue.is_some() || host.queues[queue as usize].owner.is_some() {
         return Err(libc::EBUSY);

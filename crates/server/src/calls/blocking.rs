@@ -9,6 +9,7 @@
 //! one updates its send queue instead of publishing a completion.
 
 use super::asyncq;
+use super::eager::{self, PullEnd, PullTake};
 use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
 use crate::admission;
 use crate::engine::Engine;
@@ -63,6 +64,10 @@ pub(super) fn start(
     if host.socket(sid).is_none() {
         return complete(host, ch, user_data, op, Err(libc::EBADF));
     }
+    if is_reader && eager::ring_bound(host, sid) {
+        // The host receives (accepts) from the socket's ring, not by request.
+        return complete(host, ch, user_data, op, Err(libc::EINVAL));
+    }
     if let Call::SendReg { data, .. } | Call::RecvReg { data, .. } = call {
         if let Err(e) = host.registry.resolve(data) {
             return complete(host, ch, user_data, op, Err(e));
@@ -102,7 +107,18 @@ pub(super) fn start(
         attempt(cx, host, sid, &mut p)
     };
     match step {
-        Step::Done(res) => finish(host, &p, res),
+        Step::Done(res) => {
+            finish(host, &p, res);
+            if is_reader {
+                // A pull buffer the call drained reads ahead again.
+                let hkey = cx.hkey;
+                if let Some(s) = host.sockets.get_mut(sid as usize) {
+                    if s.ahead.is_active() {
+                        rearm(cx.engine, hkey, sid, s);
+                    }
+                }
+            }
+        }
         Step::Again => park(cx, host, sid, p, is_reader),
     }
 }
@@ -216,6 +232,75 @@ fn would_block(p: &Parked) -> Step {
     }
 }
 
+/// A recv on a pull socket: answered from its read-ahead buffer (the bytes
+/// before anything still in the kernel), end of stream after the data. An
+/// empty buffer is filled once now; still empty, the call waits for the
+/// read-ahead (never two readers of one kernel socket). `None`: not a pull
+/// socket (or MSG_OOB): the kernel path.
+fn pull_step(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    p: &mut Parked,
+    base: *mut u8,
+    total: usize,
+    flags: i32,
+) -> Option<Step> {
+    let pull = matches!(
+        host.sockets.get(sid as usize).map(|s| &s.ahead),
+        Some(eager::Ahead::Pull(_))
+    );
+    if !pull || flags & libc::MSG_OOB != 0 {
+        return None;
+    }
+    let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+    let mut refilled = false;
+    loop {
+        // SAFETY: base..base+total is a checked arena or registered range
+        // (data_ptr); progress < total.
+        let took =
+            unsafe { eager::pull_take(host, sid, base.add(p.progress), total - p.progress, flags) };
+        let step = match took {
+            PullTake::Empty if !refilled => {
+                refilled = true;
+                if eager::fill(cx, host, sid) {
+                    continue;
+                }
+                would_block_after(p)
+            }
+            PullTake::Empty => would_block_after(p),
+            PullTake::Data(n) => {
+                p.progress += n;
+                if p.progress == total || !waitall {
+                    Step::Done(Ok((p.progress as i64, 0)))
+                } else {
+                    continue; // MSG_WAITALL: until filled or the end
+                }
+            }
+            PullTake::End(PullEnd::Eof) => Step::Done(Ok((p.progress as i64, 0))),
+            PullTake::End(PullEnd::Error(e)) if p.progress == 0 => Step::Done(Err(e)),
+            PullTake::End(PullEnd::Error(_)) => Step::Done(Ok((p.progress as i64, 0))),
+        };
+        if let Step::Done(_) = step {
+            if refilled {
+                host.stats.recvs_on_demand += 1;
+            } else {
+                host.stats.recvs_eager += 1;
+            }
+        }
+        return Some(step);
+    }
+}
+
+/// Would block, for a recv that may already have moved bytes.
+fn would_block_after(p: &Parked) -> Step {
+    if p.progress > 0 && p.nonblocking {
+        Step::Done(Ok((p.progress as i64, 0)))
+    } else {
+        would_block(p)
+    }
+}
+
 fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
     let Some(s) = host.socket(sid) else {
         return Step::Done(Err(libc::EBADF));
@@ -239,7 +324,7 @@ fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
 }
 
 /// Tries a parked (or new) accept, recv, send or connect once more.
-fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
+fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
     let Some(fd) = host.sockets.get(sid as usize).map(|s| s.fd.as_raw_fd()) else {
         return Step::Done(Err(libc::EBADF));
     };
@@ -278,8 +363,13 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
                     if let Some(s) = host.sockets.get_mut(id as usize) {
                         s.admitted = admitted;
                     }
+                    host.stats.accepts_on_demand += 1;
+                    let policy = host.sockets.get(sid as usize).map(|l| l.policy);
+                    let setup = policy.map_or(0, |pol| eager::setup_accepted(cx, host, id, pol));
                     let len = write_arena(host, p.ch, addr, peer.as_bytes());
-                    return Step::Done(Ok((id as i64, len)));
+                    // aux: the address length, and in its high half what
+                    // was set up with the accept (SETUP_*).
+                    return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
                 }
                 Err(libc::EAGAIN) | Err(libc::ECONNABORTED) | Err(libc::EINTR) => {
                     return would_block(p)
@@ -295,6 +385,13 @@ fn attempt(cx: &Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
                 return Step::Done(Ok((0, 0)));
             }
             let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+            if let Some(step) = pull_step(cx, host, sid, p, base, total, flags) {
+                return step;
+            }
+            if p.serial == 0 && p.progress == 0 {
+                // Once per request (a parked one is retried).
+                host.stats.recvs_on_demand += 1;
+            }
             loop {
                 // SAFETY: base..base+total is a checked range of the host's
                 // arena, mapped for the life of `host`; progress < total.
@@ -395,6 +492,11 @@ pub(super) fn drive_writers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     }
 }
 
+/// Retries the parked reads (recv, accept) of a socket in order.
+pub(super) fn drive_readers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
+    drive(cx, host, sid, true);
+}
+
 /// Retries the parked calls of one queue in order until one would block.
 fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
     loop {
@@ -434,6 +536,9 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         return; // stale: the socket was closed or re-armed since
     }
     sock.armed_mask = 0;
+    // Read (accept) ahead first: a pull socket's parked recvs are then
+    // answered from its buffer.
+    eager::fill(cx, host, sid32);
     drive(cx, host, sid32, true);
     drive_writers(cx, host, sid32);
     let pollers: Vec<usize> = host

@@ -12,9 +12,10 @@
 
 mod asyncq;
 mod blocking;
+pub(crate) mod eager;
 mod poll;
 
-pub use asyncq::{poll_queues, prepare_sleep, sweep};
+pub use asyncq::{poll_queues, prepare_sleep};
 pub use blocking::on_socket_ready;
 
 use crate::engine::Engine;
@@ -124,6 +125,7 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         Call::Bind { sock, addr } => bind(cx, host, ch, sock, addr),
         Call::Listen { sock, backlog } => {
             with_fd(host, sock, |fd| sys::listen(fd, backlog).map(|_| (0, 0)))
+                .map(|_| (0, eager::on_listen(host, sock)))
         }
         Call::Accept { sock, .. }
         | Call::Recv { sock, .. }
@@ -147,17 +149,11 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
             host.cursors[ch as usize].retire();
             return asyncq::kick(cx, host, sock, Instant::now());
         }
-        Call::RecvKick { sock: _ } => {
+        Call::RecvKick { sock } => {
             host.cursors[ch as usize].retire();
-            return;
+            return eager::kick(cx, host, sock);
         }
-        Call::RecvBind { sock } => {
-            if host.socket(sock).is_none() {
-                Err(libc::EBADF)
-            } else {
-                Ok((tcps_proto::recvq::RECV_MODE_NONE as i64, 0))
-            }
-        }
+        Call::RecvBind { sock } => eager::recv_bind(cx, host, sock),
         Call::Close { sock } => close_socket(cx, host, sock),
         Call::SetSockOpt {
             sock,
@@ -220,6 +216,9 @@ pub(crate) fn insert_socket(
     let id = host
         .sockets
         .insert(Sock::new(fd, host.next_gen, nonblocking));
+    if let Some(s) = host.sockets.get_mut(id) {
+        s.policy = cx.cfg.eager;
+    }
     Ok(id as u32)
 }
 
@@ -283,6 +282,9 @@ fn bind(cx: &Ctx<'_>, host: &mut Host, ch: u32, sock: u32, a: ArenaRange) -> Res
 fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
     let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
     let value = arena_bytes(host, ch, v);
+    if eager::is_tcps_level(level) {
+        return eager::setsockopt(host, sock, name, &value);
+    }
     if !host.privileges.may_setsockopt(level, name, &value) {
         warn!(
             host = host.id,
@@ -320,6 +322,14 @@ fn timeval(v: &[u8]) -> Option<Duration> {
 
 fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
     let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
+    if eager::is_tcps_level(level) {
+        if v.len < 4 {
+            return Err(libc::EINVAL);
+        }
+        let x = eager::getsockopt(host, sock, name)?;
+        write_arena(host, ch, v, &x.to_ne_bytes());
+        return Ok((0, 4));
+    }
     let mut buf = vec![0u8; v.len as usize];
     let len = sys::getsockopt(fd, level, name, &mut buf)?;
     write_arena(host, ch, v, &buf[..len.min(buf.len())]);
@@ -354,6 +364,9 @@ fn fcntl(host: &mut Host, sock: u32, cmd: i32, arg: i64) -> Res {
 }
 
 fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
+    host.socket(sock).ok_or(libc::EBADF)?;
+    // The host reads no more: unbind its ring (or stop pulling) now.
+    eager::unbind(cx, host, sock);
     let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
     if !s.has_jobs() {
         finalize_close(cx, host, sock);
@@ -379,6 +392,8 @@ fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
 /// Closes a socket now: answers its parked calls with EBADF, frees its
 /// send queue and its slot.
 pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
+    // Its ring is unbound before its id can be reused.
+    eager::unbind(cx, host, sock);
     let Some(s) = host.sockets.remove(sock as usize) else {
         return;
     };
@@ -394,6 +409,12 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     for (pkey, _) in s.pollers {
         poll::recheck(host, pkey);
     }
+}
+
+/// The backstop every 10 ms: takes what any bound send queue holds, and
+/// resumes paused receive/accept rings that have room.
+pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
+    asyncq::sweep(cx, host, now) + eager::sweep(cx, host)
 }
 
 /// Closes every socket of a host that is going away. Parked calls are not

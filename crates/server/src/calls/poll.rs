@@ -5,6 +5,7 @@
 //! (a worker timer) expires.
 
 use super::blocking::{announce_parked, rearm};
+use super::eager;
 use super::{arena_bytes, complete, write_arena, Ctx, Res, TimerKey};
 use crate::host::{Host, ParkedPoll};
 use crate::sys;
@@ -31,12 +32,20 @@ fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<Poll
     let mut entries = read_entries(host, ch, r);
     let mut pfds = Vec::with_capacity(entries.len());
     let mut idx = Vec::with_capacity(entries.len());
+    // Sockets that read (accept) ahead: the server took the kernel's
+    // readability, so POLLIN comes from their ring or buffer.
+    const READ_SIDE: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
     for (i, e) in entries.iter_mut().enumerate() {
         match host.socket(e.sock) {
             Some(s) => {
+                let events = if s.ahead.is_active() {
+                    e.events & !READ_SIDE
+                } else {
+                    e.events
+                };
                 pfds.push(libc::pollfd {
                     fd: s.fd.as_raw_fd(),
-                    events: e.events,
+                    events,
                     revents: 0,
                 });
                 idx.push(i);
@@ -48,7 +57,11 @@ fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<Poll
         sys::poll_now(&mut pfds)?;
     }
     for (pfd, &i) in pfds.iter().zip(&idx) {
-        entries[i].revents = pfd.revents;
+        let e = &mut entries[i];
+        e.revents = pfd.revents;
+        if eager::reads_ahead(host, e.sock) {
+            e.revents |= eager::poll_revents(host, e.sock, e.events);
+        }
     }
     let ready = entries.iter().filter(|e| e.revents != 0).count();
     let mut out = Vec::with_capacity(entries.len() * 8);
