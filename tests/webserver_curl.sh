@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End to end: the example web server through a TCP server (both engines, every
-# --mode: copy, sync, async, async-registered) and on kernel sockets, fetched
+# --mode: copy, sync, async, async-registered; and each process-ahead
+# mechanism of the server switched on and off) and on kernel sockets, fetched
 # with curl. Every body must be byte-identical (SHA-256) to the file on disk
 # and across the variants; /dynamic/N must have N bytes of a-z; pipelined
 # HTTP/1.1 requests must be answered in order. The tcps_stats line the web
@@ -125,12 +126,65 @@ for engine in uring epoll; do
   for _ in $(seq 40); do grep -q "host detached" "$tmp/server-$engine.log" && break; sleep 0.05; done
   grep "host detached" "$tmp/server-$engine.log" | grep -Eq "Send=[0-9]+" || fail "$engine: no sends through the server"
 done
+# server_counter ENGINE-LOG NAME: the sum of a counter over the server's
+# "host detached" lines.
+server_counter() {
+  grep "host detached" "$1" | sed -n "s/.* $2=\([0-9]*\).*/\1/p" | awk '{s+=$1} END {print s+0}'
+}
+
+# Process-ahead (issue 4): each mechanism on and off, same bytes. The server
+# defaults (everything on) ran above; here every other setting.
+ahead_sets=(
+  "all-off:--eager-accept off --eager-recv off --setup-with-accept off"
+  "eaccept:--eager-accept on --eager-recv off --setup-with-accept off"
+  "pull:--eager-accept off --eager-recv pull --setup-with-accept off"
+  "push:--eager-accept off --eager-recv push --setup-with-accept off"
+  "setup:--eager-accept off --eager-recv off --setup-with-accept on"
+)
+ahead_variants=()
+for set in "${ahead_sets[@]}"; do
+  name=${set%%:*}; flags=${set#*:}
+  sock="$tmp/tcps-ahead-$name.sock"
+  # shellcheck disable=SC2086 # flags are words
+  RUST_LOG=info "$tcps" server --socket "$sock" $flags 2>"$tmp/server-ahead-$name.log" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  [ -S "$sock" ] || fail "tcps server ($flags) did not start"
+  for mode in sync async; do
+    v="tcps-ahead-$name-$mode"
+    TCPS_SOCKET="$sock" run_variant "$v" examples/build/webserver --net tcps --mode "$mode"
+    check_stats "$v" "$mode"
+    ahead_variants+=("$v")
+  done
+  kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+  log="$tmp/server-ahead-$name.log"
+  ea=$(server_counter "$log" accepts_eager); er=$(server_counter "$log" recvs_eager)
+  case $name in
+    eaccept) [ "$ea" -gt 0 ] || fail "$name: no connection was accepted ahead" ;;
+    *) [ "$ea" -eq 0 ] || fail "$name: $ea connections accepted ahead with --eager-accept off" ;;
+  esac
+  case $name in
+    pull|push) [ "$er" -gt 0 ] || fail "$name: nothing was received ahead" ;;
+    *) [ "$er" -eq 0 ] || fail "$name: $er receives ahead with --eager-recv off" ;;
+  esac
+  echo "   server ($flags): accepts_eager=$ea recvs_eager=$er"
+done
+# With the defaults (everything on) the server processed ahead.
+for engine in uring epoll; do
+  log="$tmp/server-$engine.log"
+  [ "$(server_counter "$log" accepts_eager)" -gt 0 ] || fail "$engine defaults: nothing accepted ahead"
+  [ "$(server_counter "$log" recvs_eager)" -gt 0 ] || fail "$engine defaults: nothing received ahead"
+done
+
 for f in "${files[@]}"; do
   b=$(basename "$f")
   for engine in uring epoll; do
     for mode in copy sync async async-registered; do
       cmp -s "$tmp/out/kernel/$b" "$tmp/out/tcps-$engine-$mode/$b" || fail "$b differs between kernel and tcps-$engine-$mode"
     done
+  done
+  for v in "${ahead_variants[@]}"; do
+    cmp -s "$tmp/out/kernel/$b" "$tmp/out/$v/$b" || fail "$b differs between kernel and $v"
   done
 done
 echo "webserver_curl: all variants served identical bytes"

@@ -89,7 +89,7 @@ const _: () = assert!(std::mem::size_of::<RecvRingCtl>() == RQ_CTL_SIZE);
 
 /// One eagerly accepted connection in a listener's accept ring.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AcceptRecord {
     /// The new connection's socket id (already in the host's socket table).
     pub sock: u32,
@@ -103,19 +103,6 @@ pub struct AcceptRecord {
     pub reserved2: [u8; 16],
 }
 
-impl Default for AcceptRecord {
-    fn default() -> Self {
-        AcceptRecord {
-            sock: 0,
-            flags: 0,
-            addr_len: 0,
-            reserved: 0,
-            addr: [0; 32],
-            reserved2: [0; 16],
-        }
-    }
-}
-
 /// Bytes of an [`AcceptRecord`].
 pub const ACCEPT_RECORD_SIZE: u32 = 64;
 const _: () = assert!(std::mem::size_of::<AcceptRecord>() == ACCEPT_RECORD_SIZE as usize);
@@ -127,6 +114,16 @@ pub const SETUP_SENDQ: u32 = 1;
 /// ... its receive ring (index = socket id) is bound as a byte ring: the
 /// host receives from it, with no `RecvBind`.
 pub const SETUP_RECV_RING: u32 = 2;
+/// ... it receives by `Recv` requests (eager receive off, or pull, which the
+/// server started at accept): no `RecvBind` needed either. Reported at every
+/// accept whose receive mode is settled, setup with accept on or off.
+pub const SETUP_RECV_PLAIN: u32 = 4;
+
+/// `AcceptRecord::flags`: not a connection but an accept error (`reserved`
+/// holds the errno, e.g. `EMFILE` at the host's socket quota). The server
+/// stops accepting ahead until the host's next kick, so each `accept` the
+/// host makes while the error lasts sees it, as with the kernel.
+pub const ACCEPT_ERROR: u32 = 0x8000_0000;
 
 /// Result of `Op::RecvBind` and `Op::Listen`'s `aux`: how the socket
 /// receives (or accepts).

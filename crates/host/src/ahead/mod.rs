@@ -41,8 +41,9 @@ use std::time::{Duration, Instant};
 use tcps_proto::futex;
 use tcps_proto::msg::PollEntry;
 use tcps_proto::recvq::{
-    AcceptRecord, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR, END_NONE, KIND_ACCEPT, KIND_BYTES,
-    RECV_MODE_RING, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_RECV,
+    AcceptRecord, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR, END_NONE, KIND_ACCEPT,
+    KIND_BYTES, RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS,
+    TCPS_EAGER_RECV,
 };
 use tcps_proto::region::RecvRingRef;
 use tcps_proto::{Op, Request};
@@ -293,6 +294,8 @@ impl Client {
             if let Some(ring) = self.conn.recv_ring(s) {
                 g.bind(Mode::Bytes, &ring);
             }
+        } else if setup & SETUP_RECV_PLAIN != 0 {
+            g.mode = Mode::Plain;
         }
     }
 
@@ -653,6 +656,17 @@ impl Client {
             if available(tail, g.consumed, ring.size()) >= ACCEPT_RECORD_SIZE {
                 let rec = ring.read_record(g.consumed);
                 let kick = g.consume(&ring, ACCEPT_RECORD_SIZE);
+                if rec.flags & ACCEPT_ERROR != 0 {
+                    // The server stopped accepting ahead at this error; the
+                    // next accept that finds the ring empty asks again.
+                    g.demand = false;
+                    drop(g);
+                    if kick {
+                        let _ = self.post_kick(s);
+                    }
+                    let e = i32::try_from(rec.reserved).unwrap_or(libc::EIO);
+                    return Err(errno(if e > 0 { e } else { libc::EIO }));
+                }
                 g.accepts += 1;
                 let rcvtimeo = g.rcvtimeo;
                 drop(g);

@@ -23,10 +23,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
 use tcps_proto::futex;
 use tcps_proto::recvq::{
-    self, AcceptRecord, RecvRingCtl, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR, KIND_ACCEPT,
-    KIND_BYTES, KIND_FREE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING, SETUP_RECV_RING,
-    SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE,
-    TCPS_SETUP_WITH_ACCEPT,
+    self, AcceptRecord, RecvRingCtl, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR,
+    KIND_ACCEPT, KIND_BYTES, KIND_FREE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING,
+    SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV,
+    TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
 };
 use tcps_proto::region::RecvRingRef;
 use tracing::debug;
@@ -61,7 +61,7 @@ impl Ahead {
         match self {
             Ahead::None => false,
             Ahead::Bytes(b) => !b.paused && !b.ended,
-            Ahead::Accept(a) => a.demanded && !a.paused && !a.stalled,
+            Ahead::Accept(a) => a.demanded && !a.paused,
             Ahead::Pull(p) => p.end.is_none() && !p.full(),
         }
     }
@@ -95,10 +95,6 @@ pub struct AcceptRing {
     consumed: u32,
     tail: u32,
     paused: bool,
-    /// Accepting failed for a reason that readiness does not clear (the
-    /// host's socket quota, the server out of descriptors): retried by the
-    /// sweep rather than on every readiness event.
-    stalled: bool,
     /// The host asked for connections (its first `RecvKick`).
     demanded: bool,
     kicks: u32,
@@ -299,7 +295,21 @@ pub(super) fn setup_accepted(
     };
     s.policy = policy;
     if !policy.setup_with_accept {
-        return 0;
+        // Nothing is bound, but a mode that needs no ring is settled now:
+        // pull reads ahead from the start, off never does.
+        return match policy.recv {
+            EagerRecv::Off => SETUP_RECV_PLAIN,
+            EagerRecv::Pull => {
+                start_pull(host, id);
+                fill(cx, host, id);
+                let hkey = cx.hkey;
+                if let Some(s) = host.any_socket_mut(id) {
+                    rearm(cx.engine, hkey, id, s);
+                }
+                SETUP_RECV_PLAIN
+            }
+            EagerRecv::Push => 0,
+        };
     }
     let mut flags = 0;
     if let Some(sq) = host.region.send_queue(id) {
@@ -309,9 +319,10 @@ pub(super) fn setup_accepted(
             flags |= SETUP_SENDQ;
         }
     }
-    if start_receiving(host, id, policy.recv) == RECV_MODE_RING {
-        flags |= SETUP_RECV_RING;
-    }
+    flags |= match start_receiving(host, id, policy.recv) {
+        RECV_MODE_RING => SETUP_RECV_RING,
+        _ => SETUP_RECV_PLAIN,
+    };
     if policy.recv != EagerRecv::Off {
         fill(cx, host, id);
         let hkey = cx.hkey;
@@ -574,12 +585,12 @@ fn accept_ahead(cx: &mut Ctx<'_>, host: &mut Host, lid: u32) -> bool {
     let Ahead::Accept(mut st) = std::mem::take(&mut l.ahead) else {
         return false;
     };
-    let published = if st.demanded && !st.paused && !st.stalled {
+    let published = if st.demanded && !st.paused {
         accept_loop(cx, host, lid, fd, policy, &mut st)
     } else {
         false
     };
-    if st.paused || st.stalled {
+    if st.paused {
         note_paused(&mut host.ahead_paused, lid);
     }
     if let Some(l) = host.sockets.get_mut(lid as usize) {
@@ -628,9 +639,10 @@ fn accept_loop(
             st.paused = true;
             break;
         }
-        // Refuse before accepting: the connection stays in the backlog.
-        if check_quota(cx, host).is_err() {
-            st.stalled = true;
+        // Refuse before accepting: the connection stays in the backlog,
+        // and the host's accept sees EMFILE.
+        if let Err(e) = check_quota(cx, host) {
+            publish_error(host, lid, st, e);
             break;
         }
         let (nfd, peer) = match sys::accept(fd) {
@@ -644,7 +656,7 @@ fn accept_loop(
                     errno = e,
                     "accept ahead failed"
                 );
-                st.stalled = true;
+                publish_error(host, lid, st, e);
                 break;
             }
         };
@@ -660,9 +672,9 @@ fn accept_loop(
         };
         let id = match insert_socket(cx, host, nfd, false) {
             Ok(id) => id,
-            Err(_) => {
+            Err(e) => {
                 crate::admission::release(host, &cx.shared.conns_per_addr, &admitted);
-                st.stalled = true;
+                publish_error(host, lid, st, e);
                 break;
             }
         };
@@ -700,6 +712,24 @@ fn accept_loop(
     moved
 }
 
+/// Writes an error record (`ACCEPT_ERROR`, the errno in `reserved`) and
+/// stops accepting ahead until the host kicks again: each host `accept`
+/// while the condition lasts then sees the error once, as with the kernel,
+/// and a record never goes stale by being repeated on its own.
+fn publish_error(host: &mut Host, lid: u32, st: &mut AcceptRing, errno: i32) {
+    let rec = AcceptRecord {
+        sock: u32::MAX,
+        flags: ACCEPT_ERROR,
+        reserved: errno as u32,
+        ..AcceptRecord::default()
+    };
+    if let Some(ring) = host.region.recv_ring(lid) {
+        ring.write_record(st.tail, &rec);
+    }
+    st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
+    st.demanded = false;
+}
+
 /// Drops the published connections the host has taken (below `consumed`).
 fn forget_taken(st: &mut AcceptRing) {
     while let Some(&(pos, _, _)) = st.published.front() {
@@ -734,7 +764,7 @@ pub(super) fn kick(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     resume(cx, host, sid);
 }
 
-/// Clears a pause (and a stall) if the ring has room and reads (accepts)
+/// Clears a pause if the ring has room and reads (accepts)
 /// ahead at once.
 fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     let Some(ring) = host.region.recv_ring(sid) else {
@@ -759,7 +789,6 @@ fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
             !b.paused
         }
         Ahead::Accept(a) => {
-            a.stalled = false;
             if a.paused {
                 let cap = accept_capacity(s.policy.accept_size, size) * ACCEPT_RECORD_SIZE;
                 let (used, c) = look(a.tail, head, a.consumed, ACCEPT_RECORD_SIZE);
@@ -780,7 +809,7 @@ fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
 }
 
 /// The periodic sweep: resumes paused rings that have room (a host that
-/// did not kick) and retries stalled accepts.
+/// did not kick).
 pub(super) fn sweep(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
     if host.ahead_paused.is_empty() {
         return 0;
@@ -792,7 +821,7 @@ pub(super) fn sweep(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
             .get(sid as usize)
             .is_some_and(|s| match &s.ahead {
                 Ahead::Bytes(b) => b.paused,
-                Ahead::Accept(a) => a.paused || a.stalled,
+                Ahead::Accept(a) => a.paused,
                 _ => false,
             });
         if !paused {
