@@ -358,8 +358,8 @@ fn pull(engine: &str) {
     assert_eq!(c.aux & 0xffff_ffff, 16);
     assert_eq!(
         (c.aux >> 32) as u32,
-        SETUP_SENDQ,
-        "pull: only the send queue is set up"
+        SETUP_SENDQ | SETUP_RECV_PLAIN,
+        "pull: the send queue is set up, and receiving is by requests"
     );
     let s = c.result as u32;
     assert_eq!(

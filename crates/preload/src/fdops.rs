@@ -36,6 +36,22 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     real::close()(fd)
 }
 
+/// A descriptor of socket `id` may now cross exec(2) (it lost FD_CLOEXEC):
+/// the server stops receiving ahead into this process's ring, so bytes that
+/// arrive from now on stay in the kernel socket the new program image will
+/// get (`docs/PRELOAD.md`). Best effort: a socket in pull mode keeps it.
+fn may_cross_exec(id: u32) {
+    if let Some(c) = crate::state::client() {
+        let r = c.setsockopt_int(
+            id,
+            tcps_proto::recvq::SOL_TCPS,
+            tcps_proto::recvq::TCPS_EAGER_RECV,
+            0,
+        );
+        debug!("tcps socket {id} may cross exec: receiving ahead stopped ({r:?})");
+    }
+}
+
 /// Records `nfd` (a fresh duplicate of `fd`) as naming `fd`'s socket.
 fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
     if nfd < 0 {
@@ -49,6 +65,10 @@ fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
         }
         fdtable::insert(nfd, id);
         debug!("dup: fd {nfd} also names tcps socket {id} (fd {fd})");
+        // SAFETY: F_GETFD on the descriptor we just made.
+        if unsafe { real::fcntl()(nfd, libc::F_GETFD) } & libc::FD_CLOEXEC == 0 {
+            may_cross_exec(id);
+        }
     }
     nfd
 }
@@ -99,8 +119,15 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
                 }
                 r
             }
-            // F_GETFL, F_GETFD, F_SETFD, F_SETOWN, ...: the placeholder
-            // carries the descriptor's flags.
+            libc::F_SETFD => {
+                let r = real::fcntl()(fd, cmd, arg);
+                if r == 0 && arg as c_int & libc::FD_CLOEXEC == 0 {
+                    may_cross_exec(id);
+                }
+                r
+            }
+            // F_GETFL, F_GETFD, F_SETOWN, ...: the placeholder carries the
+            // descriptor's flags.
             _ => real::fcntl()(fd, cmd, arg),
         }
     }, else real::fcntl()(fd, cmd, arg))
@@ -118,6 +145,13 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     on_socket!(fd, |c, id| {
         match req {
+            libc::FIONCLEX | libc::FIOCLEX => {
+                let r = real::ioctl()(fd, req, arg);
+                if r == 0 && req == libc::FIONCLEX {
+                    may_cross_exec(id);
+                }
+                r
+            }
             libc::FIONBIO => {
                 if arg.is_null() {
                     return fail(libc::EFAULT);

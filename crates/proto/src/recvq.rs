@@ -56,6 +56,9 @@ pub const END_NONE: u32 = 0;
 pub const END_EOF: u32 = 1;
 /// `end`: the connection failed with `end_errno` (after the data).
 pub const END_ERROR: u32 = 2;
+/// `end`: the server stopped receiving ahead (`TCPS_EAGER_RECV` set to 0 on
+/// a ring socket): after the ring's bytes, receive by `Recv` requests.
+pub const END_STOPPED: u32 = 3;
 
 /// A receive ring's control block, on three cache lines like the channel's.
 #[repr(C, align(64))]

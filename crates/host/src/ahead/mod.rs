@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 use tcps_proto::futex;
 use tcps_proto::msg::PollEntry;
 use tcps_proto::recvq::{
-    AcceptRecord, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR, END_NONE, KIND_ACCEPT,
-    KIND_BYTES, RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS,
-    TCPS_EAGER_RECV,
+    AcceptRecord, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR, END_NONE, END_STOPPED,
+    KIND_ACCEPT, KIND_BYTES, RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ,
+    SOL_TCPS, TCPS_EAGER_RECV,
 };
 use tcps_proto::region::RecvRingRef;
 use tcps_proto::{Op, Request};
@@ -299,6 +299,16 @@ impl Client {
         }
     }
 
+    /// A socket whose receive mode is still unknown receives by plain
+    /// requests from now on (no `RecvBind`): zero-copy registered receives.
+    pub(crate) fn ahead_prefer_plain(&self, s: u32) {
+        if let Ok(mut g) = self.recv_state(s) {
+            if g.mode == Mode::Unknown {
+                g.mode = Mode::Plain;
+            }
+        }
+    }
+
     /// `listen` succeeded; `aux == RECV_MODE_RING`: the accept ring is bound.
     pub(crate) fn ahead_listened(&self, s: u32, aux: u64) {
         let Ok(mut g) = self.recv_state(s) else {
@@ -538,6 +548,12 @@ impl Client {
                 if ctl.tail.load(Ordering::Acquire) != tail {
                     continue;
                 }
+                if end == END_STOPPED {
+                    // The server stopped receiving ahead: from now on
+                    // plain requests (after the bytes returned here).
+                    g.mode = Mode::Plain;
+                    return Ok(if got > 0 { Some(got) } else { None });
+                }
                 g.recvs += 1;
                 if got > 0 {
                     return Ok(Some(got));
@@ -684,14 +700,36 @@ impl Client {
             // Empty: tell the server we want connections (first time), or
             // that it may go on (paused).
             let paused = ctl.paused.load(Ordering::Acquire) != 0;
-            let kick = (!g.demand || paused) && g.take_kick(&ring);
-            g.demand |= kick;
+            let first = !g.demand;
             let timeo = g.rcvtimeo;
-            let nonblocking = self.nonblocking_of(g, s);
+            let nonblocking = match g.nonblocking {
+                Some(nb) => nb,
+                None => {
+                    // Learn it from the server once, then look again.
+                    self.nonblocking_of(g, s)?;
+                    continue;
+                }
+            };
+            if first && nonblocking {
+                // A non-blocking accept must see connections already in the
+                // kernel's backlog: the server accepts ahead before it
+                // answers this (one round trip, once per listener).
+                g.demand = true;
+                drop(g);
+                self.simple_call(Request {
+                    op: Op::RecvBind as u16,
+                    sock: s,
+                    ..Default::default()
+                })?;
+                continue;
+            }
+            let kick = (first || paused) && g.take_kick(&ring);
+            g.demand |= kick;
+            drop(g);
             if kick {
                 self.post_kick(s)?;
             }
-            if nonblocking? {
+            if nonblocking {
                 return Err(errno(libc::EAGAIN));
             }
             let deadline = *deadline.get_or_insert_with(|| timeo.map(|t| Instant::now() + t));
@@ -755,6 +793,10 @@ impl Client {
             let ctl = ring.ctl();
             let avail = available(ctl.tail.load(Ordering::Acquire), g.consumed, ring.size());
             let end = ctl.end.load(Ordering::Acquire);
+            if end == END_STOPPED && avail == 0 {
+                // The kernel has the rest: the server answers.
+                answerable = false;
+            }
             f.revents = ring_revents(g.mode, f.events, avail, end, g.end_reported);
             if f.revents != 0 {
                 ready += 1;

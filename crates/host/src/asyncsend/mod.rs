@@ -789,6 +789,10 @@ impl Client {
         let off = self.conn.memory.offset_of(mem, ptr, len)?;
         self.take_async_error(s)?;
         if op == Op::RecvReg {
+            // A socket whose first receive is into registered memory keeps
+            // receiving on demand, straight into it (no copy): it gets no
+            // ring unless the server set one up at accept.
+            self.ahead_prefer_plain(s);
             // A socket with a receive ring: copy from it (one copy, counted).
             // SAFETY: `ptr..ptr+len` lies inside a registration (checked
             // above), memory this process owns and lets the server write;

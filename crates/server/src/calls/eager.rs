@@ -24,9 +24,9 @@ use std::time::Instant;
 use tcps_proto::futex;
 use tcps_proto::recvq::{
     self, AcceptRecord, RecvRingCtl, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, END_EOF, END_ERROR,
-    KIND_ACCEPT, KIND_BYTES, KIND_FREE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING,
-    SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV,
-    TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
+    END_STOPPED, KIND_ACCEPT, KIND_BYTES, KIND_FREE, RECV_MODE_NONE, RECV_MODE_PULL,
+    RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_ACCEPT,
+    TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
 };
 use tcps_proto::region::RecvRingRef;
 use tracing::debug;
@@ -242,7 +242,16 @@ pub(super) fn on_listen(host: &mut Host, sid: u32) -> u64 {
 
 /// `Op::RecvBind`.
 pub(super) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
-    let s = host.socket(sid).ok_or(libc::EBADF)?;
+    let s = host.socket_mut(sid).ok_or(libc::EBADF)?;
+    if let Ahead::Accept(a) = &mut s.ahead {
+        // A host whose non-blocking accept found the ring empty before it
+        // ever asked for connections: accept ahead now, before answering,
+        // so connections already in the backlog are in the ring when the
+        // host looks again (the kernel's accept would have found them).
+        a.demanded = true;
+        advance(cx, host, sid);
+        return Ok((RECV_MODE_RING as i64, 0));
+    }
     if s.ahead.is_active() {
         return Ok((s.ahead.mode() as i64, 0));
     }
@@ -1022,6 +1031,27 @@ pub(super) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 2 => EagerRecv::Push,
                 _ => return Err(libc::EINVAL),
             };
+            if recv == EagerRecv::Off && matches!(s.ahead, Ahead::Bytes(_)) {
+                // Stop receiving ahead: the bytes already in the ring stay
+                // there for the host, then `END_STOPPED` tells it to go on
+                // with requests; the kernel keeps everything newer (a
+                // socket about to cross exec(2) must not leave data behind
+                // in this process's ring).
+                let ended = matches!(&s.ahead, Ahead::Bytes(b) if b.ended);
+                s.policy.recv = recv;
+                if !ended {
+                    s.ahead = Ahead::None;
+                    if let Some(ring) = host.region.recv_ring(sid) {
+                        let ctl = ring.ctl();
+                        ctl.end.store(END_STOPPED, Ordering::Release);
+                        fence(Ordering::SeqCst);
+                        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
+                            futex::wake_all(&ctl.tail);
+                        }
+                    }
+                }
+                return Ok((0, 0));
+            }
             if matches!(s.ahead, Ahead::Bytes(_) | Ahead::Pull(_)) && recv != s.policy.recv {
                 return Err(libc::EBUSY);
             }
