@@ -682,3 +682,67 @@ fn python_asyncio_echo() {
         }
     }
 }
+
+/// A fork-per-connection server (Python `socketserver.ForkingTCPServer`:
+/// the parent accepts, forks, closes its copy; the child reads the request).
+/// The request is read ahead into the parent's ring before the fork; the
+/// snapshot carries it to the child, so every connection is answered, on
+/// both.
+#[test]
+fn forking_server_gets_requests_read_ahead() {
+    need("python3");
+    let srv = server();
+    let dir = TempDir::new("forking");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/preload/forking_upper.py"
+    );
+    const CONNS: usize = 20;
+    let mut seen = Vec::new();
+    for net in [Net::Kernel, Net::Tcps] {
+        let port = free_port();
+        let p = port.to_string();
+        let stats = dir.path().join(format!("{net:?}.stats"));
+        let log = dir.path().join(format!("{net:?}.log"));
+        let mut server = Daemon(
+            command(net, &srv, &stats, &log, &["python3", script, &p])
+                .spawn()
+                .expect("spawn forking server"),
+        );
+        wait_port(port, &mut server.0, "forking server", &log);
+        let mut got = Vec::new();
+        for i in 0..CONNS {
+            use std::io::{BufRead, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(format!("request {i} through a fork\n").as_bytes())
+                .expect("write");
+            let mut line = String::new();
+            let r = std::io::BufReader::new(s).read_line(&mut line);
+            assert!(
+                r.is_ok() && !line.is_empty(),
+                "{net:?}: connection {i} got no answer within 10 s: {r:?}\n{}",
+                read(&log)
+            );
+            got.push(line);
+        }
+        stop(&mut server.0, libc::SIGINT);
+        seen.push((
+            got,
+            wait_summaries(&stats, if net == Net::Tcps { 1 } else { 0 }),
+        ));
+    }
+    assert_eq!(seen[0].0, seen[1].0, "the clients saw different answers");
+    assert_eq!(seen[0].0[3], "REQUEST 3 THROUGH A FORK\n");
+    let t = &seen[1].1;
+    assert!(
+        t.iter().all(|s| s.kernel_tcp == 0)
+            && t.iter().map(|s| s.accepted).sum::<u64>() > CONNS as u64,
+        "not offloaded: {t:?}"
+    );
+    let log = srv.log_text();
+    assert!(
+        log.matches("carried=1").count() >= CONNS / 2,
+        "the requests were not read ahead before the forks:\n{log}"
+    );
+}

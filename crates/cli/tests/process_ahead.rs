@@ -364,11 +364,12 @@ fn socket_level_policy(engine: &str) {
         if ahead {
             assert_eq!(after.round_trips, before.round_trips, "{after:?}");
             assert!(after.ring_recvs > before.ring_recvs);
-            // Its ring is bound: the mode can no longer change.
+            // Its ring is bound: the mode can no longer change to pull
+            // (0 is allowed: it stops the ring, `END_STOPPED`).
             assert_errno(
-                c.setsockopt_int(s, SOL_TCPS, TCPS_EAGER_RECV, 0),
+                c.setsockopt_int(s, SOL_TCPS, TCPS_EAGER_RECV, 1),
                 libc::EBUSY,
-                "eager recv off on a ring socket",
+                "eager recv pull on a ring socket",
             );
         } else {
             assert!(after.round_trips > before.round_trips + 2, "{after:?}");

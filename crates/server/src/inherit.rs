@@ -9,6 +9,22 @@
 //! presents the nonce (`ControlMsg::Inherit`); the server moves the
 //! snapshot into the child's table under the same socket ids.
 //!
+//! Bytes the server already read ahead for the parent (process-ahead,
+//! `docs/PROTOCOL.md` §10) are no longer in the kernel socket, so the
+//! snapshot carries them: the unread part of a byte ring (from the server's
+//! `consumed`, clamped with the host's `head`, to `tail`) or of a pull
+//! buffer, with the end of stream if one was read. The child's socket starts
+//! with them in a pull buffer (its `Recv`s are answered from there first,
+//! then from the kernel). They also stay where they were for the parent:
+//! both processes share the socket as under the kernel, but bytes read
+//! ahead before the fork reach both if both read them (under the kernel,
+//! whichever reads first gets them). A parent's byte ring stops receiving
+//! ahead at the snapshot (`END_STOPPED` after its bytes, its policy `Off`),
+//! so later bytes stay in the kernel for whichever process reads; a pull
+//! buffer is left as it is. A classic fork-per-connection server (accept,
+//! fork, the child reads the request, the parent closes its copy) thus
+//! finds the request in the child.
+//!
 //! exec(2) is the other way across process images: `ControlMsg::Export`
 //! takes one socket out of the host's table and hands the kernel socket
 //! itself to the host, which puts it where its placeholder fd was, so the
@@ -25,7 +41,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tcps_proto::handshake::ControlMsg;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// How long an unclaimed snapshot is kept.
 pub const TTL: Duration = Duration::from_secs(60);
@@ -37,8 +53,11 @@ struct Inherited {
     rcv_timeout: Option<Duration>,
     snd_timeout: Option<Duration>,
     /// Process-ahead policy; nothing is bound in the child (its host
-    /// library binds with `RecvBind`), and pull buffers are not copied.
+    /// library binds with `RecvBind`) unless bytes were carried.
     policy: crate::EagerPolicy,
+    /// Bytes read ahead for the parent and not taken by it (and the end of
+    /// stream): the child's pull buffer starts with them.
+    unread: Option<crate::calls::eager::Unread>,
 }
 
 struct Snapshot {
@@ -72,7 +91,7 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 }
 
 /// `ControlMsg::Fork`: snapshot every socket of `host` under `nonce`.
-pub fn snapshot(host: &Host, nonce: u32) -> Result<(), i32> {
+pub fn snapshot(host: &mut Host, nonce: u32) -> Result<(), i32> {
     let mut sockets = Vec::with_capacity(host.sockets.len());
     // Connections accepted ahead that the parent has not taken are not the
     // child's to inherit: it could never name them.
@@ -88,12 +107,30 @@ pub fn snapshot(host: &Host, nonce: u32) -> Result<(), i32> {
             rcv_timeout: s.rcv_timeout,
             snd_timeout: s.snd_timeout,
             policy: s.policy,
+            unread: None,
         });
+    }
+    // Only once every dup() succeeded (a failed snapshot changes nothing):
+    // carry what was read ahead, and stop the parent's rings.
+    let mut carried = 0;
+    for i in &mut sockets {
+        i.unread = crate::calls::eager::take_unread_for_fork(host, i.id);
+        if let Some(u) = &i.unread {
+            carried += 1;
+            debug!(
+                host = host.id,
+                sock = i.id,
+                bytes = u.bytes.len(),
+                end = ?u.end,
+                "fork: bytes read ahead carried to the child"
+            );
+        }
     }
     info!(
         host = host.id,
         pid = host.pid,
         sockets = sockets.len(),
+        carried,
         "fork: sockets snapshotted for a child"
     );
     let mut p = pending();
@@ -147,6 +184,9 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
                 "inherit: socket id already taken"
             );
             return Err(libc::EEXIST);
+        }
+        if let Some(u) = i.unread {
+            crate::calls::eager::start_pull_with(host, i.id, u);
         }
     }
     info!(

@@ -86,6 +86,8 @@ pub struct ByteRing {
     paused: bool,
     /// `end` was published: nothing more is read.
     ended: bool,
+    /// What `end` was (kept here: the ring's copy is host-writable).
+    end: Option<PullEnd>,
     kicks: u32,
 }
 
@@ -469,8 +471,12 @@ fn fill_bytes(host: &mut Host, sid: u32) -> bool {
             }
         }
     }
-    if end.is_some() {
+    if let Some(e) = end {
         st.ended = true;
+        st.end = Some(match e {
+            Ok(()) => PullEnd::Eof,
+            Err(e) => PullEnd::Error(e),
+        });
     }
     let moved = st.tail != start || end.is_some();
     if moved {
@@ -1019,6 +1025,94 @@ pub(super) fn ring_bound(host: &Host, sid: u32) -> bool {
         .is_some_and(|s| matches!(s.ahead, Ahead::Bytes(_) | Ahead::Accept(_)))
 }
 
+/// Stops socket `sid` receiving ahead into its byte ring (its policy
+/// becomes `Off`): the bytes already in the ring stay there for the host,
+/// then `END_STOPPED` (stored after the last `tail`) tells it to go on with
+/// requests; the kernel keeps everything newer. A ring that already ended
+/// (EOF or error published) is left as it is: the host reads the end there.
+/// Used by `setsockopt(TCPS_EAGER_RECV, 0)` (before exec) and by a fork
+/// snapshot.
+fn stop_ring(host: &mut Host, sid: u32) {
+    let Some(s) = host.socket_mut(sid) else {
+        return;
+    };
+    s.policy.recv = EagerRecv::Off;
+    if !matches!(&s.ahead, Ahead::Bytes(b) if !b.ended) {
+        return;
+    }
+    s.ahead = Ahead::None;
+    host.ahead_paused.retain(|&p| p != sid);
+    if let Some(ring) = host.region.recv_ring(sid) {
+        let ctl = ring.ctl();
+        ctl.end.store(END_STOPPED, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
+            futex::wake_all(&ctl.tail);
+        }
+    }
+}
+
+/// Bytes socket `sid` read ahead that its host has not taken, and the end
+/// of stream after them: what a forked child gets with the socket.
+#[derive(Debug)]
+pub struct Unread {
+    pub bytes: Vec<u8>,
+    pub end: Option<PullEnd>,
+}
+
+/// For a fork snapshot: copies what socket `sid` read ahead and its host
+/// has not taken (`None`: nothing, and no end). A byte ring is copied from
+/// the server's `consumed` (clamped with the host's `head`, [`look`]) to
+/// `tail`, and then stops receiving ahead ([`stop_ring`]), so later bytes
+/// stay in the kernel for whichever process reads them; a pull buffer is
+/// copied and left as it is.
+pub fn take_unread_for_fork(host: &mut Host, sid: u32) -> Option<Unread> {
+    let Host {
+        region, sockets, ..
+    } = host;
+    let s = sockets.get_mut(sid as usize)?;
+    let unread = match &mut s.ahead {
+        Ahead::None | Ahead::Accept(_) => return None,
+        Ahead::Pull(p) => Unread {
+            bytes: p.buf[p.lo..p.hi].to_vec(),
+            end: p.end,
+        },
+        Ahead::Bytes(b) => {
+            let mut bytes = Vec::new();
+            if let Some(ring) = region.recv_ring(sid) {
+                let head = ring.ctl().head.load(Ordering::Acquire);
+                let (used, c) = look(b.tail, head, b.consumed, 1);
+                b.consumed = c;
+                bytes.resize(used as usize, 0);
+                ring.read_at(c, &mut bytes);
+            }
+            let unread = Unread { bytes, end: b.end };
+            stop_ring(host, sid);
+            unread
+        }
+    };
+    (!unread.bytes.is_empty() || unread.end.is_some()).then_some(unread)
+}
+
+/// For a forked child: socket `sid` (just inherited, nothing bound) starts
+/// pulling with `unread` already in its buffer (its `Recv`s are answered
+/// from there first, then from the kernel; its `RecvBind` gets
+/// `RECV_MODE_PULL`). The buffer holds at least those bytes.
+pub fn start_pull_with(host: &mut Host, sid: u32, unread: Unread) {
+    let Some(s) = host.socket_mut(sid) else {
+        return;
+    };
+    s.policy.recv = EagerRecv::Pull;
+    let n = unread.bytes.len();
+    s.ahead = Ahead::Pull(PullBuf {
+        cap: (s.policy.recv_size as usize).max(n),
+        buf: unread.bytes,
+        lo: 0,
+        hi: n,
+        end: unread.end,
+    });
+}
+
 /// `setsockopt(SOL_TCPS, ...)`.
 pub(super) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> Res {
     let s = host.socket_mut(sid).ok_or(libc::EBADF)?;
@@ -1032,24 +1126,9 @@ pub(super) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 _ => return Err(libc::EINVAL),
             };
             if recv == EagerRecv::Off && matches!(s.ahead, Ahead::Bytes(_)) {
-                // Stop receiving ahead: the bytes already in the ring stay
-                // there for the host, then `END_STOPPED` tells it to go on
-                // with requests; the kernel keeps everything newer (a
-                // socket about to cross exec(2) must not leave data behind
-                // in this process's ring).
-                let ended = matches!(&s.ahead, Ahead::Bytes(b) if b.ended);
-                s.policy.recv = recv;
-                if !ended {
-                    s.ahead = Ahead::None;
-                    if let Some(ring) = host.region.recv_ring(sid) {
-                        let ctl = ring.ctl();
-                        ctl.end.store(END_STOPPED, Ordering::Release);
-                        fence(Ordering::SeqCst);
-                        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-                            futex::wake_all(&ctl.tail);
-                        }
-                    }
-                }
+                // A socket about to cross exec(2) must not leave data
+                // behind in this process's ring.
+                stop_ring(host, sid);
                 return Ok((0, 0));
             }
             if matches!(s.ahead, Ahead::Bytes(_) | Ahead::Pull(_)) && recv != s.policy.recv {
