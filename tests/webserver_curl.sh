@@ -147,7 +147,8 @@ for set in "${ahead_sets[@]}"; do
   sock="$tmp/tcps-ahead-$name.sock"
   # shellcheck disable=SC2086 # flags are words
   RUST_LOG=info "$tcps" server --socket "$sock" $flags 2>"$tmp/server-ahead-$name.log" &
-  pids+=($!)
+  srv=$!
+  pids+=("$srv")
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
   [ -S "$sock" ] || fail "tcps server ($flags) did not start"
   for mode in sync async; do
@@ -156,7 +157,7 @@ for set in "${ahead_sets[@]}"; do
     check_stats "$v" "$mode"
     ahead_variants+=("$v")
   done
-  kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+  kill "$srv"; wait "$srv" 2>/dev/null || true
   log="$tmp/server-ahead-$name.log"
   ea=$(server_counter "$log" accepts_eager); er=$(server_counter "$log" recvs_eager)
   case $name in

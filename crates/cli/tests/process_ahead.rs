@@ -57,6 +57,24 @@ fn data_then_fin_then_nothing(engine: &str) {
     let (s, _) = c.accept(l, 0).unwrap();
     // Let the server read ahead until the ring is full (and pause).
     std::thread::sleep(Duration::from_millis(100));
+    // Operators see it: a connection accepted ahead, bytes received ahead
+    // and waiting in the ring (the workers publish every 100 ms).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = stat_json(&srv);
+        let (ctr, dep) = (&v["total"]["counters"], &v["total"]["depths"]);
+        if ctr["accepts_eager"].as_u64() == Some(1)
+            && ctr["recvs_eager"].as_u64() > Some(0)
+            && dep["recv_ring_bytes"].as_u64() > Some(16 * 1024)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{engine}: tcps stat shows no process-ahead: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let got = recv_to_eof(&c, s);
     assert_eq!(got.len(), data.len(), "{engine}: byte count");
     assert_eq!(sha256(&got), sha256(&data), "{engine}: bytes differ");
@@ -399,16 +417,20 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// The server's count of bytes read ahead (`tcps stat --json`).
-fn bytes_ahead(srv: &Server) -> u64 {
+/// `tcps stat --json` of a server.
+fn stat_json(srv: &Server) -> serde_json::Value {
     let out = Command::new(TCPS)
         .args(["stat", "--json", "--socket"])
         .arg(&srv.socket)
         .output()
         .expect("tcps stat");
     assert!(out.status.success(), "tcps stat: {out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stat JSON");
-    v["total"]["counters"]["bytes_ahead"]
+    serde_json::from_slice(&out.stdout).expect("stat JSON")
+}
+
+/// The server's count of bytes read ahead (`tcps stat --json`).
+fn bytes_ahead(srv: &Server) -> u64 {
+    stat_json(srv)["total"]["counters"]["bytes_ahead"]
         .as_u64()
         .expect("total.counters.bytes_ahead")
 }
