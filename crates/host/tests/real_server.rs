@@ -203,7 +203,9 @@ fn recv_exact(c: &Client, s: u32, n: usize) -> Vec<u8> {
 /// two threads through the channel's mailbox, and both get their own bytes.
 #[test]
 fn one_channel_carries_a_blocked_recv_and_echoes() {
-    let (_server, c) = start("share1", &["--channels", "1"]);
+    // Eager receive off: a blocked recv must be a call parked at the
+    // server, holding its channel (with rings it waits on the ring).
+    let (_server, c) = start("share1", &["--channels", "1", "--eager-recv", "off"]);
     assert_eq!(c.n_channels(), 1);
     let c1 = c.clone();
     let s = within(Duration::from_secs(60), "30 rounds", move || {
@@ -278,7 +280,7 @@ fn within<T: Send + 'static>(
 /// channel is held by a recv whose buffer is larger than the arena.
 #[test]
 fn many_blocked_recvs_share_two_channels() {
-    let (_server, c) = start("share2", &["--channels", "2"]);
+    let (_server, c) = start("share2", &["--channels", "2", "--eager-recv", "off"]);
     let c2 = c.clone();
     let s = within(
         Duration::from_secs(30),

@@ -738,6 +738,10 @@ fn handle_ring(
             if s.ring == 0 && bind_ring(region, sock, KIND_BYTES) {
                 s.ring = KIND_BYTES;
             }
+            if s.ring == KIND_ACCEPT {
+                // Like the server: the host wants connections now.
+                s.demand = true;
+            }
             let mode = if s.ring != 0 {
                 RECV_MODE_RING
             } else {
