@@ -781,8 +781,8 @@ static void *worker_main(void *arg)
             }
             break;
         }
-        int one = 1;
-        net->setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* best effort */
+        /* TCP_NODELAY comes from the listener (Linux copies it to accepted
+           sockets): no call between accept and the reply. */
         serve_connection(w, s);
     }
     atomic_fetch_sub(&workers_running, 1);
@@ -1125,6 +1125,9 @@ int main(int argc, char **argv)
     int one = 1;
     if (net->setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
         warnx_("setsockopt(SO_REUSEADDR): %s", strerror(errno));
+    /* Inherited by every accepted connection. */
+    if (net->setsockopt(listen_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+        warnx_("setsockopt(TCP_NODELAY): %s", strerror(errno));
     char where[INET6_ADDRSTRLEN + 16];
     format_addr(&ss, where, sizeof where);
     if (net->bind(listen_fd, (struct sockaddr *)&ss, sslen) != 0) {

@@ -20,6 +20,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# Distinct colours for up to 20 variants (the default cycle repeats after 10).
+PALETTE = plt.get_cmap("tab20")
+
 
 def curves_of(res, wid):
     for w in res["results"]:
@@ -52,18 +55,18 @@ def throughput(res, out):
             default=1.0,
         )
         unpaced_x = paced_max * 1.15
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for c in curves:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for i, c in enumerate(curves):
             pts = sorted(c["points"], key=lambda p: p["offered_rps"] or unpaced_x)
             xs = [p["offered_rps"] or unpaced_x for p in pts]
             ys = [p["rps"] for p in pts]
-            ax.plot(xs, ys, marker="o", label=label_of(res, c["variant"]))
+            ax.plot(xs, ys, marker="o", label=label_of(res, c["variant"]), color=PALETTE(i % 20))
         ax.axvline(paced_max * 1.075, color="grey", lw=0.5, ls=":")
         ax.set_xlabel("offered load (requests/s); rightmost point: unpaced")
         ax.set_ylabel("throughput (requests/s)")
         ax.set_title(f"{w['label']} (thesis fig. {w['figure']})")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         fig.savefig(os.path.join(out, f"throughput_{w['id']}.png"), dpi=110)
         plt.close(fig)
@@ -122,14 +125,15 @@ def ratios(res, out):
                 vids.append(c["variant"])
     if not wls or not vids:
         return
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(wls)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(9, 1.8 * len(wls)), 4.5))
     width = 0.8 / (len(vids) + 2)
     for i, vid in enumerate(vids):
         ys = []
         for w in wls:
             c = next((c for c in curves_of(res, w["id"]) if c["variant"] == vid), None)
             ys.append((c or {}).get("ratio_vs_regular") or 0.0)
-        ax.bar([k + i * width for k in range(len(wls))], ys, width, label=label_of(res, vid))
+        ax.bar([k + i * width for k in range(len(wls))], ys, width, label=label_of(res, vid),
+               color=PALETTE(i % 20))
     base = len(vids)
     for j, (name, hatch) in enumerate([("thesis Sync", "//"), ("thesis AsyncSend", "xx")]):
         ys = [1 + w["thesis_gain_pct"][j] / 100 for w in wls]
@@ -141,7 +145,7 @@ def ratios(res, out):
     ax.set_ylabel("saturation throughput / Regular (both cores)")
     ax.set_title("Saturation throughput relative to Regular, same run")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(os.path.join(out, "ratios.png"), dpi=110)
     plt.close(fig)
