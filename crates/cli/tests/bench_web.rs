@@ -36,7 +36,7 @@ fn quick_run_writes_results() {
             "--workloads",
             "static-16k,combined,http11",
             "--variants",
-            "regular,sync,async",
+            "regular,sync,async,nginx",
         ])
         .arg("--out")
         .arg(out.path())
@@ -51,7 +51,28 @@ fn quick_run_writes_results() {
     assert_eq!(results.len(), 3);
     for w in results {
         let curves = w["variants"].as_array().expect("variants");
-        for id in ["regular", "sync", "async"] {
+        if w["workload"] == "combined" {
+            // nginx serves no /dynamic: reported n/a with the reason.
+            let n = curves
+                .iter()
+                .find(|c| c["variant"] == "nginx")
+                .expect("nginx");
+            assert_eq!(n["available"], false, "{n}");
+            assert!(n["note"].as_str().unwrap_or("").contains("dynamic"), "{n}");
+        }
+        // The tcps variants report the host's round trips per request.
+        let sync = curves
+            .iter()
+            .find(|c| c["variant"] == "sync")
+            .expect("sync");
+        assert!(
+            sync["round_trips_per_req"].as_f64().unwrap_or(0.0) > 0.0,
+            "{sync}"
+        );
+        for id in ["regular", "sync", "async", "nginx"] {
+            if id == "nginx" && w["workload"] == "combined" {
+                continue;
+            }
             let c = curves
                 .iter()
                 .find(|c| c["variant"] == id)

@@ -188,6 +188,10 @@ fn start_servers(
         a.host_cpu.to_string()
     };
     let log = env.tmp.join(format!("webserver-{}-{}.log", w.id, v.id));
+    if v.nginx {
+        let web = start_nginx(env, w, &cores, &sock, &log)?;
+        return Ok((server, web, log));
+    }
     let f = fs::File::create(&log)?;
     let net = if v.net == Net::Tcps { "tcps" } else { "kernel" };
     let child = Netns::exec(&env.ns.server)
@@ -224,6 +228,61 @@ fn start_servers(
             .unwrap_or(false))
     })?;
     Ok((server, web, log))
+}
+
+/// The unmodified nginx through `tcps run` (one worker, sendfile on, the
+/// workload's site as root) pinned to `cores`; up once its pid file exists
+/// and its worker accepts.
+fn start_nginx(
+    env: &Env,
+    w: &Workload,
+    cores: &str,
+    sock: &Path,
+    log: &Path,
+) -> Result<Proc, Error> {
+    let dir = env.tmp.join(format!("nginx-{}", w.id));
+    fs::create_dir_all(dir.join("tmp"))?;
+    let d = dir.display();
+    let conf = dir.join("nginx.conf");
+    fs::write(
+        &conf,
+        format!(
+            "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
+             http {{\n access_log off;\n sendfile on;\n tcp_nodelay on;\n keepalive_requests 100000;\n\
+             client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
+             uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
+             server {{ listen {SERVER_ADDR}:{PORT} reuseport backlog=4096; root {}; }}\n}}\n",
+            workload::root_of(env.tmp, w).display()
+        ),
+    )?;
+    let f = fs::File::create(log)?;
+    let child = Netns::exec(&env.ns.server)
+        .args(["taskset", "-c", cores])
+        .arg(env.exe)
+        .arg("run")
+        .arg("--socket")
+        .arg(sock)
+        .args(["--", "nginx", "-c"])
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .spawn()
+        .map_err(|e| format!("cannot start nginx through tcps run: {e}"))?;
+    let mut web = Proc {
+        name: "nginx",
+        child,
+        log: log.to_path_buf(),
+    };
+    let pid_file = dir.join("nginx.pid");
+    demo::wait_for("nginx to start", Duration::from_secs(10), || {
+        web.check_alive()?;
+        Ok(pid_file.exists() && !measure::children_of(web.pid()).is_empty())
+    })?;
+    // The worker attaches and listens on its first accept.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(web)
 }
 
 /// "Transfer/sec:    109.15MB" → MB/s.
@@ -268,7 +327,8 @@ fn point(
         &script,
         workload::wrk_script(&paths, w.http, offered, a.wrk_threads),
     )?;
-    let sys = if count_syscalls {
+    // perf -p counts one process: nginx's work is in its worker.
+    let sys = if count_syscalls && !v.nginx {
         env.perf.as_ref().and_then(|p| {
             measure::SyscallCounter::start(p, web.pid(), env.tmp.join(format!("{tag}.perf")))
         })
@@ -284,7 +344,7 @@ fn point(
     let out_path = env.tmp.join(format!("{tag}.wrk"));
     let out = fs::File::create(&out_path)?;
     let cpu0 = measure::cpu_snapshot()?;
-    let host0 = demo::cpu_us(web.pid())?;
+    let host0 = measure::tree_cpu_us(web.pid())?;
     let srv0 = server.map(|s| demo::cpu_us(s.pid())).transpose()?;
     let child = Netns::exec(&env.ns.client)
         .arg(env.wrk)
@@ -316,7 +376,7 @@ fn point(
         std::thread::sleep(Duration::from_millis(20));
     };
     let cpu1 = measure::cpu_snapshot()?;
-    let host1 = demo::cpu_us(web.pid())?;
+    let host1 = measure::tree_cpu_us(web.pid())?;
     let srv1 = server.map(|s| demo::cpu_us(s.pid())).transpose()?;
     let syscalls = sys.and_then(|s| s.finish());
     let text = fs::read_to_string(&out_path).unwrap_or_default();
@@ -593,6 +653,14 @@ pub fn run(args: WebArgs) -> Result<(), Error> {
             crate::demo::check_interrupted()?;
             if !v.available {
                 curves.push(empty_curve(w, v, None));
+                continue;
+            }
+            if v.nginx && w.id == "combined" {
+                let mut c = empty_curve(w, v, None);
+                c.available = false;
+                c.note =
+                    "nginx serves no /dynamic/N (the example web server's CGI-like pages)".into();
+                curves.push(c);
                 continue;
             }
             match curve(&env, w, v, calib, &mut prog) {

@@ -30,6 +30,10 @@ pub struct Variant {
     pub available: bool,
     /// Why not available, or a note on how it runs.
     pub note: String,
+    /// The unmodified nginx (through `tcps run`) instead of the example
+    /// web server.
+    #[serde(default)]
+    pub nginx: bool,
 }
 
 /// What the installed programs offer.
@@ -123,6 +127,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
             },
             server_args,
             available: ok,
+            nginx: false,
         }
     };
     let mut v = vec![
@@ -135,6 +140,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
             server_args: vec![],
             available: true,
             note: "kernel sockets on the host's and the TCP server's cores together (the fair comparison)".into(),
+            nginx: false,
         },
         Variant {
             id: "regular-host",
@@ -145,6 +151,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
             server_args: vec![],
             available: true,
             note: "kernel sockets on the host's cores only (the thesis' comparison: one node)".into(),
+            nginx: false,
         },
         // Thesis Table 6.5, each mechanism alone on top of its base ...
         tcps("sock", "Sock", "copy", ahead(&[])),
@@ -167,12 +174,21 @@ pub fn all(f: &Features) -> Vec<Variant> {
         tcps("ahead-all", "Sync + all process-ahead", "sync", vec![]),
         tcps("all", "AsyncSend (reg.) + all process-ahead", "async-registered", vec![]),
     ];
-    let nginx_note = if !f.has_run {
-        "needs `tcps run` to start unmodified programs through the TCP server (issue 5)"
+    let (available, note) = if !f.has_run {
+        (
+            false,
+            "needs `tcps run` to start unmodified programs through the TCP server (issue 5)",
+        )
     } else if crate::demo::which("nginx").is_none() {
-        "`tcps run` exists but nginx is not installed (apt-get install nginx)"
+        (
+            false,
+            "`tcps run` exists but nginx is not installed (apt-get install nginx-light)",
+        )
     } else {
-        "`tcps run` and nginx exist; the suite does not drive nginx yet"
+        (
+            true,
+            "the unmodified nginx (1 worker, sendfile on) started by `tcps run`; tcps server defaults",
+        )
     };
     v.push(Variant {
         id: "nginx",
@@ -181,8 +197,9 @@ pub fn all(f: &Features) -> Vec<Variant> {
         host_cores_only: true,
         web_args: vec![],
         server_args: vec![],
-        available: false,
-        note: nginx_note.into(),
+        available,
+        note: note.into(),
+        nginx: true,
     });
     v
 }
