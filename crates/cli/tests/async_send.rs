@@ -188,20 +188,7 @@ fn peer_reset_surfaces_later(engine: &str) {
     let mut got = [0u8; 5];
     (&k).read_exact(&mut got).unwrap();
     // SO_LINGER 0 + close: the kernel sends RST.
-    let lin = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a live descriptor with a valid linger struct.
-    unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&k),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &lin as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
+    reset_on_close(&k);
     drop(k);
     std::thread::sleep(Duration::from_millis(50));
     let mut io = IoHandle::DONE;

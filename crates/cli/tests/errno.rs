@@ -111,22 +111,8 @@ fn epipe_after_reset(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
     let (s, k) = connected_pair(&c);
-    // Peer resets: SO_LINGER {on, 0} then close sends an RST.
-    let lg = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid linger of its size on a socket we own.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&k),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &lg as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+    // Peer resets: closing with SO_LINGER {on, 0} sends an RST.
+    reset_on_close(&k);
     drop(k);
     let chunk = vec![0x5au8; 1000];
     let mut err = None;

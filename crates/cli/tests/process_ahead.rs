@@ -112,20 +112,7 @@ fn data_then_rst_after_the_data(engine: &str) {
             (&k).write_all(&sent).unwrap();
             // Let the server read the data ahead, then reset.
             std::thread::sleep(Duration::from_millis(200));
-            let lin = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            // SAFETY: setsockopt on a socket we own with a valid linger value.
-            unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&k),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    &lin as *const _ as *const libc::c_void,
-                    std::mem::size_of::<libc::linger>() as u32,
-                );
-            }
+            reset_on_close(&k);
             drop(k);
         });
         let (s, _) = c.accept(l, 0).unwrap();

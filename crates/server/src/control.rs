@@ -203,20 +203,7 @@ fn attach(
     let fd = conn.as_raw_fd();
     let cred = peer_cred(fd)?;
     // A host that connects and says nothing must not stall the acceptor.
-    let tv = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: tv is a valid timeval of the given size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    let _ = crate::sys::set_timeout_secs(fd, libc::SO_RCVTIMEO, 1);
     let mut buf = [0u8; HELLO_LEN + 1];
     // SAFETY: reading into a valid local buffer.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };

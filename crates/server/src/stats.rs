@@ -346,20 +346,7 @@ pub fn report(shared: &Shared, uid: u32) -> Value {
 /// client that does not read is given up on (1 s per message, 2 s in all):
 /// the control thread must keep attaching hosts.
 pub fn answer(fd: RawFd, uid: u32, q: StatQuery, shared: &Shared) {
-    let tv = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: tv is a valid timeval of the given size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            &tv as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    let _ = crate::sys::set_timeout_secs(fd, libc::SO_SNDTIMEO, 1);
     let text = if q.version == VERSION {
         report(shared, uid).to_string()
     } else {

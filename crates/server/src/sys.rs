@@ -144,6 +144,14 @@ pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
     check(unsafe { libc::shutdown(fd, how) }).map(drop)
 }
 
+/// Sets SO_RCVTIMEO or SO_SNDTIMEO (`name`) of `fd` to whole seconds.
+pub fn set_timeout_secs(fd: RawFd, name: i32, secs: i64) -> SysResult<()> {
+    // A `struct timeval` on 64-bit Linux: tv_sec, then tv_usec (0).
+    let mut tv = [0u8; 16];
+    tv[..8].copy_from_slice(&secs.to_ne_bytes());
+    setsockopt(fd, libc::SOL_SOCKET, name, &tv)
+}
+
 pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
     // SAFETY: value is a valid slice of the given length.
     check(unsafe {

@@ -147,6 +147,26 @@ pub fn raise_nofile() -> u64 {
     rl.rlim_cur
 }
 
+/// Makes closing `k` reset the connection (SO_LINGER {on, 0}: the kernel
+/// sends an RST instead of a FIN).
+pub fn reset_on_close(k: &std::net::TcpStream) {
+    let lg = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid linger of its size on a socket the caller owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(k),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &lg as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+}
+
 // ---- the server subprocess -------------------------------------------------
 
 /// A `tcps server` subprocess with its own control socket; SIGTERMed and
