@@ -161,6 +161,13 @@ impl AsyncState {
         }
     }
 
+    /// Adds a socket's own counters to the attachment's (before its state
+    /// is reset).
+    fn fold_counts(&self, g: &SockState) {
+        self.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
+        self.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> AsyncStats {
         let c = &self.counters;
         let (mut sends, mut bytes) = (0, 0);
@@ -451,8 +458,7 @@ impl Client {
             return;
         };
         let mut g = lock.lock();
-        st.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
-        st.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
+        st.fold_counts(&g);
         // Descriptors of an earlier binding finished when the server freed it.
         let all = g.head.wrapping_add(1 << 30);
         self.forget_done(&mut g.pending, all);
@@ -687,8 +693,7 @@ impl Client {
             return;
         };
         let mut g = lock.lock();
-        st.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
-        st.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
+        st.fold_counts(&g);
         if let Some(q) = g.queue {
             let pending = std::mem::take(&mut g.pending);
             st.orphans
