@@ -165,7 +165,9 @@ impl AsyncState {
     /// is reset).
     fn fold_counts(&self, g: &SockState) {
         self.counters.sends.fetch_add(g.sends, Ordering::Relaxed);
-        self.counters.bytes_sent.fetch_add(g.bytes, Ordering::Relaxed);
+        self.counters
+            .bytes_sent
+            .fetch_add(g.bytes, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> AsyncStats {
