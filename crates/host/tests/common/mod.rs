@@ -490,6 +490,41 @@ fn fail(c: &mut Completion, e: i32) -> Option<Completion> {
     Some(*c)
 }
 
+/// Answers a `Poll` request: writes each entry's revents into the arena
+/// (POLLOUT always, POLLIN when `readable`, POLLNVAL for unknown sockets)
+/// and returns how many are ready.
+fn answer_poll(
+    st: &State,
+    ch: &ChannelRef<'_>,
+    entries: ArenaRange,
+    n: u32,
+    readable: impl Fn(u32, &Sock) -> bool,
+) -> i64 {
+    let raw = read(ch, entries);
+    let mut ready = 0;
+    for i in 0..n as usize {
+        let e = &raw[i * 8..i * 8 + 8];
+        let sock = u32::from_ne_bytes(e[0..4].try_into().unwrap());
+        let events = i16::from_ne_bytes(e[4..6].try_into().unwrap());
+        let revents = match st.socks.get(&sock) {
+            None => libc::POLLNVAL,
+            Some(s) => {
+                let mut r = events & libc::POLLOUT;
+                if readable(sock, s) {
+                    r |= events & libc::POLLIN;
+                }
+                r
+            }
+        };
+        if revents != 0 {
+            ready += 1;
+        }
+        let off = entries.off + (i * size_of::<PollEntry>()) as u32 + 6;
+        assert!(ch.copy_to_arena(off, &revents.to_ne_bytes()));
+    }
+    ready
+}
+
 fn read(ch: &ChannelRef<'_>, r: ArenaRange) -> Vec<u8> {
     let mut v = vec![0u8; r.len as usize];
     assert!(ch.copy_from_arena(r.off, &mut v));
@@ -642,28 +677,7 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
             done(&mut c, 0)
         }
         Call::Poll { entries, n, .. } => {
-            let raw = read(ch, entries);
-            let mut ready = 0;
-            for i in 0..n as usize {
-                let e = &raw[i * 8..i * 8 + 8];
-                let sock = u32::from_ne_bytes(e[0..4].try_into().unwrap());
-                let events = i16::from_ne_bytes(e[4..6].try_into().unwrap());
-                let revents = match st.socks.get(&sock) {
-                    None => libc::POLLNVAL,
-                    Some(s) => {
-                        let mut r = events & libc::POLLOUT;
-                        if !s.data.is_empty() {
-                            r |= events & libc::POLLIN;
-                        }
-                        r
-                    }
-                };
-                if revents != 0 {
-                    ready += 1;
-                }
-                let off = entries.off + (i * size_of::<PollEntry>()) as u32 + 6;
-                assert!(ch.copy_to_arena(off, &revents.to_ne_bytes()));
-            }
+            let ready = answer_poll(st, ch, entries, n, |_, s| !s.data.is_empty());
             done(&mut c, ready)
         }
         Call::Fcntl { sock, cmd, arg } => {
@@ -778,39 +792,15 @@ fn handle_ring(
             done(&mut c, 0)
         }
         Call::Poll { entries, n, .. } => {
-            let raw = read(ch, entries);
-            let mut ready = 0;
-            for i in 0..n as usize {
-                let e = &raw[i * 8..i * 8 + 8];
-                let sock = u32::from_ne_bytes(e[0..4].try_into().unwrap());
-                let events = i16::from_ne_bytes(e[4..6].try_into().unwrap());
-                let revents = match (st.socks.get(&sock), region.recv_ring(sock)) {
-                    (None, _) => libc::POLLNVAL,
-                    (Some(s), Some(ring)) if s.ring != 0 => {
-                        let ctl = ring.ctl();
-                        let pending = ctl.tail.load(Ordering::Acquire)
-                            != ctl.head.load(Ordering::Acquire)
-                            || ctl.end.load(Ordering::Acquire) != 0;
-                        let mut r = events & libc::POLLOUT;
-                        if pending {
-                            r |= events & libc::POLLIN;
-                        }
-                        r
-                    }
-                    (Some(s), _) => {
-                        let mut r = events & libc::POLLOUT;
-                        if !s.data.is_empty() {
-                            r |= events & libc::POLLIN;
-                        }
-                        r
-                    }
-                };
-                if revents != 0 {
-                    ready += 1;
+            // A ring socket is readable when its ring holds something.
+            let ready = answer_poll(st, ch, entries, n, |sock, s| match region.recv_ring(sock) {
+                Some(ring) if s.ring != 0 => {
+                    let ctl = ring.ctl();
+                    ctl.tail.load(Ordering::Acquire) != ctl.head.load(Ordering::Acquire)
+                        || ctl.end.load(Ordering::Acquire) != 0
                 }
-                let off = entries.off + (i * size_of::<PollEntry>()) as u32 + 6;
-                assert!(ch.copy_to_arena(off, &revents.to_ne_bytes()));
-            }
+                _ => !s.data.is_empty(),
+            });
             done(&mut c, ready)
         }
         _ => handle(st, ch, req),
