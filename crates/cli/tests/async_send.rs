@@ -233,7 +233,17 @@ fn peer_reset_surfaces_later(engine: &str) {
 fn deregister_in_flight_is_ebusy(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (s, k) = connected(&c);
+    // The reader's small, fixed receive buffer (inherited from the
+    // listener) keeps most of the 8 MiB at the server while it does not
+    // read: with autotuning (tcp_rmem up to 32 MiB here) the whole send
+    // could finish before the write below, and then there is no misuse.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    set_rcvbuf(&l, 64 * 1024);
+    let s = c
+        .tcp_connect(l.local_addr().unwrap())
+        .expect("tcps connect");
+    let (k, _) = l.accept().unwrap();
+    k.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     const N: usize = 8 << 20;
     let (p, mem) = c.alloc_registered(N).unwrap();
     // SAFETY: fresh registered memory of N bytes.
@@ -337,10 +347,10 @@ fn registered_sync_roundtrip_copies_nothing(engine: &str) {
 /// detected and counted.
 fn debug_mode_detects_writes_in_flight(engine: &str) {
     let srv = start_server(engine);
-    // The library reads this when it attaches (this test's own client).
-    std::env::set_var("TCPS_DEBUG_REGISTERED", "1");
     let c = srv.attach();
-    std::env::remove_var("TCPS_DEBUG_REGISTERED");
+    // Not TCPS_DEBUG_REGISTERED: the environment is shared by the tests
+    // running in parallel in this process.
+    c.set_registered_debug(true);
     let (s, k) = connected(&c);
     const N: usize = 8 << 20;
     let (p, mem) = c.alloc_registered(N).unwrap();

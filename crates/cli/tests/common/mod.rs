@@ -167,6 +167,23 @@ pub fn reset_on_close(k: &std::net::TcpStream) {
     assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
 }
 
+/// Fixes a socket's receive buffer at `bytes` (SO_RCVBUF), which also stops
+/// the kernel from growing it: a peer can then have at most about that much
+/// in flight towards it while it does not read.
+pub fn set_rcvbuf(fd: &impl AsRawFd, bytes: i32) {
+    // SAFETY: a valid int of its size on a socket the caller owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &bytes as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+}
+
 // ---- the server subprocess -------------------------------------------------
 
 /// A `tcps server` subprocess with its own control socket; SIGTERMed and

@@ -37,7 +37,7 @@ use crate::table::{SockTable, SpinGuard};
 use pool::Pool;
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 use tcps_proto::region::SendQueueRef;
@@ -134,7 +134,9 @@ pub(crate) struct AsyncState {
     /// Host-side binding generation of each queue (names stale io handles).
     gens: Box<[AtomicU32]>,
     pool: OnceLock<Result<Pool, i32>>,
-    debug: bool,
+    /// Debug mode: `TCPS_DEBUG_REGISTERED` at attach, or
+    /// [`Client::set_registered_debug`].
+    debug: AtomicBool,
     counters: Counters,
 }
 
@@ -156,7 +158,9 @@ impl AsyncState {
             orphans: Mutex::new(Vec::new()),
             gens: (0..send_queues).map(|_| AtomicU32::new(0)).collect(),
             pool: OnceLock::new(),
-            debug: std::env::var("TCPS_DEBUG_REGISTERED").is_ok_and(|v| v != "0" && !v.is_empty()),
+            debug: AtomicBool::new(
+                std::env::var("TCPS_DEBUG_REGISTERED").is_ok_and(|v| v != "0" && !v.is_empty()),
+            ),
             counters: Counters::default(),
         }
     }
@@ -202,6 +206,15 @@ enum Source<'a> {
 impl Client {
     fn asyncs(&self) -> &AsyncState {
         &self.conn.asyncs
+    }
+
+    /// Switches the debug mode of registered asynchronous sends on or off
+    /// for sends submitted from now on (the default is
+    /// `TCPS_DEBUG_REGISTERED` at attach): each send carries a checksum of
+    /// its bytes, and the server counts a buffer written while in flight
+    /// (`HostStats::registered_misuse`).
+    pub fn set_registered_debug(&self, on: bool) {
+        self.asyncs().debug.store(on, Ordering::Relaxed);
     }
 
     /// Sends `buf` asynchronously: copies it into registered staging memory
@@ -295,7 +308,7 @@ impl Client {
         // The bytes.
         let (mem, off, staged, checksum) = match (registered, &src) {
             (Some((mem, off, ptr)), _) => {
-                let sum = st.debug.then(|| {
+                let sum = st.debug.load(Ordering::Relaxed).then(|| {
                     // SAFETY: `ptr..ptr+len` lies inside a registration (checked).
                     sendq::checksum(unsafe { std::slice::from_raw_parts(ptr, len) })
                 });
@@ -523,7 +536,7 @@ impl Client {
             }
         }
         let st = self.asyncs();
-        if st.debug {
+        if st.debug.load(Ordering::Relaxed) {
             let m = ctl.misuse.load(Ordering::Acquire);
             if m != g.misuse_seen {
                 let n = m.wrapping_sub(g.misuse_seen);
