@@ -393,6 +393,12 @@ fn note_paused(list: &mut Vec<u32>, sid: u32) {
     }
 }
 
+// Both fills stop at a short read: a `recv` that returned less than it
+// asked for emptied the socket's receive queue, so one more `recv` would
+// only fetch EAGAIN (a system call per readiness event saved). Nothing is
+// lost: the socket is re-armed, and a one-shot arm on a socket with data
+// (or a FIN) already queued fires at once.
+
 /// Most bytes read into one ring per readiness event, so one busy socket
 /// cannot hold the worker (it stays armed and is served again).
 const FILL_BUDGET_RINGS: u32 = 2;
@@ -462,6 +468,9 @@ fn fill_bytes(host: &mut Host, sid: u32) -> bool {
                 stats.recvs_eager += 1;
                 stats.bytes_ahead += k as u64;
                 stats.bytes_received += k as u64;
+                if k < n {
+                    break; // a short read: drained (see above FILL_BUDGET_RINGS)
+                }
             }
             Err(libc::EINTR) => {}
             Err(libc::EAGAIN) => break,
@@ -526,6 +535,9 @@ fn fill_pull(host: &mut Host, sid: u32) -> bool {
                 pb.hi += k;
                 stats.bytes_ahead += k as u64;
                 stats.bytes_received += k as u64;
+                if k < room {
+                    break; // a short read: drained (see above FILL_BUDGET_RINGS)
+                }
             }
             Err(libc::EINTR) => {}
             Err(libc::EAGAIN) => break,
