@@ -31,7 +31,15 @@ fn quick_run_writes_results() {
     }
     let out = common::TempDir::new("bench-web");
     let run = Command::new(exe)
-        .args(["bench", "web", "--quick", "--duration", "1"])
+        .args([
+            "bench",
+            "web",
+            "--quick",
+            "--duration",
+            "1",
+            "--repeat",
+            "2",
+        ])
         .args([
             "--workloads",
             "static-16k,combined,http11",
@@ -88,10 +96,22 @@ fn quick_run_writes_results() {
                 "{c}"
             );
             assert_eq!(c["points"].as_array().map(Vec::len), Some(2), "{c}");
+            // --repeat 2: the curve's best point and one more round; the
+            // saturation is their median (here their mean).
+            let samples: Vec<f64> = c["saturation_samples"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                .unwrap_or_default();
+            assert_eq!(samples.len(), 2, "{c}");
+            assert!(samples.iter().all(|&x| x > 0.0), "{c}");
+            let mean = (samples[0] + samples[1]) / 2.0;
+            let sat = c["saturation_rps"].as_f64().unwrap_or(0.0);
+            assert!((sat - mean).abs() < 1e-6 * mean, "{c}");
         }
     }
     let summary = std::fs::read_to_string(out.path().join("summary.md")).expect("summary.md");
     assert!(summary.contains("Saturation throughput"), "{summary}");
+    assert!(summary.contains("the median of 2 samples"), "{summary}");
     // The namespaces of the run are gone.
     let ns = Command::new("ip")
         .args(["netns", "list"])

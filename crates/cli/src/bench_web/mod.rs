@@ -62,6 +62,11 @@ pub struct WebArgs {
     /// Seed of the file sets and request streams
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Saturation points per curve: the first with the curve, the others in
+    /// later rounds over every variant in turn (so a drift of the machine
+    /// hits all variants alike); saturation is then their median
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
     /// Do not draw the plots
     #[arg(long)]
     pub no_plots: bool,

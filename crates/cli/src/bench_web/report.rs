@@ -32,6 +32,8 @@ pub struct Meta {
     pub load_average_before: String,
     pub wall_seconds: f64,
     pub quick: bool,
+    /// Saturation samples per curve (`--repeat`).
+    pub repeat: u32,
     pub variants_note: String,
 }
 
@@ -96,6 +98,7 @@ impl Meta {
                 .join(" "),
             wall_seconds: wall.as_secs_f64(),
             quick: a.quick,
+            repeat: a.repeat,
             variants_note: variants_note.to_string(),
         }
     }
@@ -119,6 +122,16 @@ struct WorkloadResults<'a> {
 
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("–".into(), |x| format!("{x:.prec$}"))
+}
+
+/// " [lo–hi]" over the saturation samples when there are several.
+fn spread(samples: &[f64]) -> String {
+    if samples.len() < 2 {
+        return String::new();
+    }
+    let lo = samples.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(" [{lo:.0}–{hi:.0}]")
 }
 
 fn summary(
@@ -159,8 +172,20 @@ fn summary(
         "**Load.** wrk with a generated Lua script; each curve starts with an unpaced point \
          (saturation), then paced points at fixed fractions of Regular's saturation throughput \
          in the same workload (wrk2-style schedule, at most {} requests in flight); {} s per point. \
-         Saturation = the highest throughput of a curve.\n",
-        meta.connections, meta.seconds_per_point
+         {}\n",
+        meta.connections,
+        meta.seconds_per_point,
+        if meta.repeat > 1 {
+            format!(
+                "Saturation = the median of {} samples per curve: the curve's highest throughput \
+                 and one unpaced point in each of {} later rounds over all variants \
+                 ([lowest–highest] after it).",
+                meta.repeat,
+                meta.repeat - 1
+            )
+        } else {
+            "Saturation = the highest throughput of a curve.".to_string()
+        }
     );
     // Saturation ratios.
     let _ = writeln!(s, "## Saturation throughput, ratio to Regular (same run)\n");
@@ -185,10 +210,17 @@ fn summary(
                     c.ratio_vs_regular,
                     c.ratio_vs_regular_host,
                 ) {
-                    (Some(r), Some(x), Some(y)) if v.id != "regular" => {
-                        format!("{r:.0} req/s, **{x:.2}×** ({y:.2}× host-core)")
+                    (Some(r), x, y) => {
+                        let mut cell = format!("{r:.0} req/s");
+                        if let (Some(x), true) = (x, v.id != "regular") {
+                            let _ = write!(cell, ", **{x:.2}×**");
+                        }
+                        if let (Some(y), true) = (y, v.id != "regular") {
+                            let _ = write!(cell, " ({y:.2}× host-core)");
+                        }
+                        cell.push_str(&spread(&c.saturation_samples));
+                        cell
                     }
-                    (Some(r), _, _) => format!("{r:.0} req/s"),
                     _ => "–".into(),
                 },
                 None => "–".into(),

@@ -61,7 +61,11 @@ pub struct Curve {
     pub note: String,
     pub error: Option<String>,
     pub points: Vec<Point>,
+    /// The median of `saturation_samples`.
     pub saturation_rps: Option<f64>,
+    /// The curve's highest throughput, then one unpaced point per later
+    /// round (`--repeat`).
+    pub saturation_samples: Vec<f64>,
     pub ratio_vs_regular: Option<f64>,
     pub ratio_vs_regular_host: Option<f64>,
     /// At the saturation point.
@@ -421,6 +425,7 @@ fn empty_curve(w: &Workload, v: &Variant, error: Option<String>) -> Curve {
         error,
         points: vec![],
         saturation_rps: None,
+        saturation_samples: Vec::new(),
         ratio_vs_regular: None,
         ratio_vs_regular_host: None,
         host_cpu_us_per_req: None,
@@ -495,6 +500,7 @@ fn curve(
         .cloned();
     if let Some(s) = sat {
         c.saturation_rps = Some(s.rps);
+        c.saturation_samples.push(s.rps);
         c.host_cpu_us_per_req = Some(s.host_cpu_us_per_req);
         c.server_cpu_us_per_req = s.server_cpu_us_per_req;
         c.total_cpu_us_per_req = Some(s.total_cpu_us_per_req);
@@ -510,6 +516,43 @@ fn curve(
         c.round_trips_per_req = measure::round_trips_per_request(&text);
     }
     Ok(c)
+}
+
+/// One more unpaced point of a curve (a `--repeat` round), with servers
+/// started afresh as for the curve itself.
+fn saturation_again(
+    env: &Env,
+    w: &Workload,
+    v: &Variant,
+    round: u32,
+    prog: &mut Progress,
+) -> Result<f64, Error> {
+    prog.line(&format!(
+        "{} · {} · unpaced (saturation), round {}",
+        w.id,
+        v.label,
+        round + 1
+    ));
+    let (server, mut web, _log) = start_servers(env, w, v)?;
+    let p = point(env, w, v, server.as_ref(), &mut web, None, false);
+    prog.done += 1;
+    drop(server);
+    web.stop(Duration::from_secs(3));
+    let p = p?;
+    eprintln!("      {:.0} req/s", p.rps);
+    Ok(p.rps)
+}
+
+/// The median of a non-empty sample (the mean of the middle two if even).
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn fill_ratios(curves: &mut [Curve]) {
@@ -599,7 +642,7 @@ pub fn run(args: WebArgs) -> Result<(), Error> {
         .collect();
     let runnable = vars.iter().filter(|v| v.available).count();
     let steps = if args.quick { QUICK_STEPS } else { FULL_STEPS };
-    let points_per_curve = steps.len() + 1;
+    let points_per_curve = steps.len() + args.repeat as usize;
     let duration = args.duration.unwrap_or_else(|| {
         if args.quick {
             return 1;
@@ -678,6 +721,33 @@ pub fn run(args: WebArgs) -> Result<(), Error> {
             }
         }
     }
+    for round in 1..args.repeat {
+        for c in curves.iter_mut() {
+            crate::demo::check_interrupted()?;
+            if c.saturation_samples.is_empty() || c.error.is_some() {
+                continue;
+            }
+            let (Some(w), Some(v)) = (
+                wl.iter().find(|w| w.id == c.workload),
+                vars.iter().find(|v| v.id == c.variant),
+            ) else {
+                continue;
+            };
+            match saturation_again(&env, w, v, round, &mut prog) {
+                Ok(rps) => c.saturation_samples.push(rps),
+                Err(e) => {
+                    crate::demo::check_interrupted()?;
+                    eprintln!("  {} · {} round {}: FAILED: {e}", w.id, v.id, round + 1);
+                    c.error = Some(format!("round {}: {e}", round + 1));
+                }
+            }
+        }
+    }
+    for c in curves.iter_mut() {
+        if !c.saturation_samples.is_empty() {
+            c.saturation_rps = Some(median(&c.saturation_samples));
+        }
+    }
     drop(ns);
     fill_ratios(&mut curves);
     let meta = report::Meta::collect(
@@ -712,6 +782,13 @@ fn features_note(vars: &[Variant]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_samples() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+    }
 
     #[test]
     fn transfer_units() {
