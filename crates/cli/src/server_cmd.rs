@@ -105,6 +105,11 @@ pub struct ServerArgs {
     /// part of accept, so its first send/recv needs no extra round trip (on|off)
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub setup_with_accept: bool,
+    /// Serve the counters and queue depths of `tcps stat` for Prometheus
+    /// at http://ADDR/metrics (e.g. 127.0.0.1:9464; every host's counters,
+    /// so bind it where only operators reach it) [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Mode of the control socket file (octal); the server checks each host's privileges itself
     #[arg(long, default_value = "666")]
     pub socket_mode: String,
@@ -200,6 +205,7 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.max_sockets_per_host = args.max_sockets_per_host;
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
+    cfg.metrics_listen = args.metrics_listen;
     if !(4096..=16 << 20).contains(&args.eager_recv_size) {
         return Err("--eager-recv-size must be between 4096 and 16777216 bytes".into());
     }
@@ -231,6 +237,8 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or pipe gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

@@ -330,3 +330,125 @@ fn stat_hides_other_users_hosts() {
         "totals cover hidden hosts: {text}"
     );
 }
+
+/// `curl -s -w '\n%{http_code}' URL`: (status, body).
+fn curl(url: &str) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("run curl (apt-get install curl)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.to_string(), body.to_string())
+}
+
+/// The value of the sample `series` (name and labels exactly as printed).
+fn sample(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+/// `--metrics-listen`: curl scrapes the same counters `tcps stat` reports,
+/// in the Prometheus text format, per host and in total; a detached host's
+/// series go and its counters stay in the totals.
+#[test]
+fn metrics_endpoint_for_prometheus() {
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--metrics-listen", "127.0.0.1:0"],
+    );
+    let log = srv.log_text();
+    let addr = log
+        .split("metrics listening")
+        .nth(1)
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+        .to_string();
+    let url = format!("http://{addr}/metrics");
+    let c = srv.attach();
+    for _ in 0..3 {
+        let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        c.close(s).unwrap();
+    }
+    let v = wait_stat(&srv, "the host's sockets", |v| {
+        me(v).is_some_and(|h| calls(h, "Socket") == 3 && calls(h, "Close") == 3)
+    });
+    let h = me(&v).unwrap();
+    let labels = format!(
+        "host=\"{}\",pid=\"{}\",uid=\"{}\"",
+        h["id"],
+        std::process::id(),
+        h["uid"]
+    );
+    let (code, text) = curl(&url);
+    assert_eq!(code, "200", "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tcps_host_calls_total{{{labels},op=\"Socket\"}}")
+        ),
+        Some(3),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "tcps_calls_total{op=\"Close\"}"),
+        Some(3),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "tcps_round_trips_total"),
+        v["total"]["counters"]["round_trips"].as_u64(),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "tcps_hosts_attached"), Some(1), "{text}");
+    assert_eq!(
+        sample(&text, &format!("tcps_host_sockets{{{labels}}}")),
+        Some(0),
+        "{text}"
+    );
+    // The exposition format: every sample after its family's TYPE line,
+    // a metric name, optional labels, an integer.
+    let mut typed = std::collections::HashSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+            assert!(kind == "counter" || kind == "gauge", "{line}");
+            typed.insert(name.to_string());
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("series value");
+        assert!(value.parse::<u64>().is_ok(), "{line}");
+        let name = series.split('{').next().unwrap_or("");
+        assert!(typed.contains(name), "sample before its TYPE: {line}");
+        assert!(
+            name.starts_with("tcps_")
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line}"
+        );
+    }
+    let (code, _) = curl(&format!("http://{addr}/other"));
+    assert_eq!(code, "404");
+
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = curl(&url);
+        if sample(&text, "tcps_hosts_detached_total") == Some(1) {
+            assert_eq!(sample(&text, "tcps_hosts_attached"), Some(0), "{text}");
+            assert!(!text.contains(&labels), "{text}");
+            assert_eq!(
+                sample(&text, "tcps_calls_total{op=\"Socket\"}"),
+                Some(3),
+                "{text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "detach not seen:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -14,6 +14,7 @@ mod control;
 pub mod engine;
 mod host;
 mod inherit;
+mod metrics;
 pub mod privilege;
 mod registry;
 mod sendfile;
@@ -71,6 +72,9 @@ pub struct Config {
     /// Process-ahead policy (server-wide defaults; sockets override with
     /// `SOL_TCPS` options).
     pub eager: EagerPolicy,
+    /// Serve the `tcps stat` counters for Prometheus at `GET /metrics` on
+    /// this address (None: no metrics listener).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// How the server receives ahead of the host's `recv` calls.
@@ -131,6 +135,7 @@ impl Default for Config {
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
             eager: EagerPolicy::default(),
+            metrics_listen: None,
         }
     }
 }
@@ -248,6 +253,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
     let listener = control::listen(&cfg.socket_path, cfg.socket_mode)?;
+    let metrics_listener = cfg.metrics_listen.map(metrics::listen).transpose()?;
     let mut threads = Vec::new();
     let mut handles = Vec::new();
     for index in 0..cfg.cpus.len().max(1) {
@@ -281,6 +287,17 @@ pub fn start(cfg: Config) -> io::Result<Server> {
                 control::serve(listener, sfd, c2, s2, handles)
             })?,
     );
+    if let Some(l) = metrics_listener {
+        let (s2, sfd, keep) = (shared.clone(), shutdown.as_raw_fd(), shutdown.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("tcps-metrics".into())
+                .spawn(move || {
+                    let _keep = keep;
+                    metrics::serve(l, sfd, s2)
+                })?,
+        );
+    }
     info!(
         socket = %cfg.socket_path.display(),
         engine = ?cfg.engine,

@@ -1,0 +1,418 @@
+//! `tcps server --metrics-listen ADDR`: the counters and queue depths of
+//! `tcps stat` in the Prometheus text exposition format (version 0.0.4),
+//! served over HTTP at `GET /metrics` for scrapers.
+//!
+//! The text is rendered from the same report a `StatQuery` gets (seen as
+//! the server's own user: every host), so the two never disagree. One
+//! thread serves one connection at a time — a scrape is small and rare —
+//! reads only the stats board, never a `Host`, and gives a client at most
+//! [`CLIENT_BUDGET`], so nothing it does can delay a worker or an attach.
+//!
+//! Metric names: `tcps_*` are server totals (hosts that detached included);
+//! `tcps_host_*` the same per attached host, labelled `host`, `pid`, `uid`.
+//! Separate names, so that `sum()` over a metric never counts twice.
+
+use crate::Shared;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// Longest time one client may take to send its request and read the reply.
+const CLIENT_BUDGET: Duration = Duration::from_secs(1);
+/// Longest request accepted (request line and headers).
+const MAX_REQUEST: usize = 8192;
+
+/// Counters of a host (`counters` in the report), with their help texts.
+/// `calls` (by op) is rendered separately.
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "round_trips",
+        "Channel round trips: completions published, each a call the host waited on.",
+    ),
+    (
+        "accepts_eager",
+        "Connections accepted ahead into accept rings.",
+    ),
+    (
+        "accepts_on_demand",
+        "Accept requests that went to the kernel.",
+    ),
+    (
+        "recvs_eager",
+        "Receives served ahead (into receive rings or the read-ahead buffer).",
+    ),
+    ("recvs_on_demand", "Recv requests that went to the kernel."),
+    (
+        "bytes_ahead",
+        "Bytes received ahead of the host's recv calls.",
+    ),
+    ("bytes_sent", "Bytes sent to the network for hosts."),
+    (
+        "bytes_received",
+        "Bytes received from the network for hosts.",
+    ),
+    (
+        "refused_conns",
+        "Connections reset by the admission limits (--max-conns-per-*).",
+    ),
+    (
+        "refused_sockets",
+        "Sockets refused by --max-sockets-per-host.",
+    ),
+    ("async_sends", "Asynchronous sends finished."),
+    ("async_failed", "Asynchronous sends that failed."),
+    (
+        "kicks",
+        "AsyncKick requests (a host woke a cold send queue).",
+    ),
+    (
+        "recv_kicks",
+        "RecvKick requests (a host resumed a paused receive ring).",
+    ),
+    (
+        "parked",
+        "Calls that waited at the server for their socket.",
+    ),
+    ("invalid", "Requests refused as malformed."),
+];
+
+/// Queue depths (`depths` in the report), gauges.
+const DEPTHS: &[(&str, &str)] = &[
+    (
+        "parked_calls",
+        "Calls parked at the server waiting for their socket.",
+    ),
+    ("parked_polls", "Poll calls parked at the server."),
+    ("sockets", "Sockets hosts hold."),
+    (
+        "sockets_closing",
+        "Sockets closed by their host, still sending queued data.",
+    ),
+    (
+        "send_queues_busy",
+        "Send queues with asynchronous sends in progress.",
+    ),
+    (
+        "send_descs_pending",
+        "Asynchronous sends taken and not finished.",
+    ),
+    (
+        "recv_ring_bytes",
+        "Bytes waiting in receive rings for hosts to recv.",
+    ),
+    (
+        "accept_ring_records",
+        "Connections waiting in accept rings for hosts to accept.",
+    ),
+];
+
+/// Binds the metrics listener (before the server reports itself started,
+/// so a bad address fails `tcps server` at once).
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let l = TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("--metrics-listen {addr}: {e}")))?;
+    l.set_nonblocking(true)?;
+    info!(addr = %l.local_addr()?, "metrics listening (GET /metrics)");
+    Ok(l)
+}
+
+/// Serves scrapes until the shutdown eventfd becomes readable.
+pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>) {
+    loop {
+        let mut pfds = [
+            libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: shutdown_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        if n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            warn!(error = %io::Error::last_os_error(), "metrics: poll failed; metrics stop");
+            return;
+        }
+        if pfds[1].revents != 0 {
+            return;
+        }
+        match l.accept() {
+            Ok((c, peer)) => {
+                if let Err(e) = answer(c, &shared) {
+                    debug!(%peer, error = %e, "metrics: scrape not answered");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                debug!(error = %e, "metrics: accept failed");
+                std::thread::sleep(Duration::from_millis(10)); // EMFILE and friends
+            }
+        }
+    }
+}
+
+/// Reads one request from `c` and answers it.
+fn answer(mut c: TcpStream, shared: &Shared) -> io::Result<()> {
+    let start = Instant::now();
+    c.set_nonblocking(false)?;
+    c.set_write_timeout(Some(CLIENT_BUDGET))?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = CLIENT_BUDGET.saturating_sub(start.elapsed());
+        if left.is_zero() || req.len() > MAX_REQUEST {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request too slow or too long",
+            ));
+        }
+        c.set_read_timeout(Some(left))?;
+        let n = c.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no request"));
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            // SAFETY: geteuid cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            (
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                render(&crate::stats::report(shared, uid)),
+            )
+        }
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "tcps server: the metrics are at /metrics\n".to_string(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain; charset=utf-8",
+            "tcps server: only GET /metrics\n".to_string(),
+        ),
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        out.push_str(&body);
+    }
+    c.write_all(out.as_bytes())
+}
+
+/// One metric family: its HELP and TYPE lines, then its samples.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
+    }
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// The Prometheus text of a stat report (`stats::report`).
+pub fn render(r: &Value) -> String {
+    let mut out = String::new();
+    let hosts: Vec<(String, &Value)> = r["hosts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|h| {
+                    (
+                        format!(
+                            "host=\"{}\",pid=\"{}\",uid=\"{}\"",
+                            num(&h["id"]),
+                            num(&h["pid"]),
+                            num(&h["uid"])
+                        ),
+                        h,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let total = &r["total"];
+    family(
+        &mut out,
+        "tcps_info",
+        "gauge",
+        "The TCP server: its protocol version and pid.",
+        &[(
+            format!(
+                "version=\"{}\",pid=\"{}\"",
+                num(&r["version"]),
+                num(&r["server"]["pid"])
+            ),
+            1,
+        )],
+    );
+    family(
+        &mut out,
+        "tcps_hosts_attached",
+        "gauge",
+        "Hosts attached now.",
+        &[(String::new(), num(&r["server"]["hosts_attached"]))],
+    );
+    family(
+        &mut out,
+        "tcps_hosts_refused_total",
+        "counter",
+        "Hosts refused at attach (admission control).",
+        &[(String::new(), num(&r["server"]["hosts_refused"]))],
+    );
+    family(
+        &mut out,
+        "tcps_hosts_detached_total",
+        "counter",
+        "Hosts that detached.",
+        &[(String::new(), num(&r["server"]["hosts_detached"]))],
+    );
+    // Calls by type.
+    let by_op = |c: &Value, labels: &str| -> Vec<(String, u64)> {
+        c["calls"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(op, n)| {
+                        let sep = if labels.is_empty() { "" } else { "," };
+                        (format!("{labels}{sep}op=\"{op}\""), num(n))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    family(
+        &mut out,
+        "tcps_calls_total",
+        "counter",
+        "Socket calls hosts made, by call.",
+        &by_op(&total["counters"], ""),
+    );
+    let per_host: Vec<(String, u64)> = hosts
+        .iter()
+        .flat_map(|(l, h)| by_op(&h["counters"], l))
+        .collect();
+    family(
+        &mut out,
+        "tcps_host_calls_total",
+        "counter",
+        "Socket calls the host made, by call.",
+        &per_host,
+    );
+    for (key, help) in COUNTERS {
+        family(
+            &mut out,
+            &format!("tcps_{key}_total"),
+            "counter",
+            help,
+            &[(String::new(), num(&total["counters"][key]))],
+        );
+        let per_host: Vec<(String, u64)> = hosts
+            .iter()
+            .map(|(l, h)| (l.clone(), num(&h["counters"][key])))
+            .collect();
+        family(
+            &mut out,
+            &format!("tcps_host_{key}_total"),
+            "counter",
+            help,
+            &per_host,
+        );
+    }
+    for (key, help) in DEPTHS {
+        family(
+            &mut out,
+            &format!("tcps_{key}"),
+            "gauge",
+            help,
+            &[(String::new(), num(&total["depths"][key]))],
+        );
+        let per_host: Vec<(String, u64)> = hosts
+            .iter()
+            .map(|(l, h)| (l.clone(), num(&h["depths"][key])))
+            .collect();
+        family(
+            &mut out,
+            &format!("tcps_host_{key}"),
+            "gauge",
+            help,
+            &per_host,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats;
+
+    /// Every key the report has is rendered, and nothing else is: a new
+    /// counter must be added to COUNTERS / DEPTHS.
+    #[test]
+    fn every_counter_and_depth_is_rendered() {
+        let shared = Shared::default();
+        let r = stats::report(&shared, 0);
+        let counters = r["total"]["counters"].as_object().expect("counters");
+        let mut keys: Vec<&str> = counters
+            .keys()
+            .map(String::as_str)
+            .filter(|k| *k != "calls" && *k != "calls_total")
+            .collect();
+        keys.sort_unstable();
+        let mut ours: Vec<&str> = COUNTERS.iter().map(|c| c.0).collect();
+        ours.sort_unstable();
+        assert_eq!(keys, ours);
+        let depths = r["total"]["depths"].as_object().expect("depths");
+        let mut keys: Vec<&str> = depths.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut ours: Vec<&str> = DEPTHS.iter().map(|c| c.0).collect();
+        ours.sort_unstable();
+        assert_eq!(keys, ours);
+    }
+
+    #[test]
+    fn exposition_format() {
+        let shared = Shared::default();
+        let text = render(&stats::report(&shared, 0));
+        assert!(text.contains("# TYPE tcps_calls_total counter\n"));
+        assert!(text.contains("tcps_calls_total{op=\"Send\"} 0\n"));
+        assert!(text.contains("tcps_round_trips_total 0\n"));
+        assert!(text.contains("# TYPE tcps_recv_ring_bytes gauge\n"));
+        assert!(text.contains("tcps_hosts_attached 0\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.rsplit_once(' ').expect("name value");
+            assert!(value.parse::<u64>().is_ok(), "{line}");
+            let bare = name.split('{').next().unwrap_or("");
+            assert!(
+                bare.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{line}"
+            );
+        }
+    }
+}
