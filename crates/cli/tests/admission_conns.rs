@@ -44,6 +44,20 @@ fn connect_n(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
         .collect()
 }
 
+/// Closes accepted connection `a` and waits until its client sees the end
+/// of stream: a close of an accepted connection does not wait for the
+/// server, so only the FIN proves the server released its slot.
+fn close_and_see_eof(c: &Client, a: (u32, SocketAddr), clients: &mut [TcpStream]) {
+    c.close(a.0).unwrap();
+    let k = clients
+        .iter_mut()
+        .find(|k| k.local_addr().ok() == Some(a.1))
+        .expect("the accepted connection's client");
+    k.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(k.read(&mut b).unwrap(), 0, "EOF after close");
+}
+
 /// The client side of a refused connection sees a reset or an end of stream.
 fn assert_refused(k: &mut TcpStream, what: &str) {
     k.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -159,7 +173,7 @@ fn per_addr(engine: &str) {
     assert_refused(&mut other[0], "other listener, address at its limit");
 
     // Closing one accepted connection frees a slot.
-    c.close(accepted[0].0).unwrap();
+    close_and_see_eof(&c, accepted[0], &mut clients);
     let mut late = connect_n(addr, 1);
     let (s, peer) = accept_one(&c, l);
     assert_eq!(
@@ -212,7 +226,7 @@ fn per_listener(engine: &str) {
     check_split(&mut clients2, &accepted2, engine);
 
     // Closing one accepted connection frees a slot on its listener.
-    c.close(accepted[0].0).unwrap();
+    close_and_see_eof(&c, accepted[0], &mut clients);
     let late = connect_n(addr, 1);
     let (s, peer) = accept_one(&c, l);
     assert_eq!(

@@ -257,6 +257,11 @@ fn round_trips_before_the_reply(engine: &str) {
                 "{engine} {flags:?} request {i}: {rt} round trips before the reply (want {min}..={max})"
             );
             c.close(s).unwrap();
+            assert_eq!(
+                c.stats().round_trips - before,
+                rt,
+                "{engine} {flags:?} request {i}: closing the connection waited"
+            );
             let mut reply = Vec::new();
             k.read_to_end(&mut reply).unwrap();
             assert_eq!(reply, b"HTTP/1.0 200 OK\r\n\r\nhello");

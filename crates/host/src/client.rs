@@ -12,7 +12,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use tcps_proto::msg::{PollEntry, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
+use tcps_proto::msg::{PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
 use tcps_proto::{addr, Completion, Op, Request};
 
 /// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
@@ -180,7 +180,7 @@ impl Client {
             signed(protocol.into()),
         ]);
         let id = socket_id(&self.simple(r)?)?;
-        self.ahead_new_socket(id, ty & libc::SOCK_NONBLOCK != 0, 0, None);
+        self.ahead_new_socket(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
         Ok(id)
     }
 
@@ -230,7 +230,7 @@ impl Client {
         // aux's high half: what the server set up with the accept (SETUP_*).
         let setup = (c.aux >> 32) as u32;
         let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        self.ahead_new_socket(id, nonblocking, setup, self.local_rcvtimeo(s));
+        self.ahead_new_socket(id, nonblocking, setup, self.local_rcvtimeo(s), true);
         Ok((id, len))
     }
 
@@ -320,10 +320,24 @@ impl Client {
     /// close(2). Asynchronous sends still in flight are not lost: the
     /// server sends them and then closes (as the kernel does with data in
     /// the send buffer).
+    ///
+    /// A connection this library accepted and has not closed is closed
+    /// without waiting: the request is posted with `CLOSE_NO_REPLY` and
+    /// executes after the socket's earlier calls, with no round trip
+    /// (close(2) of an open TCP connection cannot fail, and calls on the
+    /// id fail with EBADF here until it is handed out again). Any other id
+    /// (a listener or other socket from `socket`, whose port a next `bind`
+    /// may want; one inherited, already closed or unknown) waits for the
+    /// server's answer, as with the kernel.
     pub fn close(&self, s: u32) -> io::Result<()> {
-        self.ahead_close(s);
+        let open_here = self.ahead_close(s);
         self.async_close(s);
-        self.simple(request(Op::Close, s)).map(drop)
+        let mut r = request(Op::Close, s);
+        if open_here {
+            r.args[0] = CLOSE_NO_REPLY;
+            return self.conn.post(r);
+        }
+        self.simple(r).map(drop)
     }
 
     /// setsockopt(2) with a raw value (at most 256 bytes).

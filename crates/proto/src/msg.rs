@@ -11,6 +11,9 @@
 //! [`Call::decode`], which checks every field; a request that fails is
 //! answered with `EINVAL` and affects nobody else.
 
+/// `Close` flag (`args[0]`): execute the close without a completion.
+pub const CLOSE_NO_REPLY: u64 = 1;
+
 /// A request record: 64 bytes, one ring slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +70,12 @@ macro_rules! ops {
 
             pub fn name(self) -> &'static str {
                 match self { $(Op::$name => stringify!($name)),* }
+            }
+
+            /// Whether the request's `sock` names a socket (all but
+            /// `Nop`, `Socket` and `Poll`).
+            pub fn names_socket(self) -> bool {
+                !matches!(self, Op::Nop | Op::Socket | Op::Poll)
             }
         }
     };
@@ -160,8 +169,11 @@ pub enum Call {
         sock: u32,
         how: i32,
     },
+    /// `args[0]`: 0, or [`CLOSE_NO_REPLY`]: answered by no completion (the
+    /// host does not wait; a close of a socket it knows is open cannot fail).
     Close {
         sock: u32,
+        reply: bool,
     },
     SetSockOpt {
         sock: u32,
@@ -241,7 +253,10 @@ pub enum Call {
 impl Call {
     /// Whether the request gets a completion (kicks do not).
     pub fn completes(&self) -> bool {
-        !matches!(self, Call::AsyncKick { .. } | Call::RecvKick { .. })
+        !matches!(
+            self,
+            Call::AsyncKick { .. } | Call::RecvKick { .. } | Call::Close { reply: false, .. }
+        )
     }
 }
 
@@ -330,7 +345,14 @@ impl Call {
                 flags: int(0)?,
             },
             Op::Shutdown => Call::Shutdown { sock, how: int(0)? },
-            Op::Close => Call::Close { sock },
+            Op::Close => Call::Close {
+                sock,
+                reply: match r.args[0] {
+                    0 => true,
+                    CLOSE_NO_REPLY => false,
+                    _ => return Err(Invalid::BadArgument("close flags")),
+                },
+            },
             Op::SetSockOpt => Call::SetSockOpt {
                 sock,
                 level: int(0)?,

@@ -96,6 +96,16 @@ pub(crate) struct RecvState {
     nonblocking: Option<bool>,
     /// SO_RCVTIMEO as set through this library (`None`: no limit).
     rcvtimeo: Option<Duration>,
+    /// A connection this library accepted and has not closed: closing it
+    /// cannot fail and frees nothing another call could be waiting for
+    /// (its port is the listener's), so `close` need not wait for the
+    /// answer. Sockets from `socket` (listeners, bound ports that a next
+    /// `bind` may want again) are closed with a round trip.
+    open_here: bool,
+    /// Closed without waiting for the answer: until the id is handed out
+    /// again, calls on it fail with EBADF here, since a call on another
+    /// channel could overtake the close at the server.
+    closed_unanswered: bool,
     /// Counters, summed by `stats` and folded into [`AheadState`] when the
     /// entry is reset (no shared atomic on the receive path).
     recvs: u64,
@@ -255,6 +265,16 @@ impl AheadState {
     }
 }
 
+impl AheadState {
+    /// Whether `s` was closed without waiting and not handed out since
+    /// (see `RecvState::closed_unanswered`).
+    pub(crate) fn closed_unanswered(&self, s: u32) -> bool {
+        self.socks
+            .get(s)
+            .is_some_and(|lock| lock.lock().closed_unanswered)
+    }
+}
+
 impl Client {
     fn ahead(&self) -> &AheadState {
         &self.conn.ahead
@@ -279,6 +299,7 @@ impl Client {
         nonblocking: bool,
         setup: u32,
         rcvtimeo: Option<Duration>,
+        accepted: bool,
     ) {
         self.async_new_socket(s, setup & SETUP_SENDQ != 0, nonblocking);
         let Ok(mut g) = self.recv_state(s) else {
@@ -287,6 +308,7 @@ impl Client {
         let fresh = RecvState {
             nonblocking: Some(nonblocking),
             rcvtimeo,
+            open_here: accepted,
             ..RecvState::default()
         };
         self.ahead().reset(&mut g, fresh);
@@ -323,10 +345,20 @@ impl Client {
     }
 
     /// The socket is being closed: the server unbinds its ring.
-    pub(crate) fn ahead_close(&self, s: u32) {
-        if let Some(lock) = self.ahead().socks.get(s) {
-            self.ahead().reset(&mut lock.lock(), RecvState::default());
-        }
+    /// `s` is being closed: forgets its state. Returns whether this library
+    /// made it and had not closed it yet (one caller sees true).
+    pub(crate) fn ahead_close(&self, s: u32) -> bool {
+        let Some(lock) = self.ahead().socks.get(s) else {
+            return false;
+        };
+        let mut g = lock.lock();
+        let open_here = g.open_here;
+        let after = RecvState {
+            closed_unanswered: open_here,
+            ..RecvState::default()
+        };
+        self.ahead().reset(&mut g, after);
+        open_here
     }
 
     /// O_NONBLOCK of `s` as this library tracks it.
@@ -759,6 +791,7 @@ impl Client {
             flags & libc::SOCK_NONBLOCK != 0,
             rec.flags,
             rcvtimeo,
+            true,
         );
         Ok((rec.sock, len))
     }

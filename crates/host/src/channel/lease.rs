@@ -169,6 +169,11 @@ impl<'a> Lease<'a> {
         if u64::from(req.buf_off) + u64::from(req.buf_len) > u64::from(self.len) {
             return Err(errno(libc::EINVAL));
         }
+        if tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket)
+            && self.conn.ahead.closed_unanswered(req.sock)
+        {
+            return Err(errno(libc::EBADF));
+        }
         let (seen, must_ring) = self.submit(&mut req)?;
         if must_ring {
             self.conn.ring_doorbell();

@@ -452,10 +452,16 @@ fn serve_host(s: &Shared, st: &mut State, h: &mut Host) -> bool {
             } else {
                 handle(st, &ch, &req)
             };
-            if let Some(c) = c {
-                if cursor.complete(&ch, &c).unwrap() {
-                    futex::wake_all(&ch.ctl().cq_tail);
+            let Some(c) = c else {
+                // Kicks and unanswered closes free their completion slot;
+                // other calls without an answer stay parked forever.
+                if Call::decode(&req, ch.arena_size()).is_ok_and(|c| !c.completes()) {
+                    cursor.retire();
                 }
+                continue;
+            };
+            if cursor.complete(&ch, &c).unwrap() {
+                futex::wake_all(&ch.ctl().cq_tail);
             }
         }
     }
@@ -550,7 +556,7 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         | Call::Send { sock, .. }
         | Call::Recv { sock, .. }
         | Call::Shutdown { sock, .. }
-        | Call::Close { sock }
+        | Call::Close { sock, .. }
         | Call::SetSockOpt { sock, .. }
         | Call::GetSockOpt { sock, .. }
         | Call::GetSockName { sock, .. }
@@ -658,9 +664,9 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
             assert!(ch.copy_to_arena(data.off, &bytes));
             done(&mut c, n as i64)
         }
-        Call::Close { sock } => {
+        Call::Close { sock, reply } => {
             st.socks.remove(&sock);
-            done(&mut c, 0)
+            reply.then(|| done(&mut c, 0))?
         }
         Call::GetSockOpt { value, .. } => {
             let v = 7i32.to_ne_bytes();
@@ -782,14 +788,14 @@ fn handle_ring(
             }
             done(&mut c, 0)
         }
-        Call::Close { sock } => {
+        Call::Close { sock, reply } => {
             if let (Some(s), Some(ring)) = (st.socks.remove(&sock), region.recv_ring(sock)) {
                 if s.ring != 0 {
                     ring.ctl().owner.store(0, Ordering::Release);
                     ring.ctl().kind.store(0, Ordering::Release);
                 }
             }
-            done(&mut c, 0)
+            reply.then(|| done(&mut c, 0))?
         }
         Call::Poll { entries, n, .. } => {
             // A ring socket is readable when its ring holds something.

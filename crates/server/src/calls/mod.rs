@@ -109,7 +109,7 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
     if let Call::Send { sock, .. }
     | Call::SendReg { sock, .. }
     | Call::Shutdown { sock, .. }
-    | Call::Close { sock } = call
+    | Call::Close { sock, .. } = call
     {
         if host.socket(sock).is_some_and(|s| s.queue.is_some()) {
             asyncq::ingest(cx, host, sock);
@@ -154,7 +154,17 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
             return eager::kick(cx, host, sock);
         }
         Call::RecvBind { sock } => eager::recv_bind(cx, host, sock),
-        Call::Close { sock } => close_socket(cx, host, sock),
+        Call::Close { sock, reply: false } => {
+            // The host did not wait: it closes only sockets it knows are
+            // open, so there is no error to tell it (EBADF here means it
+            // lied, and hurts nobody else).
+            host.cursors[ch as usize].retire();
+            if let Err(e) = close_socket(cx, host, sock) {
+                debug!(host = host.id, sock, errno = e, "unanswered close failed");
+            }
+            return;
+        }
+        Call::Close { sock, reply: true } => close_socket(cx, host, sock),
         Call::SetSockOpt {
             sock,
             level,

@@ -1,0 +1,126 @@
+//! close: an accepted connection is closed without a round trip (the host
+//! posts `Close` with `CLOSE_NO_REPLY`), and yet everything a program can
+//! observe is as with the kernel: the peer gets its FIN, the id is dead at
+//! once (EBADF), a listener's port is free when close returns, and a recv
+//! blocked in another thread ends.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+use tcps::Client;
+
+fn listener(c: &Client) -> (u32, SocketAddr) {
+    let l = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.bind(l, &"127.0.0.1:0".parse().unwrap()).unwrap();
+    c.listen(l, 64).unwrap();
+    (l, c.getsockname(l).unwrap())
+}
+
+/// Reads until EOF; everything read.
+fn read_to_eof(k: &mut TcpStream) -> Vec<u8> {
+    k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    k.read_to_end(&mut got)
+        .expect("EOF from the closed connection");
+    got
+}
+
+/// Closing an accepted connection costs no round trip; the peer still
+/// gets the reply and then EOF, and the id is dead at once.
+fn accepted_close_needs_no_round_trip(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = listener(&c);
+    for round in 0..50 {
+        let mut k = TcpStream::connect(addr).unwrap();
+        k.write_all(b"ping").unwrap();
+        let (s, _) = c.accept(l, 0).unwrap();
+        let mut b = [0u8; 4];
+        let mut have = 0;
+        while have < 4 {
+            have += c.recv(s, &mut b[have..], 0).unwrap();
+        }
+        c.send(s, b"pong", 0).unwrap();
+        let before = c.stats().round_trips;
+        c.close(s).unwrap();
+        assert_eq!(
+            c.stats().round_trips,
+            before,
+            "{engine} round {round}: close waited for the server"
+        );
+        // The id is dead at once, whatever the server has done so far.
+        assert_errno(c.send(s, b"x", 0), libc::EBADF, "send after close");
+        assert_errno(c.recv(s, &mut b, 0), libc::EBADF, "recv after close");
+        assert_errno(
+            c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_ERROR),
+            libc::EBADF,
+            "getsockopt after close",
+        );
+        assert_errno(c.close(s), libc::EBADF, "double close");
+        // And the server did close it: the reply, then EOF.
+        assert_eq!(read_to_eof(&mut k), b"pong", "{engine} round {round}");
+    }
+    // Ids are handed out again and work.
+    let mut k = TcpStream::connect(addr).unwrap();
+    let (s, _) = c.accept(l, 0).unwrap();
+    c.send(s, b"again", 0).unwrap();
+    c.close(s).unwrap();
+    assert_eq!(read_to_eof(&mut k), b"again");
+    c.close(l).unwrap();
+}
+
+/// A listener (a socket from `socket`) is closed with a round trip: its
+/// port can be bound again as soon as close returns.
+fn listener_close_frees_the_port_at_once(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    for _ in 0..20 {
+        let (l, addr) = listener(&c);
+        let before = c.stats().round_trips;
+        c.close(l).unwrap();
+        assert_eq!(c.stats().round_trips, before + 1, "listener close waits");
+        let again = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+        c.bind(again, &addr)
+            .unwrap_or_else(|e| panic!("{engine}: bind {addr} after close: {e}"));
+        c.listen(again, 1).unwrap();
+        c.close(again).unwrap();
+    }
+}
+
+/// A recv blocked in another thread ends when the connection is closed.
+fn close_ends_a_blocked_recv(engine: &str) {
+    for eager in ["push", "off"] {
+        let srv = Server::start(engine, &["--poll", "adaptive", "--eager-recv", eager]);
+        let c = std::sync::Arc::new(srv.attach());
+        let (l, addr) = listener(&c);
+        let _k = TcpStream::connect(addr).unwrap();
+        let (s, _) = c.accept(l, 0).unwrap();
+        let c2 = c.clone();
+        let blocked = std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            c2.recv(s, &mut b, 0)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        c.close(s).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(blocked.join()));
+        let r = rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{engine} eager-recv {eager}: recv still blocked"))
+            .unwrap();
+        match r {
+            Ok(0) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => {}
+            other => panic!("{engine} eager-recv {eager}: recv ended with {other:?}"),
+        }
+    }
+}
+
+engine_tests!(
+    accepted_close_needs_no_round_trip,
+    listener_close_frees_the_port_at_once,
+    close_ends_a_blocked_recv,
+);
