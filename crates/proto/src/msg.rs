@@ -457,6 +457,42 @@ mod tests {
     }
 
     #[test]
+    fn close_answers_unless_told_not_to() {
+        let close = |flags: u64| {
+            Call::decode(
+                &Request {
+                    op: Op::Close as u16,
+                    sock: 5,
+                    args: [flags, 0, 0, 0, 0],
+                    ..Default::default()
+                },
+                ARENA,
+            )
+        };
+        let answered = close(0).unwrap();
+        assert_eq!(
+            answered,
+            Call::Close {
+                sock: 5,
+                reply: true
+            }
+        );
+        assert!(answered.completes());
+        let silent = close(CLOSE_NO_REPLY).unwrap();
+        assert_eq!(
+            silent,
+            Call::Close {
+                sock: 5,
+                reply: false
+            }
+        );
+        assert!(!silent.completes());
+        assert_eq!(close(2), Err(Invalid::BadArgument("close flags")));
+        assert!(Op::Close.names_socket());
+        assert!(!Op::Socket.names_socket() && !Op::Poll.names_socket());
+    }
+
+    #[test]
     fn every_op_round_trips_its_code() {
         for &op in Op::ALL {
             assert_eq!(Op::from_u16(op as u16), Some(op));
