@@ -167,7 +167,8 @@ fn answer(mut c: TcpStream, shared: &Shared) -> io::Result<()> {
     c.set_write_timeout(Some(CLIENT_BUDGET))?;
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+    // The end of the headers (a bare LF ending is accepted too).
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
         let left = CLIENT_BUDGET.saturating_sub(start.elapsed());
         if left.is_zero() || req.len() > MAX_REQUEST {
             return Err(io::Error::new(
@@ -182,7 +183,10 @@ fn answer(mut c: TcpStream, shared: &Shared) -> io::Result<()> {
         }
         req.extend_from_slice(&buf[..n]);
     }
-    let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = req
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split(' ');
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
