@@ -9,7 +9,7 @@
 
 use crate::host::NewHost;
 use crate::privilege::Privileges;
-use crate::sys;
+use crate::sys::{self, ListenerWake};
 use crate::worker::Inbox;
 use crate::{Config, Shared};
 use std::io;
@@ -118,24 +118,11 @@ pub fn serve(
     let mut next_worker = 0usize;
     let mut next_id = 0u64;
     loop {
-        let mut pfds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: shutdown_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: pfds is a valid array of 2.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, 1000) };
-        if shared.stopping.load(Ordering::Relaxed) || pfds[1].revents != 0 {
+        let wake = sys::wait_listener(listener.as_raw_fd(), shutdown_fd, 1000);
+        if shared.stopping.load(Ordering::Relaxed) || wake == ListenerWake::Shutdown {
             return;
         }
-        if n <= 0 || pfds[0].revents == 0 {
+        if wake == ListenerWake::Nothing {
             continue;
         }
         // SAFETY: accepting on our listener; peer address not wanted.

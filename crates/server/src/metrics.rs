@@ -12,6 +12,7 @@
 //! `tcps_host_*` the same per attached host, labelled `host`, `pid`, `uid`.
 //! Separate names, so that `sum()` over a metric never counts twice.
 
+use crate::sys::{self, ListenerWake};
 use crate::Shared;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -20,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 /// Longest time one client may take to send its request and read the reply.
 const CLIENT_BUDGET: Duration = Duration::from_secs(1);
@@ -121,29 +122,14 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(l)
 }
 
-/// Serves scrapes until the shutdown eventfd becomes readable.
+/// Serves scrapes until the shutdown eventfd becomes readable (checked at
+/// least once a second).
 pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>) {
     loop {
-        let mut pfds = [
-            libc::pollfd {
-                fd: l.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: shutdown_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
-        if n < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            warn!(error = %io::Error::last_os_error(), "metrics: poll failed; metrics stop");
-            return;
-        }
-        if pfds[1].revents != 0 {
-            return;
+        match sys::wait_listener(l.as_raw_fd(), shutdown_fd, 1000) {
+            ListenerWake::Shutdown => return,
+            ListenerWake::Nothing => continue,
+            ListenerWake::Readable => {}
         }
         match l.accept() {
             Ok((c, peer)) => {
