@@ -330,10 +330,10 @@ impl Client {
     /// may want; one inherited, already closed or unknown) waits for the
     /// server's answer, as with the kernel.
     pub fn close(&self, s: u32) -> io::Result<()> {
-        let open_here = self.ahead_close(s);
+        let accepted_open = self.ahead_close(s);
         self.async_close(s);
         let mut r = request(Op::Close, s);
-        if open_here {
+        if accepted_open {
             r.args[0] = CLOSE_NO_REPLY;
             return self.conn.post(r);
         }

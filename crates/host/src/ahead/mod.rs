@@ -101,7 +101,7 @@ pub(crate) struct RecvState {
     /// (its port is the listener's), so `close` need not wait for the
     /// answer. Sockets from `socket` (listeners, bound ports that a next
     /// `bind` may want again) are closed with a round trip.
-    open_here: bool,
+    accepted_open: bool,
     /// Closed without waiting for the answer: until the id is handed out
     /// again, calls on it fail with EBADF here, since a call on another
     /// channel could overtake the close at the server.
@@ -263,9 +263,7 @@ impl AheadState {
         c.copied.fetch_add(g.copied, Ordering::Relaxed);
         *g = fresh;
     }
-}
 
-impl AheadState {
     /// Whether `s` was closed without waiting and not handed out since
     /// (see `RecvState::closed_unanswered`).
     pub(crate) fn closed_unanswered(&self, s: u32) -> bool {
@@ -308,7 +306,7 @@ impl Client {
         let fresh = RecvState {
             nonblocking: Some(nonblocking),
             rcvtimeo,
-            open_here: accepted,
+            accepted_open: accepted,
             ..RecvState::default()
         };
         self.ahead().reset(&mut g, fresh);
@@ -344,21 +342,21 @@ impl Client {
         }
     }
 
-    /// The socket is being closed: the server unbinds its ring.
-    /// `s` is being closed: forgets its state. Returns whether this library
-    /// made it and had not closed it yet (one caller sees true).
+    /// `s` is being closed (the server unbinds its ring): forgets its state.
+    /// Returns whether it was a connection this library accepted and had
+    /// not closed yet (of two racing closes, one sees true).
     pub(crate) fn ahead_close(&self, s: u32) -> bool {
         let Some(lock) = self.ahead().socks.get(s) else {
             return false;
         };
         let mut g = lock.lock();
-        let open_here = g.open_here;
+        let accepted_open = g.accepted_open;
         let after = RecvState {
-            closed_unanswered: open_here,
+            closed_unanswered: accepted_open,
             ..RecvState::default()
         };
         self.ahead().reset(&mut g, after);
-        open_here
+        accepted_open
     }
 
     /// O_NONBLOCK of `s` as this library tracks it.
