@@ -1,7 +1,10 @@
-//! close: an accepted connection is closed without a round trip (the host
-//! posts `Close` with `CLOSE_NO_REPLY`), and yet everything a program can
-//! observe is as with the kernel: the peer gets its FIN, the id is dead at
-//! once (EBADF), a listener's port is free when close returns, and a recv
+//! close and shutdown: an accepted connection is shut down (its first
+//! SHUT_WR) and closed without a round trip (the host posts the requests
+//! with `SHUTDOWN_NO_REPLY` / `CLOSE_NO_REPLY`), and yet everything a
+//! program can observe is as with the kernel: the peer gets the data, then
+//! its FIN, the read side stays open after SHUT_WR, a shutdown after a
+//! reset still reports ENOTCONN, the id is dead at once after close
+//! (EBADF), a listener's port is free when close returns, and a recv
 //! blocked in another thread ends.
 
 mod common;
@@ -119,7 +122,82 @@ fn close_ends_a_blocked_recv(engine: &str) {
     }
 }
 
+/// The first SHUT_WR of an accepted connection costs no round trip: the
+/// peer reads the reply and then EOF, and can still send to the host.
+fn shutdown_write_needs_no_round_trip(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = listener(&c);
+    for round in 0..20 {
+        let mut k = TcpStream::connect(addr).unwrap();
+        let (s, _) = c.accept(l, 0).unwrap();
+        // Queued asynchronous sends go out before the FIN.
+        let reply = Rng::new(round).bytes(100_000);
+        c.send_async(s, &reply, 0).unwrap();
+        let before = c.stats().round_trips;
+        c.shutdown(s, libc::SHUT_WR).unwrap();
+        assert_eq!(
+            c.stats().round_trips,
+            before,
+            "{engine} round {round}: shutdown waited"
+        );
+        let mut got = Vec::new();
+        k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        k.read_to_end(&mut got).unwrap();
+        assert_eq!(
+            hex(&sha256(&got)),
+            hex(&sha256(&reply)),
+            "{engine} round {round}"
+        );
+        // Half-closed: the host still receives.
+        k.write_all(b"more").unwrap();
+        let mut b = [0u8; 4];
+        let mut have = 0;
+        while have < 4 {
+            let n = c.recv(s, &mut b[have..], 0).unwrap();
+            assert!(n > 0, "EOF instead of the peer's data");
+            have += n;
+        }
+        assert_eq!(&b, b"more");
+        // A second shutdown asks the server (it may fail as the kernel's would).
+        let before = c.stats().round_trips;
+        let _ = c.shutdown(s, libc::SHUT_WR);
+        assert_eq!(
+            c.stats().round_trips,
+            before + 1,
+            "the second shutdown waits"
+        );
+        c.close(s).unwrap();
+    }
+}
+
+/// After the host saw the peer's reset, shutdown asks the server and gets
+/// the kernel's ENOTCONN.
+fn shutdown_after_a_reset_is_enotconn(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = listener(&c);
+    let k = TcpStream::connect(addr).unwrap();
+    let (s, _) = c.accept(l, 0).unwrap();
+    reset_on_close(&k);
+    drop(k);
+    let mut b = [0u8; 8];
+    assert_errno(
+        c.recv(s, &mut b, 0),
+        libc::ECONNRESET,
+        "recv after the reset",
+    );
+    assert_errno(
+        c.shutdown(s, libc::SHUT_WR),
+        libc::ENOTCONN,
+        "shutdown after the reset",
+    );
+    c.close(s).unwrap();
+}
+
 engine_tests!(
+    shutdown_write_needs_no_round_trip,
+    shutdown_after_a_reset_is_enotconn,
     accepted_close_needs_no_round_trip,
     listener_close_frees_the_port_at_once,
     close_ends_a_blocked_recv,

@@ -12,7 +12,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use tcps_proto::msg::{PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
+use tcps_proto::msg::{
+    PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
+};
 use tcps_proto::{addr, Completion, Op, Request};
 
 /// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
@@ -310,10 +312,18 @@ impl Client {
         })
     }
 
+    /// shutdown(2). The first `SHUT_WR` of a connection this library
+    /// accepted, with no sign of a reset, goes without waiting
+    /// (`SHUTDOWN_NO_REPLY`; it cannot fail, and the FIN still follows the
+    /// socket's earlier sends); any other waits for the server's answer.
     pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
         self.take_async_error(s)?;
         let mut r = request(Op::Shutdown, s);
         r.args[0] = signed(how.into());
+        if self.ahead_shutdown_unanswered(s, how) {
+            r.args[1] = SHUTDOWN_NO_REPLY;
+            return self.conn.post(r);
+        }
         self.simple(r).map(drop)
     }
 

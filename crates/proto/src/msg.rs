@@ -13,6 +13,8 @@
 
 /// `Close` flag (`args[0]`): execute the close without a completion.
 pub const CLOSE_NO_REPLY: u64 = 1;
+/// `Shutdown` flag (`args[1]`): execute the shutdown without a completion.
+pub const SHUTDOWN_NO_REPLY: u64 = 1;
 
 /// A request record: 64 bytes, one ring slot.
 #[repr(C)]
@@ -165,9 +167,12 @@ pub enum Call {
         data: ArenaRange,
         flags: i32,
     },
+    /// `args[1]`: 0, or [`SHUTDOWN_NO_REPLY`]: answered by no completion
+    /// (the host does not wait; see `docs/PROTOCOL.md` §3).
     Shutdown {
         sock: u32,
         how: i32,
+        reply: bool,
     },
     /// `args[0]`: 0, or [`CLOSE_NO_REPLY`]: answered by no completion (the
     /// host does not wait; a close of a socket it knows is open cannot fail).
@@ -255,7 +260,10 @@ impl Call {
     pub fn completes(&self) -> bool {
         !matches!(
             self,
-            Call::AsyncKick { .. } | Call::RecvKick { .. } | Call::Close { reply: false, .. }
+            Call::AsyncKick { .. }
+                | Call::RecvKick { .. }
+                | Call::Close { reply: false, .. }
+                | Call::Shutdown { reply: false, .. }
         )
     }
 }
@@ -344,7 +352,15 @@ impl Call {
                 data: range(u32::MAX)?,
                 flags: int(0)?,
             },
-            Op::Shutdown => Call::Shutdown { sock, how: int(0)? },
+            Op::Shutdown => Call::Shutdown {
+                sock,
+                how: int(0)?,
+                reply: match r.args[1] {
+                    0 => true,
+                    SHUTDOWN_NO_REPLY => false,
+                    _ => return Err(Invalid::BadArgument("shutdown flags")),
+                },
+            },
             Op::Close => Call::Close {
                 sock,
                 reply: match r.args[0] {
@@ -457,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn close_answers_unless_told_not_to() {
+    fn close_and_shutdown_answer_unless_told_not_to() {
         let close = |flags: u64| {
             Call::decode(
                 &Request {
@@ -488,6 +504,29 @@ mod tests {
         );
         assert!(!silent.completes());
         assert_eq!(close(2), Err(Invalid::BadArgument("close flags")));
+        let shutdown = |flags: u64| {
+            Call::decode(
+                &Request {
+                    op: Op::Shutdown as u16,
+                    sock: 5,
+                    args: [libc::SHUT_WR as u64, flags, 0, 0, 0],
+                    ..Default::default()
+                },
+                ARENA,
+            )
+        };
+        assert!(shutdown(0).unwrap().completes());
+        let silent = shutdown(SHUTDOWN_NO_REPLY).unwrap();
+        assert_eq!(
+            silent,
+            Call::Shutdown {
+                sock: 5,
+                how: libc::SHUT_WR,
+                reply: false
+            }
+        );
+        assert!(!silent.completes());
+        assert_eq!(shutdown(2), Err(Invalid::BadArgument("shutdown flags")));
         assert!(Op::Close.names_socket());
         assert!(!Op::Socket.names_socket() && !Op::Poll.names_socket());
     }

@@ -102,6 +102,11 @@ pub(crate) struct RecvState {
     /// answer. Sockets from `socket` (listeners, bound ports that a next
     /// `bind` may want again) are closed with a round trip.
     accepted_open: bool,
+    /// A first `shutdown(SHUT_WR)` went unanswered (the next waits).
+    write_shut: bool,
+    /// A call on the socket failed as a reset or closed connection would
+    /// (ECONNRESET, EPIPE, ...): a shutdown must ask the server.
+    broken: bool,
     /// Closed without waiting for the answer: until the id is handed out
     /// again, calls on it fail with EBADF here, since a call on another
     /// channel could overtake the close at the server.
@@ -271,6 +276,19 @@ impl AheadState {
             .get(s)
             .is_some_and(|lock| lock.lock().closed_unanswered)
     }
+
+    /// A call on `s` failed with `e`: remember a sign of a reset or closed
+    /// connection (see `RecvState::broken`).
+    pub(crate) fn note_error(&self, s: u32, e: i32) {
+        if matches!(
+            e,
+            libc::ECONNRESET | libc::EPIPE | libc::ENOTCONN | libc::ETIMEDOUT | libc::ECONNABORTED
+        ) {
+            if let Some(lock) = self.socks.get(s) {
+                lock.lock().broken = true;
+            }
+        }
+    }
 }
 
 impl Client {
@@ -357,6 +375,36 @@ impl Client {
         };
         self.ahead().reset(&mut g, after);
         accepted_open
+    }
+
+    /// Whether `shutdown(s, how)` may go unanswered, noting it if so: the
+    /// first SHUT_WR of a connection this library accepted, whose byte ring
+    /// shows no error and on which no call failed as a reset connection
+    /// does. Such a shutdown cannot fail (ENOTCONN needs a reset or closed
+    /// connection, and none has been seen here), so it may take effect
+    /// after the call returns. A second one, or any other, waits.
+    pub(crate) fn ahead_shutdown_unanswered(&self, s: u32, how: i32) -> bool {
+        if how != libc::SHUT_WR {
+            return false;
+        }
+        let Some(lock) = self.ahead().socks.get(s) else {
+            return false;
+        };
+        let mut g = lock.lock();
+        if !g.accepted_open || g.write_shut || g.broken || g.mode != Mode::Bytes {
+            return false;
+        }
+        let Some(ring) = self.conn.recv_ring(s) else {
+            return false;
+        };
+        if matches!(
+            ring.ctl().end.load(Ordering::Acquire),
+            END_ERROR | END_STOPPED
+        ) {
+            return false;
+        }
+        g.write_shut = true;
+        true
     }
 
     /// O_NONBLOCK of `s` as this library tracks it.

@@ -184,6 +184,9 @@ impl<'a> Lease<'a> {
             return Err(errno(libc::EIO));
         }
         if c.errno != 0 {
+            if tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket) {
+                self.conn.ahead.note_error(req.sock, c.errno);
+            }
             return Err(errno(if c.errno > 0 { c.errno } else { libc::EIO }));
         }
         if c.result < 0 {

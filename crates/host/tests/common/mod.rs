@@ -614,6 +614,7 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         Call::Listen { backlog, .. } if backlog == FAILING_BACKLOG => {
             fail(&mut c, libc::EADDRINUSE)
         }
+        Call::Shutdown { reply: false, .. } => None,
         Call::Listen { .. } | Call::Shutdown { .. } | Call::SetSockOpt { .. } => done(&mut c, 0),
         Call::Accept { addr, flags, .. } => {
             if flags & !libc::SOCK_NONBLOCK != 0 {
@@ -779,14 +780,14 @@ fn handle_ring(
             }
             None
         }
-        Call::Shutdown { sock, how } if st.socks.get(&sock).is_some_and(|s| s.ring != 0) => {
+        Call::Shutdown { sock, how, reply } if st.socks.get(&sock).is_some_and(|s| s.ring != 0) => {
             let s = st.socks.get_mut(&sock)?;
             if how == RESET_HOW {
                 s.end = END_ERROR;
             } else if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
                 s.end = END_EOF;
             }
-            done(&mut c, 0)
+            reply.then(|| done(&mut c, 0))?
         }
         Call::Close { sock, reply } => {
             if let (Some(s), Some(ring)) = (st.socks.remove(&sock), region.recv_ring(sock)) {

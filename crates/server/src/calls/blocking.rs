@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 use tcps_proto::msg::{ArenaRange, Call};
 use tcps_proto::{addr, Op};
-use tracing::warn;
+use tracing::{debug, warn};
 
 enum Step {
     Done(Res),
@@ -158,6 +158,21 @@ pub(super) fn start_shutdown(
 /// registration a registered call held.
 pub(super) fn finish(host: &mut Host, p: &Parked, res: Res) {
     match (p.job, p.call) {
+        (
+            _,
+            Call::Shutdown {
+                reply: false, sock, ..
+            },
+        ) => {
+            if let Err(e) = res {
+                debug!(
+                    host = host.id,
+                    sock,
+                    errno = e,
+                    "unanswered shutdown failed"
+                );
+            }
+        }
         (Some(job), Call::SendReg { data, .. }) => asyncq::finish_job(host, &job, data, res),
         (_, Call::SendReg { data, .. } | Call::RecvReg { data, .. }) => {
             host.registry.release(data.mem);

@@ -135,8 +135,17 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         | Call::Connect { sock, .. } => {
             return blocking::start(cx, host, ch, req.user_data, op, call, sock)
         }
-        Call::Shutdown { sock, .. } => {
+        Call::Shutdown { sock, reply, .. } => {
+            if !reply {
+                // Unanswered (the host knew the connection open): its
+                // completion credit is free now, and `finish` publishes
+                // nothing for it.
+                host.cursors[ch as usize].retire();
+            }
             if host.socket(sock).is_none() {
+                if !reply {
+                    return;
+                }
                 Err(libc::EBADF)
             } else {
                 return blocking::start_shutdown(cx, host, ch, req.user_data, call, sock);
