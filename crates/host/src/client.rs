@@ -313,14 +313,15 @@ impl Client {
     }
 
     /// shutdown(2). The first `SHUT_WR` of a connection this library
-    /// accepted, with no sign of a reset, goes without waiting
+    /// accepted, with no sign of a reset (nor a failed asynchronous send),
+    /// goes without waiting
     /// (`SHUTDOWN_NO_REPLY`; it cannot fail, and the FIN still follows the
     /// socket's earlier sends); any other waits for the server's answer.
     pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
         self.take_async_error(s)?;
         let mut r = request(Op::Shutdown, s);
         r.args[0] = signed(how.into());
-        if self.ahead_shutdown_unanswered(s, how) {
+        if !self.async_failed(s) && self.ahead_shutdown_unanswered(s, how) {
             r.args[1] = SHUTDOWN_NO_REPLY;
             return self.conn.post(r);
         }

@@ -684,6 +684,15 @@ impl Client {
         Ok(())
     }
 
+    /// Whether an asynchronous send on `s` failed (reported or not): the
+    /// connection is broken.
+    pub(crate) fn async_failed(&self, s: u32) -> bool {
+        self.asyncs()
+            .socks
+            .get(s)
+            .is_some_and(|lock| lock.lock().error != 0)
+    }
+
     /// The error of an earlier asynchronous send on `s` not yet reported
     /// (each is reported once, by the next call on the socket).
     pub(crate) fn take_async_error(&self, s: u32) -> io::Result<()> {
