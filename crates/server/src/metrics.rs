@@ -314,45 +314,26 @@ pub fn render(r: &Value) -> String {
         "Socket calls the host made, by call.",
         &per_host,
     );
-    for (key, help) in COUNTERS {
-        family(
-            &mut out,
-            &format!("tcps_{key}_total"),
-            "counter",
-            help,
-            &[(String::new(), num(&total["counters"][key]))],
-        );
-        let per_host: Vec<(String, u64)> = hosts
-            .iter()
-            .map(|(l, h)| (l.clone(), num(&h["counters"][key])))
-            .collect();
-        family(
-            &mut out,
-            &format!("tcps_host_{key}_total"),
-            "counter",
-            help,
-            &per_host,
-        );
-    }
-    for (key, help) in DEPTHS {
-        family(
-            &mut out,
-            &format!("tcps_{key}"),
-            "gauge",
-            help,
-            &[(String::new(), num(&total["depths"][key]))],
-        );
-        let per_host: Vec<(String, u64)> = hosts
-            .iter()
-            .map(|(l, h)| (l.clone(), num(&h["depths"][key])))
-            .collect();
-        family(
-            &mut out,
-            &format!("tcps_host_{key}"),
-            "gauge",
-            help,
-            &per_host,
-        );
+    // Each counter and depth twice: the server's total, then per host.
+    for (section, table, suffix, kind) in [
+        ("counters", COUNTERS, "_total", "counter"),
+        ("depths", DEPTHS, "", "gauge"),
+    ] {
+        for (key, help) in table {
+            let total = [(String::new(), num(&total[section][key]))];
+            family(&mut out, &format!("tcps_{key}{suffix}"), kind, help, &total);
+            let per_host: Vec<(String, u64)> = hosts
+                .iter()
+                .map(|(l, h)| (l.clone(), num(&h[section][key])))
+                .collect();
+            family(
+                &mut out,
+                &format!("tcps_host_{key}{suffix}"),
+                kind,
+                help,
+                &per_host,
+            );
+        }
     }
     out
 }
