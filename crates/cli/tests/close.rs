@@ -11,16 +11,8 @@ mod common;
 
 use common::*;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
-use tcps::Client;
-
-fn listener(c: &Client) -> (u32, SocketAddr) {
-    let l = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
-    c.bind(l, &"127.0.0.1:0".parse().unwrap()).unwrap();
-    c.listen(l, 64).unwrap();
-    (l, c.getsockname(l).unwrap())
-}
 
 /// Reads until EOF; everything read.
 fn read_to_eof(k: &mut TcpStream) -> Vec<u8> {
@@ -36,16 +28,12 @@ fn read_to_eof(k: &mut TcpStream) -> Vec<u8> {
 fn accepted_close_needs_no_round_trip(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     for round in 0..50 {
         let mut k = TcpStream::connect(addr).unwrap();
         k.write_all(b"ping").unwrap();
         let (s, _) = c.accept(l, 0).unwrap();
-        let mut b = [0u8; 4];
-        let mut have = 0;
-        while have < 4 {
-            have += c.recv(s, &mut b[have..], 0).unwrap();
-        }
+        assert_eq!(tcps_recv_exact(&c, s, 4).unwrap(), b"ping");
         c.send(s, b"pong", 0).unwrap();
         let before = c.stats().round_trips;
         c.close(s).unwrap();
@@ -56,6 +44,7 @@ fn accepted_close_needs_no_round_trip(engine: &str) {
         );
         // The id is dead at once, whatever the server has done so far.
         assert_errno(c.send(s, b"x", 0), libc::EBADF, "send after close");
+        let mut b = [0u8; 4];
         assert_errno(c.recv(s, &mut b, 0), libc::EBADF, "recv after close");
         assert_errno(
             c.getsockopt_int(s, libc::SOL_SOCKET, libc::SO_ERROR),
@@ -81,7 +70,7 @@ fn listener_close_frees_the_port_at_once(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
     for _ in 0..20 {
-        let (l, addr) = listener(&c);
+        let (l, addr) = tcps_listener(&c);
         let before = c.stats().round_trips;
         c.close(l).unwrap();
         assert_eq!(c.stats().round_trips, before + 1, "listener close waits");
@@ -98,7 +87,7 @@ fn close_ends_a_blocked_recv(engine: &str) {
     for eager in ["push", "off"] {
         let srv = Server::start(engine, &["--poll", "adaptive", "--eager-recv", eager]);
         let c = std::sync::Arc::new(srv.attach());
-        let (l, addr) = listener(&c);
+        let (l, addr) = tcps_listener(&c);
         let _k = TcpStream::connect(addr).unwrap();
         let (s, _) = c.accept(l, 0).unwrap();
         let c2 = c.clone();
@@ -127,7 +116,7 @@ fn close_ends_a_blocked_recv(engine: &str) {
 fn shutdown_write_needs_no_round_trip(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     for round in 0..20 {
         let mut k = TcpStream::connect(addr).unwrap();
         let (s, _) = c.accept(l, 0).unwrap();
@@ -151,14 +140,7 @@ fn shutdown_write_needs_no_round_trip(engine: &str) {
         );
         // Half-closed: the host still receives.
         k.write_all(b"more").unwrap();
-        let mut b = [0u8; 4];
-        let mut have = 0;
-        while have < 4 {
-            let n = c.recv(s, &mut b[have..], 0).unwrap();
-            assert!(n > 0, "EOF instead of the peer's data");
-            have += n;
-        }
-        assert_eq!(&b, b"more");
+        assert_eq!(tcps_recv_exact(&c, s, 4).unwrap(), b"more");
         // A second shutdown asks the server (it may fail as the kernel's would).
         let before = c.stats().round_trips;
         let _ = c.shutdown(s, libc::SHUT_WR);
@@ -176,7 +158,7 @@ fn shutdown_write_needs_no_round_trip(engine: &str) {
 fn shutdown_after_a_reset_is_enotconn(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     let k = TcpStream::connect(addr).unwrap();
     let (s, _) = c.accept(l, 0).unwrap();
     reset_on_close(&k);

@@ -19,12 +19,6 @@ use tcps_proto::recvq::{
     SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
 };
 
-/// A blocking tcps listener on 127.0.0.1 and its address.
-fn listener(c: &Client) -> (u32, SocketAddr) {
-    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 1024).unwrap();
-    (l, c.getsockname(l).unwrap())
-}
-
 /// Receives until end of stream; returns the bytes.
 fn recv_to_eof(c: &Client, s: u32) -> Vec<u8> {
     let mut got = Vec::new();
@@ -44,7 +38,7 @@ fn recv_to_eof(c: &Client, s: u32) -> Vec<u8> {
 fn data_then_fin_then_nothing(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     let data = Rng::new(7).bytes(300 * 1024);
     let sent = data.clone();
     let client = std::thread::spawn(move || {
@@ -104,7 +98,7 @@ fn data_then_rst_after_the_data(engine: &str) {
     for mode in ["push", "pull"] {
         let srv = Server::start(engine, &["--poll", "adaptive", "--eager-recv", mode]);
         let c = srv.attach();
-        let (l, addr) = listener(&c);
+        let (l, addr) = tcps_listener(&c);
         let data = Rng::new(11).bytes(50_000);
         let sent = data.clone();
         let client = std::thread::spawn(move || {
@@ -170,7 +164,7 @@ fn kernel_backlog(port: u16) -> usize {
 fn accept_queue_bound(engine: &str) {
     let srv = Server::start(engine, &["--poll", "adaptive", "--eager-accept-size", "4"]);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     c.set_nonblocking(l, true).unwrap();
     // Nothing yet; this also tells the server the host wants connections.
     assert_errno(c.accept(l, 0), libc::EAGAIN, "empty listener");
@@ -240,7 +234,7 @@ fn round_trips_before_the_reply(engine: &str) {
         args.extend_from_slice(flags);
         let srv = Server::start(engine, &args);
         let c = srv.attach();
-        let (l, addr) = listener(&c);
+        let (l, addr) = tcps_listener(&c);
         for i in 0..3 {
             let mut k = TcpStream::connect(addr).unwrap();
             k.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
@@ -278,7 +272,7 @@ fn round_trips_before_the_reply(engine: &str) {
 fn poll_readiness_is_local(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     c.set_nonblocking(l, true).unwrap();
     assert_errno(c.accept(l, 0), libc::EAGAIN, "empty listener");
     let mut k = TcpStream::connect(addr).unwrap();
@@ -359,7 +353,7 @@ fn socket_level_policy(engine: &str) {
     c.bind(plain, &"127.0.0.1:0".parse().unwrap()).unwrap();
     c.listen(plain, 16).unwrap();
     let paddr = c.getsockname(plain).unwrap();
-    let (eager, eaddr) = listener(&c);
+    let (eager, eaddr) = tcps_listener(&c);
 
     let data = Rng::new(3).bytes(100_000);
     for (l, addr, ahead) in [(plain, paddr, false), (eager, eaddr, true)] {
@@ -443,7 +437,7 @@ fn ten_thousand_unread_connections_stay_bounded() {
     raise_nofile();
     let srv = Server::start("uring", &["--poll", "adaptive"]);
     let c = srv.attach();
-    let (l, addr) = listener(&c);
+    let (l, addr) = tcps_listener(&c);
     let base = rss_kib(srv.pid());
     let acceptor = {
         let c = c.clone();

@@ -549,6 +549,12 @@ pub fn tcps_recv_to_eof(c: &Client, s: u32, hint: usize) -> Vec<u8> {
 }
 
 /// Receives exactly `n` bytes on a tcps socket.
+/// A blocking tcps listener on 127.0.0.1 (any port) and its address.
+pub fn tcps_listener(c: &Client) -> (u32, SocketAddr) {
+    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 1024).unwrap();
+    (l, c.getsockname(l).unwrap())
+}
+
 pub fn tcps_recv_exact(c: &Client, s: u32, n: usize) -> io::Result<Vec<u8>> {
     let mut got = vec![0u8; n];
     let mut have = 0;
