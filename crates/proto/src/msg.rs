@@ -299,6 +299,12 @@ impl Call {
             i32::try_from(r.args[i] as i64)
                 .map_err(|_| Invalid::BadArgument("integer argument out of range"))
         };
+        // A call's "answer me" flag: 0 answers, `no_reply` does not.
+        let reply = |i: usize, no_reply: u64, what: &'static str| match r.args[i] {
+            0 => Ok(true),
+            f if f == no_reply => Ok(false),
+            _ => Err(Invalid::BadArgument(what)),
+        };
         let sock = r.sock;
         let mem = || -> Result<MemRange, Invalid> {
             let handle = r.args[0];
@@ -355,19 +361,11 @@ impl Call {
             Op::Shutdown => Call::Shutdown {
                 sock,
                 how: int(0)?,
-                reply: match r.args[1] {
-                    0 => true,
-                    SHUTDOWN_NO_REPLY => false,
-                    _ => return Err(Invalid::BadArgument("shutdown flags")),
-                },
+                reply: reply(1, SHUTDOWN_NO_REPLY, "shutdown flags")?,
             },
             Op::Close => Call::Close {
                 sock,
-                reply: match r.args[0] {
-                    0 => true,
-                    CLOSE_NO_REPLY => false,
-                    _ => return Err(Invalid::BadArgument("close flags")),
-                },
+                reply: reply(0, CLOSE_NO_REPLY, "close flags")?,
             },
             Op::SetSockOpt => Call::SetSockOpt {
                 sock,

@@ -169,9 +169,8 @@ impl<'a> Lease<'a> {
         if u64::from(req.buf_off) + u64::from(req.buf_len) > u64::from(self.len) {
             return Err(errno(libc::EINVAL));
         }
-        if tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket)
-            && self.conn.ahead.closed_unanswered(req.sock)
-        {
+        let on_socket = tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket);
+        if on_socket && self.conn.ahead.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
         let (seen, must_ring) = self.submit(&mut req)?;
@@ -184,7 +183,7 @@ impl<'a> Lease<'a> {
             return Err(errno(libc::EIO));
         }
         if c.errno != 0 {
-            if tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket) {
+            if on_socket {
                 self.conn.ahead.note_error(req.sock, c.errno);
             }
             return Err(errno(if c.errno > 0 { c.errno } else { libc::EIO }));
