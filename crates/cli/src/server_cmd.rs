@@ -106,10 +106,38 @@ pub struct ServerArgs {
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub setup_with_accept: bool,
     /// Serve the counters and queue depths of `tcps stat` for Prometheus
-    /// at http://ADDR/metrics (e.g. 127.0.0.1:9464; every host's counters,
-    /// so bind it where only operators reach it) [default: off]
+    /// at http://ADDR/metrics (e.g. 127.0.0.1:9464): server totals only,
+    /// unless --metrics-per-host [default: off]
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Also serve per-host series (tcps_host_*, labelled with each host's
+    /// pid and uid) at /metrics. Anyone who reaches the metrics address sees
+    /// every user's hosts (`tcps stat` shows a user only their own): bind it
+    /// where only operators reach it [on|off; the bare flag: on]
+    #[arg(long, value_name = "on|off", default_value = "off", num_args = 0..=1,
+          default_missing_value = "on", require_equals = false,
+          value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub metrics_per_host: bool,
+    /// Budget: bytes of registered memory a host may have mapped into the
+    /// server (more are refused with ENOMEM)
+    #[arg(long, value_name = "BYTES", default_value_t = tcps_server::DEFAULT_MAX_REGISTERED_BYTES_PER_HOST)]
+    pub max_registered_bytes_per_host: u64,
+    /// Budget: registrations (mappings) a host may hold (more are refused
+    /// with ENOSPC)
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_REGISTRATIONS_PER_HOST)]
+    pub max_registrations_per_host: u32,
+    /// Budget: fork snapshots a user's processes may have waiting for their
+    /// children (a fork beyond it is refused with EAGAIN)
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER)]
+    pub max_fork_snapshots_per_user: usize,
+    /// Budget: descriptors those snapshots may hold in all (EAGAIN beyond)
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_FDS_PER_USER)]
+    pub max_fork_fds_per_user: usize,
+    /// Budget: bytes a host's sockets may have read ahead into buffers at
+    /// the server (pull); at the budget more bytes stay in the kernel (TCP
+    /// flow control holds the peer) until the host takes what is buffered
+    #[arg(long, value_name = "BYTES", default_value_t = tcps_server::DEFAULT_MAX_PULL_BYTES_PER_HOST)]
+    pub max_pull_bytes_per_host: usize,
     /// Mode of the control socket file (octal); the server checks each host's privileges itself
     #[arg(long, default_value = "666")]
     pub socket_mode: String,
@@ -206,6 +234,12 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
     cfg.metrics_listen = args.metrics_listen;
+    cfg.metrics_per_host = args.metrics_per_host;
+    cfg.max_registered_bytes_per_host = args.max_registered_bytes_per_host;
+    cfg.max_registrations_per_host = args.max_registrations_per_host;
+    cfg.max_fork_snapshots_per_user = args.max_fork_snapshots_per_user;
+    cfg.max_fork_fds_per_user = args.max_fork_fds_per_user;
+    cfg.max_pull_bytes_per_host = args.max_pull_bytes_per_host;
     if !(4096..=16 << 20).contains(&args.eager_recv_size) {
         return Err("--eager-recv-size must be between 4096 and 16777216 bytes".into());
     }

@@ -64,6 +64,9 @@ pub struct QueueState {
     pub done: u32,
     /// errno of the first failure (sticky), 0 if none.
     pub error: i32,
+    /// The host overran its credits: the queue failed for good (EPROTO)
+    /// and the server takes no more descriptors from it.
+    pub overrun: bool,
     pub hot: bool,
     /// Kicks taken (published as `kicks_seen`).
     pub kicks: u32,

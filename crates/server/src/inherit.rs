@@ -34,7 +34,24 @@
 //! (its `PPid`, read from /proc by the server; any uid, since a child that
 //! dropped privileges — an nginx worker — keeps its fds under the kernel
 //! too) or by the parent itself after exec(2) (same uid). It expires
-//! unclaimed after [`TTL`] (its descriptors are closed).
+//! unclaimed after [`TTL`] (its descriptors are closed); expired snapshots
+//! are dropped on every snapshot and claim and by the workers' periodic
+//! sweep ([`sweep`]), not only when someone looks.
+//!
+//! Each snapshot holds a dup() of every socket of its host, so snapshots
+//! are budgeted per user (the parent's uid, [`Budget`]): at most
+//! `--max-fork-snapshots-per-user` waiting, holding at most
+//! `--max-fork-fds-per-user` descriptors in all; a snapshot beyond either
+//! is refused with EAGAIN (fork(2)'s errno for a resource limit) and
+//! changes nothing. Per user, not per host: a snapshot outlives its
+//! parent's attachment (below), so a host that detaches and attaches again
+//! must not get a fresh budget.
+//!
+//! A host that detaches leaves its snapshots pending: the parent of an
+//! exec(2) detaches (its control socket closes with the old image) before
+//! the new image attaches and claims, and a child may attach after its
+//! parent went. They still count against the user's budget until claimed
+//! or expired.
 
 use crate::host::{Host, Sock};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -72,10 +89,48 @@ struct Snapshot {
 /// may be served by different workers).
 static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
 
+/// The pending snapshots, expired ones dropped (their descriptors closed).
 fn pending() -> std::sync::MutexGuard<'static, Vec<Snapshot>> {
     let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     p.retain(|s| s.made.elapsed() < TTL);
     p
+}
+
+/// Drops expired snapshots (from a worker's periodic sweep), so their
+/// descriptors are closed even if no host forks or inherits again.
+pub fn sweep() {
+    // Never wait for the lock from a worker's loop: another worker holding
+    // it is purging already, or will on its own next sweep.
+    if let Ok(mut p) = PENDING.try_lock() {
+        p.retain(|s| s.made.elapsed() < TTL);
+    }
+}
+
+/// What one user's pending snapshots may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub max_snapshots: usize,
+    pub max_fds: usize,
+}
+
+impl Budget {
+    pub fn of(cfg: &crate::Config) -> Budget {
+        Budget {
+            max_snapshots: cfg.max_fork_snapshots_per_user,
+            max_fds: cfg.max_fork_fds_per_user,
+        }
+    }
+}
+
+/// Whether a new snapshot of `sockets` descriptors for user `uid` fits the
+/// budget next to `pending` (EAGAIN otherwise). A snapshot replaced under
+/// the same parent and nonce does not count.
+fn fits(pending: &[Snapshot], uid: u32, replaced: (u32, u32), sockets: usize, b: Budget) -> bool {
+    let mine = pending
+        .iter()
+        .filter(|s| s.uid == uid && (s.parent_pid, s.nonce) != replaced);
+    let (snaps, fds) = mine.fold((0usize, 0usize), |(n, f), s| (n + 1, f + s.sockets.len()));
+    snaps < b.max_snapshots && fds.saturating_add(sockets) <= b.max_fds
 }
 
 fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
@@ -91,11 +146,19 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 }
 
 /// `ControlMsg::Fork`: snapshot every socket of `host` under `nonce`.
-pub fn snapshot(host: &mut Host, nonce: u32) -> Result<(), i32> {
-    let mut sockets = Vec::with_capacity(host.sockets.len());
+/// EAGAIN when the user's snapshots are at their budget.
+pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> {
     // Connections accepted ahead that the parent has not taken are not the
     // child's to inherit: it could never name them.
     let untaken = crate::calls::eager::untaken_ids(host);
+    let wanted = host.sockets.len().saturating_sub(untaken.len());
+    // Checked before a single dup(), and again under the lock when the
+    // snapshot is stored (another worker may have stored one meanwhile).
+    let replaced = (host.pid, nonce);
+    if !fits(&pending(), host.uid, replaced, wanted, budget) {
+        return Err(refuse(host, wanted));
+    }
+    let mut sockets = Vec::with_capacity(wanted);
     for (id, s) in host.sockets.iter() {
         if untaken.contains(&(id as u32)) {
             continue;
@@ -110,8 +173,15 @@ pub fn snapshot(host: &mut Host, nonce: u32) -> Result<(), i32> {
             unread: None,
         });
     }
-    // Only once every dup() succeeded (a failed snapshot changes nothing):
-    // carry what was read ahead, and stop the parent's rings.
+    // Checked again under the lock, held until the snapshot is stored
+    // (another worker may have stored one of the same user meanwhile).
+    let mut p = pending();
+    if !fits(&p, host.uid, replaced, sockets.len(), budget) {
+        return Err(refuse(host, sockets.len()));
+    }
+    // Only once every dup() succeeded and the budget allows (a refused
+    // snapshot changes nothing): carry what was read ahead, and stop the
+    // parent's rings.
     let mut carried = 0;
     for i in &mut sockets {
         i.unread = crate::calls::eager::take_unread_for_fork(host, i.id);
@@ -133,7 +203,6 @@ pub fn snapshot(host: &mut Host, nonce: u32) -> Result<(), i32> {
         carried,
         "fork: sockets snapshotted for a child"
     );
-    let mut p = pending();
     p.retain(|s| !(s.parent_pid == host.pid && s.nonce == nonce));
     p.push(Snapshot {
         nonce,
@@ -143,6 +212,19 @@ pub fn snapshot(host: &mut Host, nonce: u32) -> Result<(), i32> {
         sockets,
     });
     Ok(())
+}
+
+/// Logs a refused snapshot; its errno.
+fn refuse(host: &Host, sockets: usize) -> i32 {
+    warn!(
+        host = host.id,
+        pid = host.pid,
+        uid = host.uid,
+        sockets,
+        "fork: snapshot refused: the user's pending snapshots are at their budget \
+         (--max-fork-snapshots-per-user, --max-fork-fds-per-user)"
+    );
+    libc::EAGAIN
 }
 
 /// The parent pid of `pid` (from /proc), if it can be read.

@@ -75,6 +75,21 @@ pub struct Config {
     /// Serve the `tcps stat` counters for Prometheus at `GET /metrics` on
     /// this address (None: no metrics listener).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `/metrics` also shows each attached host (pid, uid, counters);
+    /// otherwise only server totals (`--metrics-per-host`).
+    pub metrics_per_host: bool,
+    /// Per-host budget of registered memory: bytes mapped (ENOMEM beyond).
+    pub max_registered_bytes_per_host: u64,
+    /// Per-host budget of registered memory: registrations (ENOSPC beyond).
+    pub max_registrations_per_host: u32,
+    /// Per-user budget of fork snapshots waiting for their child (EAGAIN beyond).
+    pub max_fork_snapshots_per_user: usize,
+    /// Per-user budget of descriptors those snapshots hold (EAGAIN beyond).
+    pub max_fork_fds_per_user: usize,
+    /// Per-host budget of pull-buffer bytes (read ahead at the server); a
+    /// host at its budget reads ahead on no more sockets (bytes stay in
+    /// the kernel) until it takes what is buffered.
+    pub max_pull_bytes_per_host: usize,
 }
 
 /// How the server receives ahead of the host's `recv` calls.
@@ -116,6 +131,22 @@ impl Default for EagerPolicy {
     }
 }
 
+/// Registered bytes per host: the host library's 16 MiB staging pool, a
+/// web server's file cache (`examples/webserver.c`, at most 512 MiB) and
+/// its send buffers fit; 64 hosts stay far from the 128 TiB address space.
+pub const DEFAULT_MAX_REGISTERED_BYTES_PER_HOST: u64 = 1 << 30;
+/// Registrations per host: the webserver of `tcps bench web` registers one
+/// per thread (64 by default) plus its cache and the staging pool; every
+/// mapping is a VMA of the server (`vm.max_map_count`, 65530).
+pub const DEFAULT_MAX_REGISTRATIONS_PER_HOST: u32 = 256;
+/// Fork snapshots a user's processes may have waiting for their children
+/// (a prefork server forking its workers at once).
+pub const DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER: usize = 64;
+/// Descriptors (dup()ed sockets) those snapshots may hold in all.
+pub const DEFAULT_MAX_FORK_FDS_PER_USER: usize = 4096;
+/// Pull-buffer bytes per host.
+pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 64 << 20;
+
 /// The thesis' `EAGER_ACCEPT_SIZE`: connections accepted ahead per listener.
 pub const DEFAULT_EAGER_ACCEPT_SIZE: u32 = 64;
 
@@ -136,6 +167,12 @@ impl Default for Config {
             max_conns_per_addr: 0,
             eager: EagerPolicy::default(),
             metrics_listen: None,
+            metrics_per_host: false,
+            max_registered_bytes_per_host: DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
+            max_registrations_per_host: DEFAULT_MAX_REGISTRATIONS_PER_HOST,
+            max_fork_snapshots_per_user: DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
+            max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
+            max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
         }
     }
 }
@@ -289,12 +326,13 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     );
     if let Some(l) = metrics_listener {
         let (s2, sfd, keep) = (shared.clone(), shutdown.as_raw_fd(), shutdown.clone());
+        let per_host = cfg.metrics_per_host;
         threads.push(
             std::thread::Builder::new()
                 .name("tcps-metrics".into())
                 .spawn(move || {
                     let _keep = keep;
-                    metrics::serve(l, sfd, s2)
+                    metrics::serve(l, sfd, s2, per_host)
                 })?,
         );
     }

@@ -11,6 +11,12 @@
 //! Metric names: `tcps_*` are server totals (hosts that detached included);
 //! `tcps_host_*` the same per attached host, labelled `host`, `pid`, `uid`.
 //! Separate names, so that `sum()` over a metric never counts twice.
+//!
+//! Who may see what: anyone who reaches the listener gets the answer, and
+//! `tcps stat` shows a user only their own hosts. So the per-host series
+//! (which users run what, their pids and traffic) are rendered only when
+//! the operator asks for them (`--metrics-per-host`); by default the text
+//! has the server totals alone.
 
 use crate::sys::{self, ListenerWake};
 use crate::Shared;
@@ -124,7 +130,7 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Serves scrapes until the shutdown eventfd becomes readable (checked at
 /// least once a second).
-pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>) {
+pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>, per_host: bool) {
     loop {
         match sys::wait_listener(l.as_raw_fd(), shutdown_fd, 1000) {
             ListenerWake::Shutdown => return,
@@ -133,7 +139,7 @@ pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>) {
         }
         match l.accept() {
             Ok((c, peer)) => {
-                if let Err(e) = answer(c, &shared) {
+                if let Err(e) = answer(c, &shared, per_host) {
                     debug!(%peer, error = %e, "metrics: scrape not answered");
                 }
             }
@@ -147,7 +153,7 @@ pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>) {
 }
 
 /// Reads one request from `c` and answers it.
-fn answer(mut c: TcpStream, shared: &Shared) -> io::Result<()> {
+fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
     let start = Instant::now();
     c.set_nonblocking(false)?;
     c.set_write_timeout(Some(CLIENT_BUDGET))?;
@@ -184,7 +190,7 @@ fn answer(mut c: TcpStream, shared: &Shared) -> io::Result<()> {
             (
                 "200 OK",
                 "text/plain; version=0.0.4; charset=utf-8",
-                render(&crate::stats::report(shared, uid)),
+                render(&crate::stats::report(shared, uid), per_host),
             )
         }
         ("GET" | "HEAD", _) => (
@@ -225,11 +231,13 @@ fn num(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
-/// The Prometheus text of a stat report (`stats::report`).
-pub fn render(r: &Value) -> String {
+/// The Prometheus text of a stat report (`stats::report`): server totals,
+/// and with `per_host` the `tcps_host_*` series of every attached host.
+pub fn render(r: &Value, per_host: bool) -> String {
     let mut out = String::new();
     let hosts: Vec<(String, &Value)> = r["hosts"]
         .as_array()
+        .filter(|_| per_host)
         .map(|a| {
             a.iter()
                 .map(|h| {
@@ -303,17 +311,19 @@ pub fn render(r: &Value) -> String {
         "Socket calls hosts made, by call.",
         &by_op(&total["counters"], ""),
     );
-    let per_host: Vec<(String, u64)> = hosts
-        .iter()
-        .flat_map(|(l, h)| by_op(&h["counters"], l))
-        .collect();
-    family(
-        &mut out,
-        "tcps_host_calls_total",
-        "counter",
-        "Socket calls the host made, by call.",
-        &per_host,
-    );
+    if per_host {
+        let samples: Vec<(String, u64)> = hosts
+            .iter()
+            .flat_map(|(l, h)| by_op(&h["counters"], l))
+            .collect();
+        family(
+            &mut out,
+            "tcps_host_calls_total",
+            "counter",
+            "Socket calls the host made, by call.",
+            &samples,
+        );
+    }
     // Each counter and depth twice: the server's total, then per host.
     for (section, table, suffix, kind) in [
         ("counters", COUNTERS, "_total", "counter"),
@@ -322,7 +332,10 @@ pub fn render(r: &Value) -> String {
         for (key, help) in table {
             let total = [(String::new(), num(&total[section][key]))];
             family(&mut out, &format!("tcps_{key}{suffix}"), kind, help, &total);
-            let per_host: Vec<(String, u64)> = hosts
+            if !per_host {
+                continue;
+            }
+            let samples: Vec<(String, u64)> = hosts
                 .iter()
                 .map(|(l, h)| (l.clone(), num(&h[section][key])))
                 .collect();
@@ -331,7 +344,7 @@ pub fn render(r: &Value) -> String {
                 &format!("tcps_host_{key}{suffix}"),
                 kind,
                 help,
-                &per_host,
+                &samples,
             );
         }
     }
@@ -367,10 +380,22 @@ mod tests {
         assert_eq!(keys, ours);
     }
 
+    /// Without `--metrics-per-host` nothing names a host: no `tcps_host_*`
+    /// family, no host's pid or uid.
+    #[test]
+    fn totals_only_by_default() {
+        let shared = Shared::default();
+        let text = render(&stats::report(&shared, 0), false);
+        assert!(!text.contains("tcps_host_"), "{text}");
+        assert!(text.contains("tcps_round_trips_total 0\n"));
+        let with = render(&stats::report(&shared, 0), true);
+        assert!(with.contains("# TYPE tcps_host_round_trips_total counter\n"));
+    }
+
     #[test]
     fn exposition_format() {
         let shared = Shared::default();
-        let text = render(&stats::report(&shared, 0));
+        let text = render(&stats::report(&shared, 0), true);
         assert!(text.contains("# TYPE tcps_calls_total counter\n"));
         assert!(text.contains("tcps_calls_total{op=\"Send\"} 0\n"));
         assert!(text.contains("tcps_round_trips_total 0\n"));

@@ -5,6 +5,11 @@
 //! A registration is refused unless the memfd is sealed against shrinking
 //! and at least as large as claimed, so the mapping can never fault. It is
 //! unmapped only when no send or receive uses it (EBUSY otherwise).
+//!
+//! Every mapping takes the server's address space (a sparse memfd costs
+//! no memory but up to 64 GiB of addresses) and one of its VMAs, so each
+//! host has a budget ([`Budget`]: `--max-registered-bytes-per-host`,
+//! ENOMEM beyond; `--max-registrations-per-host`, ENOSPC beyond).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
@@ -41,18 +46,49 @@ struct Entry {
 #[derive(Default)]
 pub struct Registry {
     entries: Vec<Option<Entry>>,
+    /// Bytes mapped by the live registrations.
+    mapped: u64,
+}
+
+/// What a host may have registered at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub max_bytes: u64,
+    pub max_count: u32,
+}
+
+impl Budget {
+    pub fn of(cfg: &crate::Config) -> Budget {
+        Budget {
+            max_bytes: cfg.max_registered_bytes_per_host,
+            max_count: cfg.max_registrations_per_host,
+        }
+    }
 }
 
 impl Registry {
     /// Maps `fd` as registration `handle` of `len` bytes; an errno if the
-    /// handle is taken or out of range, or the memfd is unsafe to map.
-    pub fn register(&mut self, handle: u32, fd: OwnedFd, len: u64) -> Result<(), i32> {
+    /// handle is taken or out of range, the memfd is unsafe to map, or the
+    /// host is at its budget (ENOSPC: registrations, ENOMEM: bytes).
+    pub fn register(
+        &mut self,
+        handle: u32,
+        fd: OwnedFd,
+        len: u64,
+        budget: Budget,
+    ) -> Result<(), i32> {
         if handle >= MAX_REGISTRATIONS || len == 0 || len > MAX_REGISTRATION_LEN {
             return Err(libc::EINVAL);
         }
         let h = handle as usize;
         if self.entries.get(h).is_some_and(Option::is_some) {
             return Err(libc::EEXIST);
+        }
+        if self.count() >= budget.max_count as usize {
+            return Err(libc::ENOSPC);
+        }
+        if self.mapped.saturating_add(len) > budget.max_bytes {
+            return Err(libc::ENOMEM);
         }
         let raw = fd.as_raw_fd();
         // SAFETY: F_GET_SEALS on a descriptor we own.
@@ -85,6 +121,7 @@ impl Registry {
         if self.entries.len() <= h {
             self.entries.resize_with(h + 1, || None);
         }
+        self.mapped += len;
         self.entries[h] = Some(Entry {
             map: Mapping {
                 base,
@@ -101,7 +138,8 @@ impl Registry {
         match slot {
             None => Err(libc::EINVAL),
             Some(e) if e.in_use > 0 => Err(libc::EBUSY),
-            Some(_) => {
+            Some(e) => {
+                self.mapped -= e.map.len as u64;
                 *slot = None;
                 Ok(())
             }
@@ -141,6 +179,11 @@ impl Registry {
     pub fn count(&self) -> usize {
         self.entries.iter().filter(|e| e.is_some()).count()
     }
+
+    /// Bytes mapped by the live registrations.
+    pub fn mapped(&self) -> u64 {
+        self.mapped
+    }
 }
 
 #[cfg(test)]
@@ -162,24 +205,52 @@ mod tests {
         }
     }
 
+    const ANY: Budget = Budget {
+        max_bytes: u64::MAX,
+        max_count: u32::MAX,
+    };
+
+    #[test]
+    fn budgets_bound_count_and_bytes() {
+        let mut r = Registry::default();
+        let b = Budget {
+            max_bytes: 3 * 4096,
+            max_count: 2,
+        };
+        let fd = || memfd(8192, libc::F_SEAL_SHRINK);
+        assert_eq!(r.register(0, fd(), 8192, b), Ok(()));
+        assert_eq!(r.register(1, fd(), 8192, b), Err(libc::ENOMEM));
+        assert_eq!(r.register(1, fd(), 4096, b), Ok(()));
+        assert_eq!(r.register(2, fd(), 4096, b), Err(libc::ENOSPC));
+        assert_eq!(r.mapped(), 3 * 4096);
+        assert_eq!(r.deregister(0), Ok(()));
+        assert_eq!(r.mapped(), 4096);
+        assert_eq!(r.register(2, fd(), 8192, b), Ok(()));
+    }
+
     #[test]
     fn unsealed_or_short_memfds_are_refused() {
         let mut r = Registry::default();
-        assert_eq!(r.register(0, memfd(4096, 0), 4096), Err(libc::EPERM));
+        assert_eq!(r.register(0, memfd(4096, 0), 4096, ANY), Err(libc::EPERM));
         assert_eq!(
-            r.register(0, memfd(4096, libc::F_SEAL_SHRINK), 8192),
+            r.register(0, memfd(4096, libc::F_SEAL_SHRINK), 8192, ANY),
             Err(libc::EINVAL)
         );
         assert_eq!(
-            r.register(MAX_REGISTRATIONS, memfd(4096, libc::F_SEAL_SHRINK), 4096),
+            r.register(
+                MAX_REGISTRATIONS,
+                memfd(4096, libc::F_SEAL_SHRINK),
+                4096,
+                ANY
+            ),
             Err(libc::EINVAL)
         );
         assert_eq!(
-            r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096),
+            r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096, ANY),
             Ok(())
         );
         assert_eq!(
-            r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096),
+            r.register(1, memfd(4096, libc::F_SEAL_SHRINK), 4096, ANY),
             Err(libc::EEXIST)
         );
     }
@@ -187,7 +258,7 @@ mod tests {
     #[test]
     fn ranges_are_bounded_and_busy_registrations_stay() {
         let mut r = Registry::default();
-        r.register(2, memfd(8192, libc::F_SEAL_SHRINK), 8192)
+        r.register(2, memfd(8192, libc::F_SEAL_SHRINK), 8192, ANY)
             .unwrap();
         let range = |off, len| MemRange { mem: 2, off, len };
         assert!(r.resolve(range(0, 8192)).is_ok());

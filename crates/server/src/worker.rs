@@ -11,6 +11,7 @@
 use crate::calls::{self, Ctx, Timers};
 use crate::engine::{self, Engine, Event};
 use crate::host::{Host, NewHost};
+use crate::registry::Budget;
 use crate::slab::Slab;
 use crate::sys;
 use crate::token::{Token, MAX_HOSTS_PER_WORKER};
@@ -25,7 +26,12 @@ use tracing::{debug, info, warn};
 
 /// Executes one registration message of a host and answers it. An error is
 /// a control socket that cannot carry the reply (the host is cut off).
-fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std::io::Result<()> {
+fn on_control_msg(
+    cfg: &Config,
+    host: &mut Host,
+    m: ControlMsg,
+    mut fds: Vec<OwnedFd>,
+) -> std::io::Result<()> {
     if let ControlMsg::Export { handle } = m {
         let (reply, fd) = crate::inherit::export(host, handle);
         let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
@@ -35,14 +41,31 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         ControlMsg::Register { handle, len } => {
             let res = if fds.len() == 1 {
                 let fd = fds.remove(0);
-                host.registry.register(handle, fd, len)
+                let res = host.registry.register(handle, fd, len, Budget::of(cfg));
+                if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
+                    warn!(
+                        host = host.id,
+                        pid = host.pid,
+                        uid = host.uid,
+                        len,
+                        registrations = host.registry.count(),
+                        mapped = host.registry.mapped(),
+                        errno = e,
+                        "registration refused: the host is at its budget \
+                         (--max-registrations-per-host, --max-registered-bytes-per-host)"
+                    );
+                }
+                res
             } else {
                 Err(libc::EINVAL)
             };
             (handle, res)
         }
         ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
-        ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
+        ControlMsg::Fork { handle } => (
+            handle,
+            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cfg)),
+        ),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
         // Answered above.
@@ -260,6 +283,8 @@ impl Worker {
         let sweep = now >= self.next_sweep;
         if sweep {
             self.next_sweep = now + SWEEP_EVERY;
+            // Expired fork snapshots close their descriptors on time.
+            crate::inherit::sweep();
         }
         if !sweep && now < self.next_hot_poll {
             return 0;
@@ -340,7 +365,7 @@ impl Worker {
                 Ok((0, _)) => break Some("detached".to_string()),
                 Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
                     Some(m) => {
-                        if let Err(e) = on_control_msg(host, m, fds) {
+                        if let Err(e) = on_control_msg(&self.cfg, host, m, fds) {
                             break Some(format!("control socket: {e}"));
                         }
                     }

@@ -10,6 +10,14 @@
 //! host. Finishing a job (sent, or failed) publishes `done` in the queue's
 //! control block, and the first failure also `error`/`error_seq`; later jobs
 //! of the queue fail with the same errno, so the stream never has a hole.
+//!
+//! The jobs a socket holds at the server never exceed its queue's
+//! capacity: descriptors are taken only while `head - done <= entries`. A
+//! host that publishes more than its credits allow has *overrun* its
+//! queue: it fails for good (EPROTO), the jobs already taken fail in order,
+//! and nothing more is taken from it until the socket closes (a new queue
+//! of the same id starts clean). Resetting the queue instead and going on
+//! would let a host behind a parked send grow the jobs without bound.
 
 use super::blocking::{drive_writers, rearm};
 use super::{Ctx, Res};
@@ -84,7 +92,7 @@ pub(super) fn kick(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, now: Instant) {
 fn make_hot(host: &mut Host, q: u32, now: Instant) {
     let st = &mut host.queues[q as usize];
     st.last_activity = Some(now);
-    if !st.hot {
+    if !st.hot && !st.overrun {
         st.hot = true;
         host.hot.push(q);
         if let Some(sq) = host.region.send_queue(q) {
@@ -105,23 +113,14 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
     let head = sq.ctl().head.load(Ordering::Acquire);
     let st = host.queues[q as usize];
     let n = head.wrapping_sub(st.ingested);
-    if n == 0 {
+    if n == 0 || st.overrun {
         return 0;
     }
     if n > sq.entries() || head.wrapping_sub(st.done) > sq.entries() {
         // More than the credits allow: the host overwrote descriptors it had
-        // no credit for. Only its own stream suffers: everything from here
-        // on fails.
-        debug!(host = host.id, queue = q, head, "send queue overrun");
-        let st = &mut host.queues[q as usize];
-        if st.error == 0 {
-            st.error = libc::EPROTO;
-            sq.ctl().error_seq.store(st.ingested, Ordering::Relaxed);
-            sq.ctl().error.store(libc::EPROTO, Ordering::Release);
-        }
-        st.ingested = head;
-        st.done = head;
-        publish_done(sq.ctl(), head);
+        // no credit for. Only its own stream suffers: the queue fails for
+        // good (see the module comment).
+        fail_overrun(host, q, head);
         return 0;
     }
     // Straight into the socket's write queue (disjoint fields of `host`:
@@ -184,6 +183,41 @@ pub fn ingest(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> usize {
         rearm(cx.engine, hkey, sid, s);
     }
     n as usize
+}
+
+/// The host published beyond its credits on queue `q`: EPROTO in `error`
+/// (the jobs already taken fail with it, in order), and the queue is taken
+/// off every watch list for good.
+fn fail_overrun(host: &mut Host, q: u32, head: u32) {
+    debug!(
+        host = host.id,
+        queue = q,
+        head,
+        "send queue overrun: failed for good"
+    );
+    let st = &mut host.queues[q as usize];
+    st.overrun = true;
+    st.hot = false;
+    let first_error = st.error == 0;
+    if first_error {
+        st.error = libc::EPROTO;
+    }
+    let ingested = st.ingested;
+    host.hot.retain(|&h| h != q);
+    host.cooling.retain(|&(h, _)| h != q);
+    if let Some(sq) = host.region.send_queue(q) {
+        let ctl = sq.ctl();
+        ctl.active.store(0, Ordering::Relaxed);
+        if first_error {
+            ctl.error_seq.store(ingested, Ordering::Relaxed);
+            ctl.error.store(libc::EPROTO, Ordering::Release);
+        }
+        // Wake host threads waiting for credits: they find the error.
+        fence(Ordering::SeqCst);
+        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
+            futex::wake_all(&ctl.done);
+        }
+    }
 }
 
 /// Whether a job may be sent: its descriptor was valid and no earlier one
@@ -268,11 +302,15 @@ pub fn unbind(host: &mut Host, q: u32) {
     }
 }
 
-/// Whether the host published descriptors the server has not taken.
+/// Whether the host published descriptors the server would take (never
+/// for an overrun queue: it takes nothing more).
 fn has_new(host: &Host, q: u32) -> bool {
-    host.region
-        .send_queue(q)
-        .is_some_and(|sq| sq.ctl().head.load(Ordering::Acquire) != host.queues[q as usize].ingested)
+    let st = &host.queues[q as usize];
+    !st.overrun
+        && host
+            .region
+            .send_queue(q)
+            .is_some_and(|sq| sq.ctl().head.load(Ordering::Acquire) != st.ingested)
 }
 
 /// One pass over a host's hot queues (and cooled ones due for their second
