@@ -47,9 +47,12 @@ pub struct Host {
     /// Queues that went cold, to be looked at once more at the given time
     /// (a host store of `head` that raced with clearing `active`).
     pub cooling: Vec<(u32, std::time::Instant)>,
-    /// Sockets whose receive/accept ring is paused (full) or whose accept
-    /// ahead is stalled: the periodic sweep resumes them when room appears.
+    /// Sockets whose receive/accept ring is paused (full), whose accept
+    /// ahead is stalled, or whose pull buffer is stopped by the budget: the
+    /// periodic sweep resumes them when room appears.
     pub ahead_paused: Vec<u32>,
+    /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
+    pub pull: crate::calls::eager::PullAccount,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -97,6 +100,7 @@ impl Host {
             hot: Vec::new(),
             cooling: Vec::new(),
             ahead_paused: Vec::new(),
+            pull: crate::calls::eager::PullAccount::new(crate::DEFAULT_MAX_PULL_BYTES_PER_HOST),
         }
     }
 

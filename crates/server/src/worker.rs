@@ -399,7 +399,8 @@ impl Worker {
                 self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            let host = Host::new(nh);
+            let mut host = Host::new(nh);
+            host.pull = crate::calls::eager::PullAccount::new(self.cfg.max_pull_bytes_per_host);
             let control = host.control.as_raw_fd();
             let (id, pid) = (host.id, host.pid);
             let hkey = self.hosts.insert(host);

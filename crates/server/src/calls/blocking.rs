@@ -281,6 +281,11 @@ fn pull_step(
                 if eager::fill(cx, host, sid) {
                     continue;
                 }
+                if eager::pull_deferring(host, sid) {
+                    // Its host's pull budget is spent and nothing is
+                    // buffered: the kernel serves this recv.
+                    return None;
+                }
                 would_block_after(p)
             }
             PullTake::Empty => would_block_after(p),

@@ -19,7 +19,8 @@ use crate::sys;
 use crate::{EagerPolicy, EagerRecv};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use tcps_proto::futex;
 use tcps_proto::recvq::{
@@ -34,6 +35,14 @@ use tracing::debug;
 /// Smallest and largest pull buffer (`TCPS_EAGER_RECV_SIZE`).
 pub const MIN_RECV_SIZE: u32 = 4096;
 pub const MAX_RECV_SIZE: u32 = 16 << 20;
+
+/// A pull buffer's first allocation; it doubles as bytes arrive, up to the
+/// socket's `recv_size` and within the host's budget ([`PullAccount`]).
+const PULL_FIRST: usize = 16 << 10;
+/// While a pull buffer has nothing allocated the server reads into a stack
+/// buffer of this size first: memory is allocated only for bytes that
+/// arrived (an idle pull socket holds none).
+const PULL_PROBE: usize = 4096;
 
 /// What a socket does ahead of its host.
 #[derive(Debug, Default)]
@@ -51,9 +60,14 @@ pub enum Ahead {
 
 impl Ahead {
     /// Whether POLLIN readiness of the socket comes from here rather than
-    /// from the kernel.
+    /// from the kernel. A pull socket that holds nothing and may not read
+    /// ahead (its host's budget is spent) is served by the kernel meanwhile.
     pub fn is_active(&self) -> bool {
-        !matches!(self, Ahead::None)
+        match self {
+            Ahead::None => false,
+            Ahead::Pull(p) => !p.deferring(),
+            _ => true,
+        }
     }
 
     /// Whether the server wants to hear that the kernel socket is readable.
@@ -62,7 +76,7 @@ impl Ahead {
             Ahead::None => false,
             Ahead::Bytes(b) => !b.paused && !b.ended,
             Ahead::Accept(a) => a.demanded && !a.paused,
-            Ahead::Pull(p) => p.end.is_none() && !p.full(),
+            Ahead::Pull(p) => p.end.is_none() && !p.full() && !p.throttled,
         }
     }
 
@@ -112,8 +126,39 @@ pub enum PullEnd {
     Error(i32),
 }
 
-/// A pull socket's read-ahead buffer: bytes `lo..hi` of `buf`.
-#[derive(Debug, Default)]
+/// The bytes a host's pull buffers hold allocated, against its budget
+/// (`--max-pull-bytes-per-host`). Shared by the host's buffers: each one
+/// adds what it allocates and gives it back when it shrinks or goes away
+/// (whichever way its socket leaves: close, export, detach).
+#[derive(Clone, Debug)]
+pub struct PullAccount {
+    held: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl PullAccount {
+    pub fn new(limit: usize) -> PullAccount {
+        PullAccount {
+            held: Arc::default(),
+            limit,
+        }
+    }
+
+    /// Bytes allocated by the host's pull buffers.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the host may still allocate.
+    fn room(&self) -> usize {
+        self.limit.saturating_sub(self.held())
+    }
+}
+
+/// A pull socket's read-ahead buffer: bytes `lo..hi` of `buf`. `buf` grows
+/// as bytes arrive and is freed when drained; its allocation is counted in
+/// the host's [`PullAccount`].
+#[derive(Debug)]
 pub struct PullBuf {
     buf: Vec<u8>,
     lo: usize,
@@ -121,15 +166,94 @@ pub struct PullBuf {
     /// Most bytes held (the socket's `recv_size`).
     cap: usize,
     end: Option<PullEnd>,
+    /// The host's budget stopped this buffer growing: the socket reads
+    /// ahead no more (bytes stay in the kernel, TCP's window holds the
+    /// peer) until the sweep finds room again.
+    throttled: bool,
+    account: PullAccount,
+    /// What this buffer added to `account` (its allocation).
+    counted: usize,
 }
 
 impl PullBuf {
+    fn new(cap: usize, account: PullAccount) -> PullBuf {
+        PullBuf {
+            buf: Vec::new(),
+            lo: 0,
+            hi: 0,
+            cap,
+            end: None,
+            throttled: false,
+            account,
+            counted: 0,
+        }
+    }
+
     fn len(&self) -> usize {
         self.hi - self.lo
     }
 
     fn full(&self) -> bool {
         self.len() >= self.cap
+    }
+
+    /// Empty, open, and not allowed to read ahead: the kernel serves the
+    /// socket meanwhile (recv requests and readiness go to it).
+    fn deferring(&self) -> bool {
+        self.throttled && self.len() == 0 && self.end.is_none()
+    }
+
+    /// Brings the account in line with the allocation.
+    fn recount(&mut self) {
+        let now = self.buf.capacity();
+        if now >= self.counted {
+            self.account
+                .held
+                .fetch_add(now - self.counted, Ordering::Relaxed);
+        } else {
+            self.account
+                .held
+                .fetch_sub(self.counted - now, Ordering::Relaxed);
+        }
+        self.counted = now;
+    }
+
+    /// Grows the allocation (doubling, from [`PULL_FIRST`]) by at least
+    /// `need` bytes, within `cap` and the host's budget. False if the
+    /// budget has no room for `need`.
+    fn grow(&mut self, need: usize) -> bool {
+        let len = self.buf.len();
+        let target = (len * 2)
+            .max(PULL_FIRST)
+            .min(self.cap.max(self.hi + need))
+            .max(len + need);
+        let room = self.account.room();
+        if room < need {
+            return false;
+        }
+        let new_len = target.min(len + room);
+        self.buf.reserve_exact(new_len - len);
+        self.buf.resize(new_len, 0);
+        self.recount();
+        true
+    }
+
+    /// Drained: the allocation goes back to the host's budget.
+    fn free_if_drained(&mut self) {
+        if self.lo == self.hi {
+            self.lo = 0;
+            self.hi = 0;
+            if self.counted > 0 {
+                self.buf = Vec::new();
+                self.recount();
+            }
+        }
+    }
+}
+
+impl Drop for PullBuf {
+    fn drop(&mut self) {
+        self.account.held.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
@@ -208,11 +332,9 @@ fn bind_bytes(host: &mut Host, sid: u32) -> bool {
 }
 
 fn start_pull(host: &mut Host, sid: u32) {
+    let account = host.pull.clone();
     if let Some(s) = host.socket_mut(sid) {
-        s.ahead = Ahead::Pull(PullBuf {
-            cap: s.policy.recv_size as usize,
-            ..PullBuf::default()
-        });
+        s.ahead = Ahead::Pull(PullBuf::new(s.policy.recv_size as usize, account));
     }
 }
 
@@ -254,7 +376,7 @@ pub(super) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
         advance(cx, host, sid);
         return Ok((RECV_MODE_RING as i64, 0));
     }
-    if s.ahead.is_active() {
+    if !matches!(s.ahead, Ahead::None) {
         return Ok((s.ahead.mode() as i64, 0));
     }
     let fd = s.fd.as_raw_fd();
@@ -495,7 +617,12 @@ fn fill_bytes(host: &mut Host, sid: u32) -> bool {
 }
 
 fn fill_pull(host: &mut Host, sid: u32) -> bool {
-    let Host { sockets, stats, .. } = host;
+    let Host {
+        sockets,
+        stats,
+        ahead_paused,
+        ..
+    } = host;
     let Some(sock) = sockets.get_mut(sid as usize) else {
         return false;
     };
@@ -507,47 +634,104 @@ fn fill_pull(host: &mut Host, sid: u32) -> bool {
         return false;
     }
     let start = pb.len();
-    if pb.buf.len() < pb.cap {
-        pb.buf.resize(pb.cap, 0);
-    }
+    pb.throttled = false;
     loop {
         if pb.lo == pb.hi {
             pb.lo = 0;
             pb.hi = 0;
         }
-        if pb.len() >= pb.cap {
+        let want = pb.cap.saturating_sub(pb.len());
+        if want == 0 {
             break;
         }
-        if pb.hi == pb.buf.len() {
+        if pb.hi == pb.buf.len() && pb.lo > 0 {
             pb.buf.copy_within(pb.lo..pb.hi, 0);
             pb.hi -= pb.lo;
             pb.lo = 0;
         }
-        let room = (pb.cap - pb.len()).min(pb.buf.len() - pb.hi);
-        let dst = &mut pb.buf[pb.hi..pb.hi + room];
-        // SAFETY: dst is private memory of `room` bytes.
-        match unsafe { sys::recv(fd, dst.as_mut_ptr(), dst.len(), 0) } {
-            Ok(0) => {
-                pb.end = Some(PullEnd::Eof);
-                break;
-            }
-            Ok(k) => {
-                pb.hi += k;
+        // Room allocated; or a buffer holding bytes (data is flowing)
+        // grows first; an empty one reads into a probe first.
+        let step = if pb.hi < pb.buf.len() || (pb.hi > 0 && pb.grow(PULL_PROBE.min(want))) {
+            recv_into_buf(fd, pb, want)
+        } else if pb.account.room() < PULL_PROBE.min(want) {
+            // At the host's budget: read ahead no more (see `PullBuf`).
+            pb.throttled = true;
+            note_paused(ahead_paused, sid);
+            break;
+        } else {
+            probe_into_buf(fd, pb, want)
+        };
+        match step {
+            Ok((k, asked)) => {
                 stats.bytes_ahead += k as u64;
                 stats.bytes_received += k as u64;
-                if k < room {
+                if k < asked {
                     break; // a short read: drained (see above FILL_BUDGET_RINGS)
                 }
             }
-            Err(libc::EINTR) => {}
-            Err(libc::EAGAIN) => break,
-            Err(e) => {
-                pb.end = Some(PullEnd::Error(e));
+            Err(None) => break,
+            Err(Some(end)) => {
+                pb.end = Some(end);
                 break;
             }
         }
     }
     pb.len() != start || pb.end.is_some()
+}
+
+/// One `recv` into the free room of a pull buffer: (bytes, bytes asked),
+/// or `Err(None)` for nothing to read now, `Err(Some(end))` at the end.
+fn recv_into_buf(
+    fd: i32,
+    pb: &mut PullBuf,
+    want: usize,
+) -> Result<(usize, usize), Option<PullEnd>> {
+    let room = want.min(pb.buf.len() - pb.hi);
+    let dst = &mut pb.buf[pb.hi..pb.hi + room];
+    loop {
+        // SAFETY: dst is private memory of `room` bytes.
+        return match unsafe { sys::recv(fd, dst.as_mut_ptr(), dst.len(), 0) } {
+            Ok(0) => Err(Some(PullEnd::Eof)),
+            Ok(k) => {
+                pb.hi += k;
+                Ok((k, room))
+            }
+            Err(libc::EINTR) => continue,
+            Err(libc::EAGAIN) => Err(None),
+            Err(e) => Err(Some(PullEnd::Error(e))),
+        };
+    }
+}
+
+/// A pull buffer with no room allocated: `recv` into a stack buffer, then
+/// grow the buffer for the bytes that arrived (never before they do).
+fn probe_into_buf(
+    fd: i32,
+    pb: &mut PullBuf,
+    want: usize,
+) -> Result<(usize, usize), Option<PullEnd>> {
+    let mut probe = [0u8; PULL_PROBE];
+    let asked = want.min(PULL_PROBE);
+    loop {
+        // SAFETY: probe is a private stack buffer of at least `asked` bytes.
+        return match unsafe { sys::recv(fd, probe.as_mut_ptr(), asked, 0) } {
+            Ok(0) => Err(Some(PullEnd::Eof)),
+            Ok(k) => {
+                // The budget had room for `asked` bytes (checked by the
+                // caller), so this cannot fail; bytes read are never lost.
+                if !pb.grow(k) {
+                    pb.buf.resize(pb.hi + k, 0);
+                    pb.recount();
+                }
+                pb.buf[pb.hi..pb.hi + k].copy_from_slice(&probe[..k]);
+                pb.hi += k;
+                Ok((k, asked))
+            }
+            Err(libc::EINTR) => continue,
+            Err(libc::EAGAIN) => Err(None),
+            Err(e) => Err(Some(PullEnd::Error(e))),
+        };
+    }
 }
 
 /// What a `Recv` on a pull socket got from its buffer.
@@ -599,6 +783,7 @@ pub(super) unsafe fn pull_take(
     }
     if flags & libc::MSG_PEEK == 0 {
         pb.lo += n;
+        pb.free_if_drained();
     }
     PullTake::Data(n)
 }
@@ -843,14 +1028,19 @@ pub(super) fn sweep(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
     }
     let mut work = 0;
     for sid in host.ahead_paused.clone() {
-        let paused = host
-            .sockets
-            .get(sid as usize)
-            .is_some_and(|s| match &s.ahead {
-                Ahead::Bytes(b) => b.paused,
-                Ahead::Accept(a) => a.paused,
-                _ => false,
-            });
+        let (paused, throttled) =
+            host.sockets
+                .get(sid as usize)
+                .map_or((false, false), |s| match &s.ahead {
+                    Ahead::Bytes(b) => (b.paused, false),
+                    Ahead::Accept(a) => (a.paused, false),
+                    Ahead::Pull(p) => (false, p.throttled),
+                    Ahead::None => (false, false),
+                });
+        if throttled {
+            work += usize::from(resume_pull(cx, host, sid));
+            continue;
+        }
         if !paused {
             host.ahead_paused.retain(|&p| p != sid);
             continue;
@@ -859,6 +1049,20 @@ pub(super) fn sweep(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
         work += usize::from(!host.ahead_paused.contains(&sid));
     }
     work
+}
+
+/// A pull socket the host's budget stopped reads ahead again once the
+/// budget has room (other buffers drained); true if it did.
+fn resume_pull(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
+    if host.pull.room() < PULL_FIRST {
+        return false;
+    }
+    if let Some(Ahead::Pull(p)) = host.sockets.get_mut(sid as usize).map(|s| &mut s.ahead) {
+        p.throttled = false;
+    }
+    host.ahead_paused.retain(|&p| p != sid);
+    advance(cx, host, sid);
+    true
 }
 
 /// The host closes socket `sid` (or the socket goes away): its ring is
@@ -1025,6 +1229,12 @@ pub(super) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
     }
 }
 
+/// Whether socket `sid` is a pull socket the kernel serves meanwhile (empty
+/// and stopped by its host's budget): a `Recv` goes to the kernel.
+pub(super) fn pull_deferring(host: &Host, sid: u32) -> bool {
+    matches!(host.sockets.get(sid as usize).map(|s| &s.ahead), Some(Ahead::Pull(p)) if p.deferring())
+}
+
 /// Whether socket `sid` reads ahead (its POLLIN readiness is ours).
 pub(super) fn reads_ahead(host: &Host, sid: u32) -> bool {
     host.socket(sid).is_some_and(|s| s.ahead.is_active())
@@ -1111,18 +1321,19 @@ pub fn take_unread_for_fork(host: &mut Host, sid: u32) -> Option<Unread> {
 /// from there first, then from the kernel; its `RecvBind` gets
 /// `RECV_MODE_PULL`). The buffer holds at least those bytes.
 pub fn start_pull_with(host: &mut Host, sid: u32, unread: Unread) {
+    let account = host.pull.clone();
     let Some(s) = host.socket_mut(sid) else {
         return;
     };
     s.policy.recv = EagerRecv::Pull;
     let n = unread.bytes.len();
-    s.ahead = Ahead::Pull(PullBuf {
-        cap: (s.policy.recv_size as usize).max(n),
-        buf: unread.bytes,
-        lo: 0,
-        hi: n,
-        end: unread.end,
-    });
+    let mut pb = PullBuf::new((s.policy.recv_size as usize).max(n), account);
+    pb.buf = unread.bytes;
+    pb.hi = n;
+    pb.end = unread.end;
+    // Counted even beyond the budget: the bytes were read already.
+    pb.recount();
+    s.ahead = Ahead::Pull(pb);
 }
 
 /// `setsockopt(SOL_TCPS, ...)`.
