@@ -191,19 +191,8 @@ fn fresh_host_works(srv: &Server, limit: Duration) -> tcps::Client {
 /// stay bounded, and another host attaches at once.
 #[test]
 fn fork_snapshots_are_budgeted() {
-    let srv = Server::start(
-        "uring",
-        &[
-            "--poll",
-            "adaptive",
-            "--socket-mode",
-            "666",
-            "--max-fork-snapshots-per-user",
-            "64",
-            "--max-fork-fds-per-user",
-            "2000",
-        ],
-    );
+    // The default budgets: 64 snapshots, 4096 descriptors per user.
+    let srv = Server::start("uring", &["--poll", "adaptive", "--socket-mode", "666"]);
     let pid = srv.pid();
     let raw = Raw::new(&srv);
     for _ in 0..100 {
@@ -220,11 +209,11 @@ fn fork_snapshots_are_budgeted() {
         }
     }
     let grown = fd_count(pid).saturating_sub(before);
-    // 2000 descriptors / 100 sockets each: 20 snapshots.
-    assert_eq!(ok, 20, "snapshots accepted ({refused} refused)");
-    assert_eq!(refused, 178);
+    // 4096 descriptors / 100 sockets each: 40 snapshots.
+    assert_eq!(ok, 40, "snapshots accepted ({refused} refused)");
+    assert_eq!(refused, 158);
     assert!(
-        grown <= 2000 + 50,
+        grown <= 4096 + 50,
         "the server holds {grown} more descriptors"
     );
     assert!(
@@ -234,6 +223,7 @@ fn fork_snapshots_are_budgeted() {
     );
     fresh_host_works(&srv, Duration::from_millis(500));
     // A snapshot replaced under the same nonce is not counted twice.
+    // (4000 + 100 - 100 descriptors.)
     assert_eq!(raw.control(ControlMsg::Fork { handle: 1 }, &[]), 0);
 }
 
@@ -265,19 +255,8 @@ fn sparse_memfd(len: u64) -> OwnedFd {
 /// can still attach and register the library's 16 MiB staging pool.
 #[test]
 fn registered_memory_is_budgeted() {
-    let srv = Server::start(
-        "uring",
-        &[
-            "--poll",
-            "adaptive",
-            "--socket-mode",
-            "666",
-            "--max-registered-bytes-per-host",
-            "1073741824",
-            "--max-registrations-per-host",
-            "64",
-        ],
-    );
+    // The default budgets: 1 GiB and 256 registrations per host.
+    let srv = Server::start("uring", &["--poll", "adaptive", "--socket-mode", "666"]);
     let raw = Raw::new(&srv);
     let huge = sparse_memfd(64 << 30);
     for handle in 0..4 {
@@ -293,7 +272,7 @@ fn registered_memory_is_budgeted() {
     let small = sparse_memfd(1 << 20);
     let mut ok = 0;
     let mut last = 0;
-    for handle in 0..100 {
+    for handle in 0..300 {
         last = raw.control(
             ControlMsg::Register {
                 handle,
@@ -306,7 +285,7 @@ fn registered_memory_is_budgeted() {
         }
         ok += 1;
     }
-    assert_eq!(ok, 64, "registrations accepted");
+    assert_eq!(ok, 256, "registrations accepted");
     assert_eq!(last, libc::ENOSPC, "beyond the count: {}", errno_name(last));
     // Room again after a deregistration.
     assert_eq!(raw.control(ControlMsg::Deregister { handle: 0 }, &[]), 0);
