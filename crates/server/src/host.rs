@@ -32,6 +32,8 @@ pub struct Host {
     pub control: OwnedFd,
     pub sockets: Slab<Sock>,
     pub polls: Slab<ParkedPoll>,
+    /// Entries of the parked polls (budget: `poll::MAX_PARKED_POLL_ENTRIES_PER_HOST`).
+    pub poll_entries_parked: usize,
     pub next_gen: u16,
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
@@ -91,6 +93,7 @@ impl Host {
             control: h.control,
             sockets: Slab::default(),
             polls: Slab::default(),
+            poll_entries_parked: 0,
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,

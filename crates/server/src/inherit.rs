@@ -312,3 +312,52 @@ pub fn export(host: &mut Host, id: u32) -> (ControlMsg, Option<OwnedFd>) {
         None => (reply(libc::EBADF), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(uid: u32, parent_pid: u32, nonce: u32, sockets: usize) -> Snapshot {
+        let sockets = (0..sockets)
+            .map(|id| Inherited {
+                id: id as u32,
+                // SAFETY: eventfd returns a fresh descriptor (checked).
+                fd: unsafe {
+                    let fd = libc::eventfd(0, libc::EFD_CLOEXEC);
+                    assert!(fd >= 0);
+                    OwnedFd::from_raw_fd(fd)
+                },
+                nonblocking: false,
+                rcv_timeout: None,
+                snd_timeout: None,
+                policy: crate::EagerPolicy::default(),
+                unread: None,
+            })
+            .collect();
+        Snapshot {
+            nonce,
+            parent_pid,
+            uid,
+            made: Instant::now(),
+            sockets,
+        }
+    }
+
+    #[test]
+    fn budget_counts_a_users_snapshots_and_descriptors() {
+        let b = Budget {
+            max_snapshots: 2,
+            max_fds: 10,
+        };
+        let p = vec![snap(1, 100, 1, 4), snap(2, 200, 1, 9)];
+        // User 1: one snapshot of 4 held.
+        assert!(fits(&p, 1, (100, 2), 6, b));
+        assert!(!fits(&p, 1, (100, 2), 7, b), "descriptors");
+        // Replacing the same nonce does not count the old one.
+        assert!(fits(&p, 1, (100, 1), 10, b));
+        // User 2 is not user 1.
+        assert!(!fits(&p, 2, (200, 2), 2, b));
+        let p = vec![snap(1, 100, 1, 1), snap(1, 101, 1, 1)];
+        assert!(!fits(&p, 1, (100, 2), 1, b), "snapshots");
+    }
+}

@@ -144,8 +144,9 @@ pub const DEFAULT_MAX_REGISTRATIONS_PER_HOST: u32 = 256;
 pub const DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER: usize = 64;
 /// Descriptors (dup()ed sockets) those snapshots may hold in all.
 pub const DEFAULT_MAX_FORK_FDS_PER_USER: usize = 4096;
-/// Pull-buffer bytes per host.
-pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 64 << 20;
+/// Pull-buffer bytes per host: 8,192 connections with the default 32 KiB
+/// read ahead (sockets beyond the 1,024 receive rings pull).
+pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 256 << 20;
 
 /// The thesis' `EAGER_ACCEPT_SIZE`: connections accepted ahead per listener.
 pub const DEFAULT_EAGER_ACCEPT_SIZE: u32 = 64;

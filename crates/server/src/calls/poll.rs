@@ -3,6 +3,14 @@
 //! timeout allows, the call is parked on every socket of its set and
 //! re-evaluated when any of them reports readiness, or when its deadline
 //! (a worker timer) expires.
+//!
+//! Parked polls are budgeted per host: each holds its socket list and one
+//! `pollers` entry per poll entry, and a host may park one per channel
+//! slot (channels x ring entries, 16,384 by default) of up to 4,096
+//! entries each — about 1.3 GB of server memory. So the entries of a
+//! host's parked polls are at most [`MAX_PARKED_POLL_ENTRIES_PER_HOST`]; a
+//! poll that would park beyond it fails with ENOMEM (poll(2)'s errno when
+//! the kernel cannot hold the poll set).
 
 use super::blocking::{announce_parked, rearm};
 use super::eager;
@@ -14,6 +22,16 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use tcps_proto::msg::{ArenaRange, PollEntry};
 use tcps_proto::Op;
+
+/// Entries of a host's parked polls at once (about 1.3 MB of server
+/// memory): 16 polls of the largest size, or thousands of small ones.
+pub const MAX_PARKED_POLL_ENTRIES_PER_HOST: usize = 65536;
+
+/// Poll entries in an arena range (each 8 bytes; `Call::decode` checked
+/// that the range holds exactly the count).
+fn entry_count(r: ArenaRange) -> usize {
+    r.len as usize / 8
+}
 
 fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry> {
     arena_bytes(host, ch, r)
@@ -89,6 +107,16 @@ pub(super) fn start(
     if ready > 0 || timeout_ms == 0 {
         return complete(host, ch, user_data, Op::Poll, Ok((ready as i64, 0)));
     }
+    let parked = host.poll_entries_parked + entry_count(r);
+    if parked > MAX_PARKED_POLL_ENTRIES_PER_HOST {
+        tracing::debug!(
+            host = host.id,
+            parked,
+            "poll refused: parked poll entries at the budget"
+        );
+        return complete(host, ch, user_data, Op::Poll, Err(libc::ENOMEM));
+    }
+    host.poll_entries_parked = parked;
     *cx.next_serial += 1;
     let serial = *cx.next_serial;
     let deadline =
@@ -126,6 +154,9 @@ fn finish_poll(host: &mut Host, pkey: usize, res: Res) {
     let Some(p) = host.polls.remove(pkey) else {
         return;
     };
+    host.poll_entries_parked = host
+        .poll_entries_parked
+        .saturating_sub(entry_count(p.entries));
     for sid in &p.socks {
         if let Some(s) = host.socket_mut(*sid) {
             s.pollers.retain(|(k, _)| *k != pkey);
