@@ -116,6 +116,14 @@ const DEPTHS: &[(&str, &str)] = &[
         "accept_ring_records",
         "Connections waiting in accept rings for hosts to accept.",
     ),
+    (
+        "pull_buffer_bytes",
+        "Bytes allocated by read-ahead buffers at the server (pull).",
+    ),
+    (
+        "registered_bytes",
+        "Bytes of hosts' registered memory mapped by the server.",
+    ),
 ];
 
 /// Binds the metrics listener (before the server reports itself started,

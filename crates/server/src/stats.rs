@@ -45,6 +45,11 @@ pub struct Depths {
     pub recv_ring_bytes: u64,
     /// Connections accepted ahead into accept rings and not yet taken.
     pub accept_ring_records: u64,
+    /// Bytes allocated by pull buffers (budget: `--max-pull-bytes-per-host`).
+    pub pull_buffer_bytes: u64,
+    /// Bytes of registered memory mapped (budget:
+    /// `--max-registered-bytes-per-host`).
+    pub registered_bytes: u64,
 }
 
 impl Depths {
@@ -58,6 +63,8 @@ impl Depths {
             send_descs_pending,
             recv_ring_bytes,
             accept_ring_records,
+            pull_buffer_bytes,
+            registered_bytes,
         } = *o;
         self.parked_calls += parked_calls;
         self.parked_polls += parked_polls;
@@ -67,6 +74,8 @@ impl Depths {
         self.send_descs_pending += send_descs_pending;
         self.recv_ring_bytes += recv_ring_bytes;
         self.accept_ring_records += accept_ring_records;
+        self.pull_buffer_bytes += pull_buffer_bytes;
+        self.registered_bytes += registered_bytes;
     }
 
     fn to_json(self) -> Value {
@@ -79,6 +88,8 @@ impl Depths {
             "send_descs_pending": self.send_descs_pending,
             "recv_ring_bytes": self.recv_ring_bytes,
             "accept_ring_records": self.accept_ring_records,
+            "pull_buffer_bytes": self.pull_buffer_bytes,
+            "registered_bytes": self.registered_bytes,
         })
     }
 }
@@ -89,6 +100,8 @@ impl Depths {
 pub fn depths(host: &Host) -> Depths {
     let mut d = Depths {
         parked_polls: host.polls.len() as u64,
+        pull_buffer_bytes: host.pull.held() as u64,
+        registered_bytes: host.registry.mapped(),
         ..Depths::default()
     };
     for (sid, s) in host.sockets.iter() {
