@@ -34,6 +34,10 @@ pub struct Host {
     pub polls: Slab<ParkedPoll>,
     /// Entries of the parked polls (budget: `poll::MAX_PARKED_POLL_ENTRIES_PER_HOST`).
     pub poll_entries_parked: usize,
+    /// Requests refused because the host was at a budget (registrations,
+    /// fork snapshots): logged as warnings only on the 1st, 2nd, 4th, ...
+    /// so a host cannot flood the log.
+    pub budget_refusals: u64,
     pub next_gen: u16,
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
@@ -94,6 +98,7 @@ impl Host {
             sockets: Slab::default(),
             polls: Slab::default(),
             poll_entries_parked: 0,
+            budget_refusals: 0,
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
@@ -105,6 +110,13 @@ impl Host {
             ahead_paused: Vec::new(),
             pull: crate::calls::eager::PullAccount::new(crate::DEFAULT_MAX_PULL_BYTES_PER_HOST),
         }
+    }
+
+    /// Counts a request refused by a budget; whether to log it as a
+    /// warning (the 1st, 2nd, 4th, 8th, ... refusal of this host).
+    pub fn note_budget_refusal(&mut self) -> bool {
+        self.budget_refusals += 1;
+        self.budget_refusals.is_power_of_two()
     }
 
     /// Channels the host says it uses, clamped to the pool.

@@ -214,16 +214,20 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     Ok(())
 }
 
-/// Logs a refused snapshot; its errno.
-fn refuse(host: &Host, sockets: usize) -> i32 {
-    warn!(
-        host = host.id,
-        pid = host.pid,
-        uid = host.uid,
-        sockets,
-        "fork: snapshot refused: the user's pending snapshots are at their budget \
-         (--max-fork-snapshots-per-user, --max-fork-fds-per-user)"
-    );
+/// Logs a refused snapshot (as a warning on the host's 1st, 2nd, 4th, ...
+/// refusal); its errno.
+fn refuse(host: &mut Host, sockets: usize) -> i32 {
+    if host.note_budget_refusal() {
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            sockets,
+            refusals = host.budget_refusals,
+            "fork: snapshot refused: the user's pending snapshots are at their budget \
+             (--max-fork-snapshots-per-user, --max-fork-fds-per-user)"
+        );
+    }
     libc::EAGAIN
 }
 

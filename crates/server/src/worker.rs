@@ -43,17 +43,20 @@ fn on_control_msg(
                 let fd = fds.remove(0);
                 let res = host.registry.register(handle, fd, len, Budget::of(cfg));
                 if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
-                    warn!(
-                        host = host.id,
-                        pid = host.pid,
-                        uid = host.uid,
-                        len,
-                        registrations = host.registry.count(),
-                        mapped = host.registry.mapped(),
-                        errno = e,
-                        "registration refused: the host is at its budget \
-                         (--max-registrations-per-host, --max-registered-bytes-per-host)"
-                    );
+                    if host.note_budget_refusal() {
+                        warn!(
+                            host = host.id,
+                            pid = host.pid,
+                            uid = host.uid,
+                            len,
+                            registrations = host.registry.count(),
+                            mapped = host.registry.mapped(),
+                            errno = e,
+                            refusals = host.budget_refusals,
+                            "registration refused: the host is at its budget \
+                             (--max-registrations-per-host, --max-registered-bytes-per-host)"
+                        );
+                    }
                 }
                 res
             } else {
