@@ -411,6 +411,7 @@ fn send_queue_overrun_is_final(engine: &str) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let grown = rss_kib(pid).saturating_sub(before);
+    eprintln!("{rounds} overrun rounds: the server grew by {grown} KiB");
     assert!(
         grown < 8 * 1024,
         "{rounds} overrun rounds grew the server by {grown} KiB"
@@ -469,6 +470,7 @@ fn idle_pull_sockets_cost_nothing(engine: &str) {
     let (conns, _l) = pull_connections(&c, 20);
     std::thread::sleep(Duration::from_millis(200));
     let grown = rss_kib(pid).saturating_sub(before);
+    eprintln!("20 idle pull sockets: the server grew by {grown} KiB");
     assert!(
         grown < 4 * 1024,
         "20 idle pull sockets grew the server by {grown} KiB"
@@ -525,6 +527,7 @@ fn pull_budget_keeps_bytes_in_the_kernel(engine: &str) {
     }
     std::thread::sleep(Duration::from_millis(500));
     let grown = rss_kib(pid).saturating_sub(before);
+    eprintln!("40 MiB sent to a host with a 1 MiB pull budget: the server grew by {grown} KiB");
     assert!(
         grown < 8 * 1024,
         "a 1 MiB pull budget, yet the server grew by {grown} KiB"
