@@ -27,11 +27,17 @@ pub enum EngineArg {
 #[command(
     args_override_self = true,
     after_help = "Config file: `--config FILE` reads `key = value` lines with the long option names \
-(e.g. `poll = busy`, `max-hosts = 16`); options on the command line override the file.\n\
+(e.g. `poll = busy`, `max-hosts = 16`); options on the command line override the file. \
+docs/tcps.conf lists every key with its default.\n\
+Who may attach: the control socket is mode 660 (--socket-mode) and belongs to the server's group \
+or --socket-group, so root and members of that group attach; everyone else gets EACCES. \
+Use --socket-group GROUP and add the users to GROUP, or --socket-mode 666 to let every local user attach.\n\
+Signals: SIGTERM or SIGINT stop the server (logged with the number of attached hosts); \
+SIGHUP is logged and ignored (the server survives the end of a terminal or SSH session).\n\
 Logs: RUST_LOG=debug for every refused call and attach."
 )]
 pub struct ServerArgs {
-    /// Control socket hosts attach to [default: $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket hosts attach to [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`).
@@ -110,9 +116,16 @@ pub struct ServerArgs {
     /// so bind it where only operators reach it) [default: off]
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Mode of the control socket file (octal); the server checks each host's privileges itself
-    #[arg(long, default_value = "666")]
+    /// Mode of the control socket file (octal): who may attach. 660: root,
+    /// the server's user and members of the socket's group (--socket-group);
+    /// 666: every local user
+    #[arg(long, value_name = "OCTAL", default_value = "660")]
     pub socket_mode: String,
+    /// Group of the control socket file (a name or a numeric GID): its
+    /// members may attach (with the default --socket-mode 660)
+    /// [default: the server's group]
+    #[arg(long, value_name = "NAME|GID")]
+    pub socket_group: Option<String>,
     /// Read options from a config file (`key = value` lines)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -163,7 +176,8 @@ pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
 }
 
 /// Turns a config file into `--key value` arguments placed before the real
-/// ones, so the command line wins.
+/// ones, so the command line wins. Every line is checked on its own, so an
+/// unknown key or a bad value is reported with the file and line.
 pub fn config_file_args(path: &std::path::Path) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
@@ -173,20 +187,88 @@ pub fn config_file_args(path: &std::path::Path) -> Result<Vec<String>, String> {
         if line.is_empty() {
             continue;
         }
+        let at = format!("{}:{}", path.display(), i + 1);
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| format!("{}:{}: expected `key = value`", path.display(), i + 1))?;
-        args.push(format!("--{}", k.trim()));
-        args.push(v.trim().trim_matches('"').to_string());
+            .ok_or_else(|| format!("{at}: expected `key = value`, got {line:?}"))?;
+        let (key, value) = (k.trim(), v.trim().trim_matches('"'));
+        check_config_line(key, value).map_err(|e| format!("{at}: {e}"))?;
+        args.push(format!("--{key}"));
+        args.push(value.to_string());
     }
     Ok(args)
 }
 
-pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
-    init_logging();
+/// The keys a config file may set: every long option but `config`.
+fn config_keys() -> Vec<String> {
+    use clap::Args as _;
+    ServerArgs::augment_args(clap::Command::new("server"))
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .filter(|k| k != "config" && k != "help")
+        .collect()
+}
+
+/// Parses one `key = value` line as the command line would (clap's checks,
+/// then the checks `config` makes on the values).
+fn check_config_line(key: &str, value: &str) -> Result<(), String> {
+    use clap::{Args as _, FromArgMatches as _};
+    if !config_keys().iter().any(|k| k == key) {
+        return Err(format!(
+            "unknown key '{key}' (keys are the long options of `tcps server --help`, without --)"
+        ));
+    }
+    let cmd = ServerArgs::augment_args(clap::Command::new("server"));
+    let first_line = |e: clap::Error| {
+        let text = e.to_string();
+        let line = text.lines().next().unwrap_or("").trim_start_matches("error: ");
+        format!("bad value '{value}' for '{key}': {line}")
+    };
+    let matches = cmd
+        .try_get_matches_from(["server", &format!("--{key}"), value])
+        .map_err(first_line)?;
+    let args = ServerArgs::from_arg_matches(&matches).map_err(first_line)?;
+    config(args)
+        .map(drop)
+        .map_err(|e| format!("bad value '{value}' for '{key}': {e}"))
+}
+
+/// A group name or numeric GID as a GID; an error if no such group exists.
+fn resolve_group(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || format!("--socket-group {group:?}: no such group (see /etc/group, or give a numeric GID)");
+    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
+    // SAFETY: group is plain data; zero is a valid value.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 64 * 1024];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the sizes given; getgrnam_r writes
+    // the entry's strings into buf.
+    let r = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if r != 0 || found.is_null() {
+        return Err(unknown());
+    }
+    Ok(entry.gr_gid)
+}
+
+/// The server's configuration from its options, every value checked.
+fn config(args: ServerArgs) -> Result<Config, String> {
     let mut cfg = Config::default();
     if let Some(p) = args.socket {
         cfg.socket_path = p;
+    } else if std::env::var_os(tcps_proto::handshake::SOCKET_ENV).is_some_and(|p| !p.is_empty()) {
+        // The same path `tcps run` and `tcps stat` use.
+        cfg.socket_path = tcps::default_path();
     }
     if let Some(c) = &args.cpus {
         cfg.cpus = parse_cpus(c)?;
@@ -226,8 +308,16 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         .validate()
         .map_err(|e| format!("bad channel geometry: {e}"))?;
     cfg.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
-        .map_err(|_| format!("bad --socket-mode {:?}", args.socket_mode))?;
-    tcps_server::run(cfg)?;
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("bad --socket-mode {:?}: expected an octal mode such as 660 or 666", args.socket_mode))?;
+    cfg.socket_group = args.socket_group.as_deref().map(resolve_group).transpose()?;
+    Ok(cfg)
+}
+
+pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    init_logging();
+    tcps_server::run(config(args)?)?;
     Ok(())
 }
 

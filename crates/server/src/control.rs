@@ -60,34 +60,23 @@ fn seqpacket() -> io::Result<OwnedFd> {
 }
 
 /// Binds and listens on the control socket. A stale socket file (no server
-/// answering) is replaced; a live one is an error.
-pub fn listen(path: &Path, mode: u32) -> io::Result<OwnedFd> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)?;
-        }
-    }
+/// answering) is replaced; a live one is an error, and so is anything at
+/// `path` that is not a socket (a typo must not delete a file). The socket
+/// gets `mode` and, with `group`, that group: who may attach.
+pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd> {
     let (sa, len) = sockaddr_un(path)?;
-    if path.exists() {
-        let probe = seqpacket()?;
-        // SAFETY: sa/len describe a valid sockaddr_un.
-        let r = unsafe {
-            libc::connect(
-                probe.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
-                len,
-            )
-        };
-        if r == 0 {
+    create_parent_dir(path)?;
+    if refuse_to_replace(path)? {
+        if probe_connect(&sa, len)? {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!("another tcps server is listening on {}", path.display()),
             ));
         }
-        std::fs::remove_file(path)?;
+        std::fs::remove_file(path).map_err(|e| about_path(path, "cannot remove the stale socket", e))?;
     }
     let fd = seqpacket()?;
-    // SAFETY: as above.
+    // SAFETY: sa/len describe a valid sockaddr_un.
     if unsafe {
         libc::bind(
             fd.as_raw_fd(),
@@ -96,15 +85,96 @@ pub fn listen(path: &Path, mode: u32) -> io::Result<OwnedFd> {
         )
     } < 0
     {
-        return Err(io::Error::last_os_error());
+        return Err(about_path(path, "cannot create the control socket", io::Error::last_os_error()));
     }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    set_owner_and_mode(path, mode, group)?;
     // SAFETY: plain syscall.
     if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// Creates the socket's directory if missing, mode 0755: anyone may look
+/// up the socket in it; the socket's own mode and group decide who attaches.
+fn create_parent_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| about_path(dir, "cannot create the control socket's directory", e))
+}
+
+/// Whether `path` holds a socket file (which the caller may replace if no
+/// server answers on it); an error if it holds anything else.
+fn refuse_to_replace(path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(about_path(path, "cannot check the control socket path", e)),
+    };
+    let kind = meta.file_type();
+    if kind.is_socket() {
+        return Ok(true);
+    }
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a socket"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "refusing to use {} as the control socket: it exists and is {what}, not a socket \
+             (remove it, or choose another path with --socket)",
+            path.display()
+        ),
+    ))
+}
+
+/// Whether a server answers at `sa` (a stale socket file refuses).
+fn probe_connect(sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<bool> {
+    let probe = seqpacket()?;
+    // SAFETY: sa/len describe a valid sockaddr_un.
+    let r = unsafe {
+        libc::connect(
+            probe.as_raw_fd(),
+            sa as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    Ok(r == 0)
+}
+
+fn set_owner_and_mode(path: &Path, mode: u32, group: Option<u32>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(gid) = group {
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .map_err(|e| about_path(path, &format!("cannot give the control socket to group {gid}"), e))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| about_path(path, "cannot set the control socket's mode", e))
+}
+
+/// `e` with the path it is about and, where the path is the problem, how
+/// to choose another one.
+fn about_path(path: &Path, what: &str, e: io::Error) -> io::Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::EISDIR | libc::ENOTDIR) => {
+            "; choose a path you may write with --socket PATH (or set XDG_RUNTIME_DIR or TCPS_SOCKET)"
+        }
+        _ => "",
+    };
+    io::Error::new(e.kind(), format!("{what} {}: {e}{hint}", path.display()))
 }
 
 /// Accepts hosts until the shutdown eventfd becomes readable.
