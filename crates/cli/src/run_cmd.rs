@@ -94,7 +94,9 @@ const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
     ("TCPS_FALLBACK", &["kernel", "fail"], "kernel or fail"),
     (
         "TCPS_LOG",
-        &["debug", "trace", "info", "warn", "warning", "off", "none", "0"],
+        &[
+            "debug", "trace", "info", "warn", "warning", "off", "none", "0",
+        ],
         "debug, info, warn or off",
     ),
     ("TCPS_SPIN_US", &[], "a number of microseconds (e.g. 50)"),
@@ -123,12 +125,11 @@ fn check_environment() -> Result<(), String> {
 
 /// `--fallback`, else `TCPS_FALLBACK` (checked already), else kernel.
 fn fallback(args: &RunArgs) -> Fallback {
-    args.fallback.unwrap_or_else(|| {
-        match std::env::var("TCPS_FALLBACK").as_deref() {
+    args.fallback
+        .unwrap_or_else(|| match std::env::var("TCPS_FALLBACK").as_deref() {
             Ok("fail") => Fallback::Fail,
             _ => Fallback::Kernel,
-        }
-    })
+        })
 }
 
 /// Why the program cannot be served by the server at `socket`, in words
@@ -148,7 +149,10 @@ fn why_not_served(socket: &Path, e: &std::io::Error) -> String {
             format!("no TCP server answers ({why})")
         }
         Some(_) if can_connect(socket) => {
-            format!("the TCP server at {} refused this program ({why})", socket.display())
+            format!(
+                "the TCP server at {} refused this program ({why})",
+                socket.display()
+            )
         }
         Some(_) => format!("cannot reach the TCP server ({why})"),
     }

@@ -221,7 +221,11 @@ fn check_config_line(key: &str, value: &str) -> Result<(), String> {
     let cmd = ServerArgs::augment_args(clap::Command::new("server"));
     let first_line = |e: clap::Error| {
         let text = e.to_string();
-        let line = text.lines().next().unwrap_or("").trim_start_matches("error: ");
+        let line = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
         format!("bad value '{value}' for '{key}': {line}")
     };
     let matches = cmd
@@ -238,7 +242,9 @@ fn resolve_group(group: &str) -> Result<u32, String> {
     if let Ok(gid) = group.parse::<u32>() {
         return Ok(gid);
     }
-    let unknown = || format!("--socket-group {group:?}: no such group (see /etc/group, or give a numeric GID)");
+    let unknown = || {
+        format!("--socket-group {group:?}: no such group (see /etc/group, or give a numeric GID)")
+    };
     let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
     // SAFETY: group is plain data; zero is a valid value.
     let mut entry: libc::group = unsafe { std::mem::zeroed() };
@@ -310,8 +316,17 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
         .ok()
         .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("bad --socket-mode {:?}: expected an octal mode such as 660 or 666", args.socket_mode))?;
-    cfg.socket_group = args.socket_group.as_deref().map(resolve_group).transpose()?;
+        .ok_or_else(|| {
+            format!(
+                "bad --socket-mode {:?}: expected an octal mode such as 660 or 666",
+                args.socket_mode
+            )
+        })?;
+    cfg.socket_group = args
+        .socket_group
+        .as_deref()
+        .map(resolve_group)
+        .transpose()?;
     Ok(cfg)
 }
 

@@ -444,7 +444,12 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         rows.push(r);
         calls_rows.push(format!("  pid {}: {}\n", num(h, "pid"), calls_line(&c)));
     }
-    let mut r = vec!["TOTAL".to_string(), String::new(), String::new(), String::new()];
+    let mut r = vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
     r.extend(counter_cells(&total_c));
     rows.push(r);
     out.push('\n');
@@ -480,7 +485,12 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         r.extend(depth_cells(&h["depths"]));
         rows.push(r);
     }
-    let mut r = vec!["TOTAL".to_string(), String::new(), String::new(), String::new()];
+    let mut r = vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
     r.extend(depth_cells(&v["total"]["depths"]));
     rows.push(r);
     out.push('\n');

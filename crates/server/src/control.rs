@@ -73,7 +73,8 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
                 format!("another tcps server is listening on {}", path.display()),
             ));
         }
-        std::fs::remove_file(path).map_err(|e| about_path(path, "cannot remove the stale socket", e))?;
+        std::fs::remove_file(path)
+            .map_err(|e| about_path(path, "cannot remove the stale socket", e))?;
     }
     let fd = seqpacket()?;
     // SAFETY: sa/len describe a valid sockaddr_un.
@@ -85,7 +86,11 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
         )
     } < 0
     {
-        return Err(about_path(path, "cannot create the control socket", io::Error::last_os_error()));
+        return Err(about_path(
+            path,
+            "cannot create the control socket",
+            io::Error::last_os_error(),
+        ));
     }
     set_owner_and_mode(path, mode, group)?;
     // SAFETY: plain syscall.
@@ -158,8 +163,13 @@ fn probe_connect(sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<boo
 fn set_owner_and_mode(path: &Path, mode: u32, group: Option<u32>) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(gid) = group {
-        std::os::unix::fs::lchown(path, None, Some(gid))
-            .map_err(|e| about_path(path, &format!("cannot give the control socket to group {gid}"), e))?;
+        std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| {
+            about_path(
+                path,
+                &format!("cannot give the control socket to group {gid}"),
+                e,
+            )
+        })?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| about_path(path, "cannot set the control socket's mode", e))
@@ -169,7 +179,9 @@ fn set_owner_and_mode(path: &Path, mode: u32, group: Option<u32>) -> io::Result<
 /// to choose another one.
 fn about_path(path: &Path, what: &str, e: io::Error) -> io::Error {
     let hint = match e.raw_os_error() {
-        Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::EISDIR | libc::ENOTDIR) => {
+        Some(
+            libc::EACCES | libc::EPERM | libc::EROFS | libc::EISDIR | libc::ENOTDIR | libc::EEXIST,
+        ) => {
             "; choose a path you may write with --socket PATH (or set XDG_RUNTIME_DIR or TCPS_SOCKET)"
         }
         _ => "",

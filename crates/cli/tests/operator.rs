@@ -1,0 +1,742 @@
+//! An operator's first day (issue 16) and who may attach (issue 12): each
+//! test tries a mistake an operator makes, or a signal a service gets, and
+//! checks the outcome and the message, not just that something failed.
+
+mod common;
+mod preload;
+
+use common::{spawn_logged, wait_timeout, Server, TempDir, TCPS};
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+// ---- helpers -----------------------------------------------------------------
+
+/// `tcps <args>` to completion (bounded by the caller's choice of args),
+/// with a clean environment for the TCPS_* variables under test.
+fn tcps(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(TCPS);
+    c.args(args)
+        .env_remove("TCPS_SOCKET")
+        .env_remove("TCPS_FALLBACK")
+        .env_remove("TCPS_LOG")
+        .env_remove("TCPS_SPIN_US")
+        .env_remove("TCPS_PRELOAD_LIB")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    common::die_with_parent(&mut c);
+    run_bounded(c, Duration::from_secs(10))
+}
+
+/// Runs `c` to completion within `limit` (killed and failed after it).
+fn run_bounded(mut c: Command, limit: Duration) -> Output {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = match wait_timeout(&mut child, limit) {
+        Some(st) => st,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{c:?} did not finish within {limit:?}");
+        }
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `tcps server <args>` that must fail at start: its stderr.
+fn server_refuses_to_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut all = vec!["server"];
+    all.extend_from_slice(args);
+    let out = tcps(&all, env);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "tcps {all:?} should refuse to start; it exited {}\n{err}",
+        out.status
+    );
+    err
+}
+
+/// A copy of tcps that uid 65534 can execute (`dir` must be 0755).
+fn world_executable_tcps(dir: &Path) -> PathBuf {
+    let exe = dir.join("tcps-copy");
+    std::fs::copy(TCPS, &exe).expect("copy tcps");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}
+
+/// `exe <args>` as uid/gid 65534.
+fn as_nobody(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(exe);
+    c.args(args)
+        .env_remove("TCPS_SOCKET")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("TCPS_FALLBACK")
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run_bounded(c, Duration::from_secs(10))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no side effects.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Waits (bounded) until `cond(log)` holds for the server's log.
+fn wait_log(srv: &Server, what: &str, cond: impl Fn(&str) -> bool) {
+    let t = Instant::now();
+    while !cond(&srv.log_text()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the server never logged {what}:\n{}",
+            srv.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---- 1. --socket must not replace what is not a socket ------------------------
+
+/// A regular file or a directory at `--socket` is refused with a message
+/// naming it, and left as it was; a stale socket file is reused.
+#[test]
+fn socket_path_refuses_non_sockets_reuses_stale_socket() {
+    let dir = TempDir::new("op-socket");
+    let file = dir.path().join("precious.txt");
+    std::fs::write(&file, b"do not delete me\n").unwrap();
+    let f = file.to_str().unwrap();
+    let err = server_refuses_to_start(&["--socket", f], &[]);
+    assert!(
+        err.contains(f) && err.contains("not a socket"),
+        "the refusal should name {f} and say it is not a socket:\n{err}"
+    );
+    assert_eq!(
+        std::fs::read(&file).expect("the file must still exist"),
+        b"do not delete me\n"
+    );
+
+    let sub = dir.path().join("a-directory");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("inside"), b"x").unwrap();
+    let d = sub.to_str().unwrap();
+    let err = server_refuses_to_start(&["--socket", d], &[]);
+    assert!(
+        err.contains(d) && err.contains("directory"),
+        "the refusal should name {d} and say it is a directory:\n{err}"
+    );
+    assert!(sub.join("inside").is_file(), "the directory was touched");
+
+    // A stale socket (its server gone) is replaced as before.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(std::fs::metadata(&stale).unwrap().file_type().is_socket());
+    let log = dir.path().join("stale.log");
+    let mut child = spawn_logged(
+        &[
+            "server".as_ref(),
+            "--socket".as_ref(),
+            stale.as_os_str(),
+            "--engine".as_ref(),
+            "epoll".as_ref(),
+        ],
+        &log,
+        None,
+    );
+    let t = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("tcps server listening")
+    {
+        assert!(
+            child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(10),
+            "the server did not reuse the stale socket:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tcps::Client::attach(&stale).expect("attach through the reused socket");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut child, Duration::from_secs(5)).expect("server stops on SIGTERM");
+}
+
+// ---- 2. a forked child the server refuses fails loudly --------------------------
+
+/// `--max-hosts 1`: a fork-per-connection Python server runs under `tcps
+/// run` and takes the only slot; its forked children are refused. A child
+/// must say so (naming the limit) and exit, not run on with inherited
+/// sockets that fail with EBADF after a "running on kernel sockets".
+#[test]
+fn forked_child_refused_by_full_server_fails_loudly() {
+    preload::need("python3");
+    let srv = Server::start("uring", &["--poll", "adaptive", "--max-hosts", "1"]);
+    let dir = TempDir::new("op-fork");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/preload/forking_upper.py"
+    );
+    let port = preload::free_port();
+    let p = port.to_string();
+    let stats = dir.path().join("stats");
+    let log = dir.path().join("python.log");
+    let mut python = preload::Daemon(
+        preload::command(
+            preload::Net::Tcps,
+            &srv,
+            &stats,
+            &log,
+            &["python3", script, &p],
+        )
+        .spawn()
+        .expect("spawn the forking server"),
+    );
+    preload::wait_port(port, &mut python.0, "forking server", &log);
+    // The parent must be the host holding the slot (not a kernel fallback).
+    assert!(
+        !preload::read(&log).contains("kernel sockets"),
+        "the parent did not attach:\n{}\n{}",
+        preload::read(&log),
+        srv.log_text()
+    );
+    use std::io::{BufRead, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.write_all(b"hello through a refused fork\n").unwrap();
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(s).read_line(&mut line);
+    let t = Instant::now();
+    while !preload::read(&log).contains("refused this child")
+        && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = preload::read(&log);
+    assert!(
+        out.contains("refused this child")
+            && out.contains("--max-hosts 1")
+            && out.contains("exits with status 1"),
+        "the refused child should say why (the limit) and exit:\n{out}\n{}",
+        srv.log_text()
+    );
+    assert!(
+        !out.contains("running on kernel sockets") && !out.contains("Bad file descriptor"),
+        "the refused child half-worked:\n{out}"
+    );
+    assert!(
+        line.is_empty(),
+        "no child served the request, yet: {line:?}"
+    );
+    assert!(
+        srv.log_text().contains("server full"),
+        "the server should log the refusal:\n{}",
+        srv.log_text()
+    );
+}
+
+// ---- 3. signals ------------------------------------------------------------------
+
+/// SIGHUP (a closed SSH session) is logged and survived; the server still
+/// attaches and serves a new host; SIGTERM logs how many hosts it leaves.
+#[test]
+fn sighup_is_survived_and_shutdown_logs_attached_hosts() {
+    let mut srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let first = srv.attach();
+    srv.signal(libc::SIGHUP);
+    wait_log(&srv, "the SIGHUP", |l| l.contains("SIGHUP ignored"));
+    assert!(
+        srv.is_alive(),
+        "SIGHUP killed the server:\n{}",
+        srv.log_text()
+    );
+    let second = srv.attach();
+    let s = second
+        .socket(libc::AF_INET, libc::SOCK_STREAM, 0)
+        .expect("a socket call after SIGHUP");
+    second.close(s).unwrap();
+    wait_log(&srv, "the second attach", |l| {
+        l.matches("host attached").count() == 2
+    });
+    let st = srv.terminate(Duration::from_secs(5));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "SIGTERM: {st:?}\n{}",
+        srv.log_text()
+    );
+    let log = srv.log_text();
+    assert!(
+        log.contains("shutting down on SIGTERM: 2 hosts attached"),
+        "the shutdown should be logged with the attached hosts:\n{log}"
+    );
+    assert!(!srv.socket.exists(), "the socket file was left behind");
+    drop((first, second));
+}
+
+// ---- 4. environment ---------------------------------------------------------------
+
+/// Invalid TCPS_* values are refused by `tcps run`, naming the variable
+/// and what it takes; the program does not run.
+#[test]
+fn run_rejects_invalid_environment_values() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let dir = TempDir::new("op-env");
+    let ran = dir.path().join("ran");
+    let touch = format!("touch {}", ran.display());
+    let socket = srv.socket.to_str().unwrap();
+    let cases = [
+        ("TCPS_FALLBACK", "FAIL", "kernel or fail"),
+        ("TCPS_LOG", "verbose", "debug, info, warn or off"),
+        ("TCPS_SPIN_US", "abc", "microseconds"),
+        (
+            "TCPS_PRELOAD_LIB",
+            "/nonexistent/libtcps_preload.so",
+            "no such file",
+        ),
+    ];
+    for (name, value, valid) in cases {
+        let out = tcps(
+            &["run", "--socket", socket, "--", "sh", "-c", &touch],
+            &[(name, value)],
+        );
+        let err = text(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(name) && err.contains(valid),
+            "{name}={value}: expected a refusal naming {name} and {valid:?}; exit {}\n{err}",
+            out.status
+        );
+        assert!(!ran.exists(), "{name}={value}: the program ran anyway");
+    }
+}
+
+/// `tcps run` keeps a TCPS_FALLBACK the user set (no --fallback): `fail`
+/// with no server stops it; with a server the program sees `fail`.
+#[test]
+fn run_keeps_the_users_tcps_fallback() {
+    let dir = TempDir::new("op-fallback");
+    let missing = dir.path().join("no-server.sock");
+    let out = tcps(
+        &["run", "--socket", missing.to_str().unwrap(), "--", "true"],
+        &[("TCPS_FALLBACK", "fail")],
+    );
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("no TCP server answers"),
+        "TCPS_FALLBACK=fail was overridden: exit {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            srv.socket.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo fallback=$TCPS_FALLBACK",
+        ],
+        &[
+            ("TCPS_FALLBACK", "fail"),
+            ("TCPS_PRELOAD_LIB", preload::preload_lib().to_str().unwrap()),
+        ],
+    );
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "fallback=fail",
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `tcps server` listens where TCPS_SOCKET says, as `run` and `stat` look.
+#[test]
+fn server_honours_tcps_socket() {
+    let dir = TempDir::new("op-envsock");
+    let sock = dir.path().join("from-env.sock");
+    let xdg = dir.path().join("xdg");
+    std::fs::create_dir(&xdg).unwrap();
+    let log = dir.path().join("server.log");
+    let mut c = Command::new(TCPS);
+    c.args(["server", "--engine", "epoll"])
+        .env("TCPS_SOCKET", &sock)
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    common::die_with_parent(&mut c);
+    let mut child = c.spawn().unwrap();
+    let t = Instant::now();
+    while !sock.exists() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let found = sock.exists();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut child, Duration::from_secs(5));
+    assert!(
+        found,
+        "no socket at TCPS_SOCKET={}:\n{}",
+        sock.display(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+// ---- 5. config file ------------------------------------------------------------
+
+/// Unknown keys and bad values are reported with the file and line.
+#[test]
+fn config_errors_name_file_and_line() {
+    let dir = TempDir::new("op-conf");
+    let conf = dir.path().join("tcps.conf");
+    let c = conf.to_str().unwrap();
+    let sock = dir.path().join("s.sock");
+    let s = sock.to_str().unwrap();
+    std::fs::write(&conf, "# a comment\npoll = busy\nx = 1\n").unwrap();
+    let err = server_refuses_to_start(&["--config", c, "--socket", s], &[]);
+    assert!(
+        err.contains(&format!("{c}:3: unknown key 'x'")),
+        "expected `{c}:3: unknown key 'x'`:\n{err}"
+    );
+    for (line, bad) in [
+        ("poll = fast", "poll"),
+        ("max-hosts = many", "max-hosts"),
+        ("socket-mode = 999", "socket-mode"),
+        ("cpus = 0-x", "cpus"),
+    ] {
+        std::fs::write(&conf, format!("engine = epoll\n\n{line}\n")).unwrap();
+        let err = server_refuses_to_start(&["--config", c, "--socket", s], &[]);
+        assert!(
+            err.contains(&format!("{c}:3: bad value")) && err.contains(bad),
+            "`{line}`: expected `{c}:3: bad value ... {bad}`:\n{err}"
+        );
+    }
+    assert!(!sock.exists());
+}
+
+/// docs/tcps.conf names every option of `tcps server` and the server
+/// accepts it unchanged.
+#[test]
+fn example_config_is_complete_and_accepted() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/tcps.conf");
+    let conf = std::fs::read_to_string(example).expect("docs/tcps.conf");
+    let help = text(&tcps(&["server", "--help"], &[]).stdout);
+    let keys: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|l| l.split([' ', ',']).next())
+        .filter(|k| *k != "help" && *k != "config")
+        .collect();
+    assert!(keys.len() > 15, "options not found in --help:\n{help}");
+    for k in keys {
+        assert!(
+            conf.lines().any(|l| {
+                let l = l.trim_start_matches(['#', ' ']);
+                l.strip_prefix(k)
+                    .is_some_and(|r| r.trim_start().starts_with('='))
+            }),
+            "docs/tcps.conf does not mention `{k} = ...`"
+        );
+    }
+    let dir = TempDir::new("op-example");
+    let sock = dir.path().join("example.sock");
+    let log = dir.path().join("server.log");
+    let mut child = spawn_logged(
+        &[
+            "server".as_ref(),
+            "--config".as_ref(),
+            example.as_ref(),
+            "--socket".as_ref(),
+            sock.as_os_str(),
+        ],
+        &log,
+        None,
+    );
+    let t = Instant::now();
+    let listening = loop {
+        let l = std::fs::read_to_string(&log).unwrap_or_default();
+        if l.contains("tcps server listening") {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || t.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut child, Duration::from_secs(5));
+    assert!(
+        listening,
+        "the server did not start with docs/tcps.conf:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+// ---- 6. errors that say what they are about --------------------------------------
+
+/// A full server refuses `tcps run`: the message says it refused and why,
+/// not that no server answers.
+#[test]
+fn run_says_the_server_refused() {
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--max-hosts", "1"]);
+    let _holder = srv.attach();
+    let out = tcps(
+        &[
+            "run",
+            "--fallback",
+            "fail",
+            "--socket",
+            srv.socket.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("refused")
+            && err.contains("--max-hosts 1")
+            && !err.contains("no TCP server answers"),
+        "expected `the TCP server ... refused ... --max-hosts 1`: exit {}\n{err}",
+        out.status
+    );
+    // With the kernel fallback: the same words in the warning.
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            srv.socket.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    let err = text(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("refused") && !err.contains("no TCP server answers"),
+        "{err}"
+    );
+}
+
+/// A socket path the server may not create names the path and suggests
+/// --socket or XDG_RUNTIME_DIR (as uid 65534, the default /run/tcps path;
+/// and a path under a regular file).
+#[test]
+fn socket_path_errors_name_the_path_and_the_way_out() {
+    let dir = TempDir::new("op-path");
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"").unwrap();
+    let under = file.join("tcps.sock");
+    let err = server_refuses_to_start(&["--socket", under.to_str().unwrap()], &[]);
+    assert!(
+        err.contains(file.to_str().unwrap()) && err.contains("--socket"),
+        "expected the path and a hint:\n{err}"
+    );
+    if !is_root() {
+        eprintln!("needs root to run as uid 65534; the rest is skipped");
+        return;
+    }
+    let exe = world_executable_tcps(dir.path());
+    let out = as_nobody(&exe, &["server", "--engine", "epoll"], &[]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("/run/tcps")
+            && err.contains("Permission denied")
+            && err.contains("--socket")
+            && err.contains("XDG_RUNTIME_DIR"),
+        "as uid 65534 with the default path: exit {}\n{err}",
+        out.status
+    );
+}
+
+// ---- 9. tcps stat ------------------------------------------------------------------
+
+/// `tcps stat --watch 1 | head`: the reader goes away; stat exits quietly
+/// (no panic) and successfully.
+#[test]
+fn stat_watch_exits_quietly_on_a_closed_pipe() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let mut c = Command::new(TCPS);
+    c.args(["stat", "--watch", "0.1", "--socket"])
+        .arg(&srv.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    common::die_with_parent(&mut c);
+    let mut child = c.spawn().unwrap();
+    let mut first = [0u8; 16];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let st = wait_timeout(&mut child, Duration::from_secs(5));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        st.is_some_and(|s| s.success()) && !err.contains("panicked"),
+        "tcps stat --watch on a closed pipe: {st:?}\n{err}"
+    );
+}
+
+/// Each host's row shows its process name (/proc/PID/comm).
+#[test]
+fn stat_shows_each_hosts_command() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let c = srv.attach();
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    let comm = comm.trim();
+    let t = Instant::now();
+    loop {
+        let out = tcps(&["stat", "--socket", srv.socket.to_str().unwrap()], &[]);
+        let report = text(&out.stdout);
+        let me = format!(" {} ", std::process::id());
+        let row = report
+            .lines()
+            .find(|l| l.starts_with("host ") && l.contains(&me));
+        if let Some(row) = row {
+            assert!(report.contains("COMMAND"), "{report}");
+            assert!(
+                row.split_whitespace().any(|w| w == comm),
+                "no {comm:?} in my row:\n{report}"
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "my host never showed:\n{report}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+}
+
+// ---- security: who may attach -------------------------------------------------
+
+/// By default the socket is 0660 with the server's group: uid 65534 cannot
+/// attach (EACCES) and is told how to be allowed.
+#[test]
+fn default_socket_keeps_other_users_out() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let meta = std::fs::metadata(&srv.socket).unwrap();
+    assert_eq!(
+        meta.mode() & 0o777,
+        0o660,
+        "mode of {}",
+        srv.socket.display()
+    );
+    // SAFETY: getegid has no side effects.
+    assert_eq!(meta.gid(), unsafe { libc::getegid() });
+    if !is_root() {
+        eprintln!("needs root to run as uid 65534; the rest is skipped");
+        return;
+    }
+    let exe = world_executable_tcps(srv.dir.path());
+    let socket = srv.socket.to_str().unwrap();
+    let out = as_nobody(
+        &exe,
+        &[
+            "run",
+            "--fallback",
+            "fail",
+            "--socket",
+            socket,
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("permission denied")
+            && err.contains(socket)
+            && err.contains("--socket-group"),
+        "uid 65534 should be refused and told how to be allowed: exit {}\n{err}",
+        out.status
+    );
+    assert!(
+        !srv.log_text().contains("uid=65534"),
+        "uid 65534 attached:\n{}",
+        srv.log_text()
+    );
+}
+
+/// `--socket-group` gives the socket to that group, whose members attach;
+/// an unknown group is a clear error.
+#[test]
+fn socket_group_lets_its_members_attach() {
+    let err = server_refuses_to_start(
+        &[
+            "--socket-group",
+            "no-such-group-tcps",
+            "--socket",
+            "/tmp/never.sock",
+        ],
+        &[],
+    );
+    assert!(
+        err.contains("no-such-group-tcps") && err.contains("no such group"),
+        "{err}"
+    );
+    if !is_root() {
+        eprintln!("needs root to chown to another group; skipped");
+        return;
+    }
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-group", "65534"]);
+    let meta = std::fs::metadata(&srv.socket).unwrap();
+    assert_eq!(meta.gid(), 65534, "group of {}", srv.socket.display());
+    assert_eq!(meta.mode() & 0o777, 0o660);
+    let exe = world_executable_tcps(srv.dir.path());
+    let out = as_nobody(
+        &exe,
+        &["stat", "--json", "--socket", srv.socket.to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        out.status.success() && text(&out.stdout).contains("\"viewer\""),
+        "a member of group 65534 should reach the server: {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+}
