@@ -191,14 +191,15 @@ fn socket_path_refuses_non_sockets_reuses_stale_socket() {
 
 // ---- 2. a forked child the server refuses fails loudly --------------------------
 
-/// `--max-hosts 1`: a fork-per-connection Python server runs under `tcps
-/// run` and takes the only slot; its forked children are refused. A child
-/// must say so (naming the limit) and exit, not run on with inherited
-/// sockets that fail with EBADF after a "running on kernel sockets".
+/// `--max-hosts 2`: a fork-per-connection Python server runs under `tcps
+/// run` and takes one slot, the test the other (after `tcps run`'s probe
+/// let go of it); the forked children are refused. A child must say so
+/// (naming the limit) and exit, not run on with inherited sockets that fail
+/// with EBADF after a "running on kernel sockets".
 #[test]
 fn forked_child_refused_by_full_server_fails_loudly() {
     preload::need("python3");
-    let srv = Server::start("uring", &["--poll", "adaptive", "--max-hosts", "1"]);
+    let srv = Server::start("uring", &["--poll", "adaptive", "--max-hosts", "2"]);
     let dir = TempDir::new("op-fork");
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -227,6 +228,15 @@ fn forked_child_refused_by_full_server_fails_loudly() {
         preload::read(&log),
         srv.log_text()
     );
+    // Take the second slot (retrying while the probe's slot is released).
+    let t = Instant::now();
+    let _holder = loop {
+        match tcps::Client::attach(&srv.socket) {
+            Ok(c) => break c,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(5), "holder: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     use std::io::{BufRead, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
@@ -242,7 +252,7 @@ fn forked_child_refused_by_full_server_fails_loudly() {
     let out = preload::read(&log);
     assert!(
         out.contains("refused this child")
-            && out.contains("--max-hosts 1")
+            && out.contains("--max-hosts 2")
             && out.contains("exits with status 1"),
         "the refused child should say why (the limit) and exit:\n{out}\n{}",
         srv.log_text()
