@@ -44,6 +44,10 @@ pub struct RunArgs {
     /// [default: $TCPS_FALLBACK, else kernel]
     #[arg(long, value_enum)]
     pub fallback: Option<Fallback>,
+    /// Seconds to wait for a TCP server that does not answer yet (one that
+    /// is starting) before the fallback applies
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub wait: f64,
     /// The program and its arguments
     #[arg(
         required = true,
@@ -163,6 +167,23 @@ fn can_connect(socket: &Path) -> bool {
     crate::stat_cmd::seqpacket_connect(socket).is_ok()
 }
 
+/// Attaches, retrying for up to `wait` while no server answers (it may be
+/// starting); a server that answers and refuses is not retried.
+fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<tcps::Client> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match tcps::Client::attach(socket) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ECONNREFUSED)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     check_environment()?;
     let fallback = fallback(&args);
@@ -170,8 +191,11 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.env("TCPS_SOCKET", &socket);
+    if !(args.wait.is_finite() && args.wait >= 0.0) {
+        return Err(format!("--wait needs a number of seconds >= 0, got {}", args.wait).into());
+    }
     // Probe the server once, so that a missing one is reported here, once.
-    match tcps::Client::attach(&socket) {
+    match attach_waiting(&socket, std::time::Duration::from_secs_f64(args.wait)) {
         Ok(c) => {
             c.detach();
             let lib = library()?;

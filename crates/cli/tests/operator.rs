@@ -750,3 +750,89 @@ fn socket_group_lets_its_members_attach() {
         text(&out.stderr)
     );
 }
+
+// ---- 7. readiness ------------------------------------------------------------------
+
+/// `tcps run` started just before its server waits for it (`--wait`,
+/// default 1 s) instead of falling back at once.
+#[test]
+fn run_waits_for_a_starting_server() {
+    let dir = TempDir::new("op-wait");
+    let sock = dir.path().join("late.sock");
+    let mut run = Command::new(TCPS);
+    run.args(["run", "--fallback", "fail", "--socket"])
+        .arg(&sock)
+        .args(["--", "true"])
+        .env("TCPS_PRELOAD_LIB", preload::preload_lib())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    common::die_with_parent(&mut run);
+    let mut run = run.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let log = dir.path().join("server.log");
+    let mut server = spawn_logged(
+        &[
+            "server".as_ref(),
+            "--socket".as_ref(),
+            sock.as_os_str(),
+            "--engine".as_ref(),
+            "epoll".as_ref(),
+        ],
+        &log,
+        None,
+    );
+    let st = wait_timeout(&mut run, Duration::from_secs(10));
+    let mut err = String::new();
+    let _ = run.stderr.take().unwrap().read_to_string(&mut err);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut server, Duration::from_secs(5));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "tcps run did not wait for the server: {st:?}\n{err}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// Under systemd (`Type=notify`) the server says READY=1 once its socket
+/// accepts (a host attaches at once), and STOPPING=1 on SIGTERM.
+#[test]
+fn server_notifies_systemd_when_ready() {
+    let dir = TempDir::new("op-notify");
+    let notify = dir.path().join("notify");
+    let listener = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let sock = dir.path().join("tcps.sock");
+    let log = dir.path().join("server.log");
+    let mut c = Command::new(TCPS);
+    c.args(["server", "--engine", "epoll", "--socket"])
+        .arg(&sock)
+        .env("NOTIFY_SOCKET", &notify)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    common::die_with_parent(&mut c);
+    let mut server = c.spawn().unwrap();
+    let mut buf = [0u8; 256];
+    let n = listener.recv(&mut buf).unwrap_or(0);
+    let msg = text(&buf[..n]);
+    let attached = tcps::Client::attach(&sock).map(drop);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let n = listener.recv(&mut buf).unwrap_or(0);
+    let stopping = text(&buf[..n]);
+    wait_timeout(&mut server, Duration::from_secs(5));
+    assert!(
+        msg.contains("READY=1") && msg.contains(&format!("MAINPID={}", server.id())),
+        "no READY=1 from the server: {msg:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        attached.is_ok(),
+        "READY=1 before the socket accepts: {attached:?}"
+    );
+    assert!(stopping.contains("STOPPING=1"), "{stopping:?}");
+}

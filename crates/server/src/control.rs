@@ -62,7 +62,10 @@ fn seqpacket() -> io::Result<OwnedFd> {
 /// Binds and listens on the control socket. A stale socket file (no server
 /// answering) is replaced; a live one is an error, and so is anything at
 /// `path` that is not a socket (a typo must not delete a file). The socket
-/// gets `mode` and, with `group`, that group: who may attach.
+/// gets `mode` and, with `group`, that group: who may attach. It is made
+/// under a temporary name and renamed into place once it accepts, so a
+/// host that finds the file can attach at once (`tcps run` right after
+/// `tcps server`).
 pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd> {
     let (sa, len) = sockaddr_un(path)?;
     create_parent_dir(path)?;
@@ -76,6 +79,42 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
         std::fs::remove_file(path)
             .map_err(|e| about_path(path, "cannot remove the stale socket", e))?;
     }
+    let staging = staging_path(path);
+    if staging != path && refuse_to_replace(&staging)? {
+        std::fs::remove_file(&staging)
+            .map_err(|e| about_path(&staging, "cannot remove a leftover socket", e))?;
+    }
+    let fd = bind_and_listen(&staging, path, mode, group)?;
+    if staging != path {
+        if let Err(e) = std::fs::rename(&staging, path) {
+            let _ = std::fs::remove_file(&staging);
+            return Err(about_path(path, "cannot create the control socket", e));
+        }
+    }
+    Ok(fd)
+}
+
+/// `path.new` next to `path` (the same directory, so a rename moves it),
+/// or `path` itself if the longer name does not fit a socket address.
+fn staging_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".new");
+    let staging = std::path::PathBuf::from(name);
+    if sockaddr_un(&staging).is_ok() {
+        staging
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// Binds a socket at `path` (errors name `shown`, the path operators know).
+fn bind_and_listen(
+    path: &Path,
+    shown: &Path,
+    mode: u32,
+    group: Option<u32>,
+) -> io::Result<OwnedFd> {
+    let (sa, len) = sockaddr_un(path)?;
     let fd = seqpacket()?;
     // SAFETY: sa/len describe a valid sockaddr_un.
     if unsafe {
@@ -87,15 +126,21 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
     } < 0
     {
         return Err(about_path(
-            path,
+            shown,
             "cannot create the control socket",
             io::Error::last_os_error(),
         ));
     }
-    set_owner_and_mode(path, mode, group)?;
-    // SAFETY: plain syscall.
-    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
-        return Err(io::Error::last_os_error());
+    let ready = set_owner_and_mode(path, shown, mode, group).and_then(|()| {
+        // SAFETY: plain syscall.
+        if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    });
+    if let Err(e) = ready {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
     }
     Ok(fd)
 }
@@ -160,19 +205,19 @@ fn probe_connect(sa: &libc::sockaddr_un, len: libc::socklen_t) -> io::Result<boo
     Ok(r == 0)
 }
 
-fn set_owner_and_mode(path: &Path, mode: u32, group: Option<u32>) -> io::Result<()> {
+fn set_owner_and_mode(path: &Path, shown: &Path, mode: u32, group: Option<u32>) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(gid) = group {
         std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| {
             about_path(
-                path,
+                shown,
                 &format!("cannot give the control socket to group {gid}"),
                 e,
             )
         })?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| about_path(path, "cannot set the control socket's mode", e))
+        .map_err(|e| about_path(shown, "cannot set the control socket's mode", e))
 }
 
 /// `e` with the path it is about and, where the path is the problem, how

@@ -188,7 +188,9 @@ pub fn run(cfg: Config) -> io::Result<()> {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     let server = start(cfg).inspect_err(|_| SIGNAL_FD.store(-1, Ordering::SeqCst))?;
+    notify_systemd("READY=1");
     let stop_signal = wait_for_stop_signal(&wake);
+    notify_systemd("STOPPING=1");
     info!(
         signal = stop_signal,
         hosts_attached = server.shared.hosts.load(Ordering::Relaxed),
@@ -199,6 +201,28 @@ pub fn run(cfg: Config) -> io::Result<()> {
     server.wait();
     SIGNAL_FD.store(-1, Ordering::SeqCst);
     Ok(())
+}
+
+/// Tells systemd (`Type=notify`: `$NOTIFY_SOCKET`) how the server is doing;
+/// nothing without it. READY=1 comes once the control socket accepts.
+fn notify_systemd(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let target = target.to_string_lossy().into_owned();
+    let addr = match target.strip_prefix('@') {
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()),
+        None => std::os::unix::net::SocketAddr::from_pathname(&target),
+    };
+    let sent = addr.and_then(|addr| {
+        let sock = std::os::unix::net::UnixDatagram::unbound()?;
+        let msg = format!("{state}\nMAINPID={}", std::process::id());
+        sock.send_to_addr(msg.as_bytes(), &addr)
+    });
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, notify_socket = %target, "cannot notify systemd ({state})");
+    }
 }
 
 /// Sleeps until SIGINT or SIGTERM arrives (returning its name), logging
