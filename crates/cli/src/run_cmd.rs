@@ -167,6 +167,55 @@ fn can_connect(socket: &Path) -> bool {
     crate::stat_cmd::seqpacket_connect(socket).is_ok()
 }
 
+/// `program` as `execvp` would find it (through PATH if it has no slash).
+fn find_program(program: &std::ffi::OsStr) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if p.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Some(p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(p))
+        .find(|c| c.is_file())
+}
+
+/// Whether `path` is an ELF executable without a program interpreter
+/// (statically linked, static-pie included): the dynamic loader never runs
+/// for it, so LD_PRELOAD cannot intercept anything. None: not ELF (a
+/// script) or unreadable.
+fn is_statically_linked(path: &Path) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    const PT_INTERP: u32 = 3;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = [0u8; 64];
+    f.read_exact(&mut h).ok()?;
+    if &h[..4] != b"\x7fELF" || h[5] != 1 {
+        return None; // not ELF, or big-endian (not a target of tcps)
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]) as u64;
+    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4])) as u64;
+    let (phoff, phentsize, phnum) = match h[4] {
+        2 => (
+            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
+            u16_at(0x36),
+            u16_at(0x38),
+        ),
+        1 => (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c)),
+        _ => return None,
+    };
+    if phentsize < 4 {
+        return None;
+    }
+    for i in 0..phnum {
+        let mut p_type = [0u8; 4];
+        f.seek(SeekFrom::Start(phoff + i * phentsize)).ok()?;
+        f.read_exact(&mut p_type).ok()?;
+        if u32::from_le_bytes(p_type) == PT_INTERP {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
 /// Attaches, retrying for up to `wait` while no server answers (it may be
 /// starting); a server that answers and refuses is not retried.
 fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<tcps::Client> {
@@ -187,6 +236,14 @@ fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<t
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     check_environment()?;
     let fallback = fallback(&args);
+    let program = find_program(&args.command[0]);
+    if program.as_deref().and_then(is_statically_linked) == Some(true) {
+        eprintln!(
+            "tcps run: warning: {:?} is statically linked: tcps cannot intercept its sockets \
+             (they stay on the kernel's)",
+            args.command[0]
+        );
+    }
     let socket = args.socket.clone().unwrap_or_else(tcps::default_path);
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);

@@ -37,7 +37,18 @@ fn tcps(args: &[&str], env: &[(&str, &str)]) -> Output {
 /// Runs `c` to completion within `limit` (killed and failed after it).
 fn run_bounded(mut c: Command, limit: Duration) -> Output {
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().expect("spawn");
+    // A fresh copy of tcps may be "busy" for a moment: another test's
+    // fork may still hold the copy's write descriptor until its exec.
+    let mut tries = 0;
+    let mut child = loop {
+        match c.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other.expect("spawn"),
+        }
+    };
     let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let t_out = std::thread::spawn(move || {
         let mut v = Vec::new();
@@ -835,4 +846,33 @@ fn server_notifies_systemd_when_ready() {
         "READY=1 before the socket accepts: {attached:?}"
     );
     assert!(stopping.contains("STOPPING=1"), "{stopping:?}");
+}
+
+// ---- 8. programs tcps cannot serve ----------------------------------------------
+
+/// A statically linked program (ldconfig, static-pie on Debian) gets a
+/// warning: LD_PRELOAD cannot reach it.
+#[test]
+fn run_warns_about_statically_linked_programs() {
+    let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("ldconfig (a statically linked program in Debian's libc-bin)");
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let lib = preload::preload_lib();
+    let socket = srv.socket.to_str().unwrap();
+    let env = [("TCPS_PRELOAD_LIB", lib.to_str().unwrap())];
+    let out = tcps(
+        &["run", "--socket", socket, "--", ldconfig, "--version"],
+        &env,
+    );
+    let err = text(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("statically linked") && err.contains(ldconfig),
+        "exit {}\n{err}",
+        out.status
+    );
+    // A dynamically linked one gets no such warning.
+    let out = tcps(&["run", "--socket", socket, "--", "true"], &env);
+    assert!(!text(&out.stderr).contains("statically linked"));
 }
