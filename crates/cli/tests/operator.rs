@@ -876,3 +876,115 @@ fn run_warns_about_statically_linked_programs() {
     let out = tcps(&["run", "--socket", socket, "--", "true"], &env);
     assert!(!text(&out.stderr).contains("statically linked"));
 }
+
+// ---- 12. running as a systemd service ------------------------------------------
+
+/// Where `prog` is on PATH, if anywhere.
+fn on_path(prog: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+/// contrib/systemd/{tcps.service,tcps.socket,tcps-run.conf} pass
+/// `systemd-analyze verify` (with ExecStart pointing at the tcps under
+/// test), the drop-in applied to a service of its own.
+#[test]
+fn systemd_units_verify() {
+    let Some(analyze) = on_path("systemd-analyze") else {
+        eprintln!("systemd-analyze is not installed; skipped");
+        return;
+    };
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd");
+    let dir = TempDir::new("op-units");
+    let install = |name: &str, to: &Path| {
+        let text = std::fs::read_to_string(units.join(name)).expect(name);
+        std::fs::write(to, text.replace("/usr/local/bin/tcps", TCPS)).unwrap();
+    };
+    install("tcps.service", &dir.path().join("tcps.service"));
+    install("tcps.socket", &dir.path().join("tcps.socket"));
+    std::fs::write(
+        dir.path().join("web.service"),
+        "[Service]\nExecStart=/bin/true\n",
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("web.service.d")).unwrap();
+    install("tcps-run.conf", &dir.path().join("web.service.d/tcps.conf"));
+    let mut c = Command::new(analyze);
+    c.arg("verify")
+        .arg(dir.path().join("tcps.service"))
+        .arg(dir.path().join("tcps.socket"))
+        .arg(dir.path().join("web.service"))
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.path().display()));
+    let out = run_bounded(c, Duration::from_secs(30));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    let about_ours: Vec<&str> = said
+        .lines()
+        .filter(|l| {
+            l.contains(dir.path().to_str().unwrap())
+                || l.contains("tcps")
+                || l.contains("web.service")
+        })
+        .collect();
+    assert!(
+        out.status.success() && about_ours.is_empty(),
+        "systemd-analyze verify: {}\n{said}",
+        out.status
+    );
+}
+
+/// Socket activation (tcps.socket): the server serves on the socket
+/// systemd passes as fd 3, says so, and leaves the socket file to systemd.
+#[test]
+fn socket_activation_serves_the_passed_socket() {
+    let Some(activate) = on_path("systemd-socket-activate") else {
+        eprintln!("systemd-socket-activate is not installed; skipped");
+        return;
+    };
+    let dir = TempDir::new("op-activate");
+    let sock = dir.path().join("activated.sock");
+    let xdg = dir.path().join("xdg");
+    std::fs::create_dir(&xdg).unwrap();
+    let log = dir.path().join("server.log");
+    let mut c = Command::new(activate);
+    c.arg("--seqpacket")
+        .arg("-l")
+        .arg(&sock)
+        .args([TCPS, "server", "--engine", "epoll"])
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .env("RUST_LOG", "info")
+        .env_remove("TCPS_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    common::die_with_parent(&mut c);
+    let mut server = c.spawn().unwrap();
+    let t = Instant::now();
+    while !sock.exists() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The first connection makes systemd-socket-activate exec the server.
+    let attached = common::within(Duration::from_secs(15), "attach", {
+        let sock = sock.clone();
+        move || tcps::Client::attach(&sock).map(|c| c.nop().is_ok())
+    });
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let t = Instant::now();
+    while !log_text().contains("socket activation") && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: signalling our own child (the server, after the exec).
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut server, Duration::from_secs(5));
+    assert!(
+        matches!(attached, Ok(true)),
+        "attach through the activated socket: {attached:?}\n{}",
+        log_text()
+    );
+    assert!(log_text().contains("socket activation"), "{}", log_text());
+    assert!(
+        !xdg.join("tcps.sock").exists(),
+        "the server made a socket of its own"
+    );
+    assert!(sock.exists(), "the server removed systemd's socket file");
+}

@@ -94,6 +94,87 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
     Ok(fd)
 }
 
+/// The control socket systemd passed (socket activation: `LISTEN_PID` is
+/// this process, `LISTEN_FDS` >= 1, the socket is fd 3) with its path; None
+/// when not socket-activated. An error if the passed fd is not a listening
+/// AF_UNIX SOCK_SEQPACKET socket (`ListenSequentialPacket=` in the unit).
+pub fn activated_listener() -> io::Result<Option<(OwnedFd, std::path::PathBuf)>> {
+    const SD_LISTEN_FDS_START: RawFd = 3;
+    let ours = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        == Some(std::process::id());
+    let count = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    if !ours || count == 0 {
+        return Ok(None);
+    }
+    // Not for any program this server might start.
+    std::env::remove_var("LISTEN_PID");
+    std::env::remove_var("LISTEN_FDS");
+    std::env::remove_var("LISTEN_FDNAMES");
+    let fd = SD_LISTEN_FDS_START;
+    let wrong = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the socket systemd passed (fd 3) {what}; use ListenSequentialPacket= in tcps.socket"),
+        )
+    };
+    if sockopt_int(fd, libc::SO_TYPE)? != libc::SOCK_SEQPACKET
+        || sockopt_int(fd, libc::SO_DOMAIN)? != libc::AF_UNIX
+    {
+        return Err(wrong("is not a Unix SOCK_SEQPACKET socket"));
+    }
+    if sockopt_int(fd, libc::SO_ACCEPTCONN)? == 0 {
+        return Err(wrong("is not listening"));
+    }
+    // SAFETY: fd 3 was handed to this process to own (sd_listen_fds(3)).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: setting FD_CLOEXEC on our own descriptor.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Ok(Some((owned, local_path(fd))))
+}
+
+fn sockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v is a writable int with its size in len.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// The path a Unix socket is bound to ("" if none or abstract).
+fn local_path(fd: RawFd) -> std::path::PathBuf {
+    // SAFETY: sockaddr_un is plain data; zero is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: sa is writable with its size in len.
+    let r = unsafe { libc::getsockname(fd, &mut sa as *mut _ as *mut libc::sockaddr, &mut len) };
+    if r < 0 {
+        return std::path::PathBuf::new();
+    }
+    let bytes: Vec<u8> = sa
+        .sun_path
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&bytes))
+}
+
 /// `path.new` next to `path` (the same directory, so a rename moves it),
 /// or `path` itself if the longer name does not fit a socket address.
 fn staging_path(path: &Path) -> std::path::PathBuf {

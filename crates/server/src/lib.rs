@@ -250,7 +250,8 @@ fn wait_for_stop_signal(wake: &OwnedFd) -> &'static str {
 pub struct Server {
     shutdown: Arc<OwnedFd>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    socket_path: PathBuf,
+    /// The control socket file this server made (None: systemd's, kept).
+    socket_path: Option<PathBuf>,
     shared: Arc<Shared>,
 }
 
@@ -274,7 +275,9 @@ impl Server {
         for t in self.threads {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.socket_path);
+        if let Some(path) = &self.socket_path {
+            let _ = std::fs::remove_file(path);
+        }
         let hosts = self.shared.hosts.load(Ordering::Relaxed);
         info!(
             hosts_attached = hosts,
@@ -314,7 +317,18 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
-    let listener = control::listen(&cfg.socket_path, cfg.socket_mode, cfg.socket_group)?;
+    // systemd's socket (tcps.socket) if it started us, else our own.
+    let (listener, made_path, socket_shown) = match control::activated_listener()? {
+        Some((fd, path)) => {
+            info!(socket = %path.display(), "control socket from systemd (socket activation)");
+            (fd, None, path)
+        }
+        None => (
+            control::listen(&cfg.socket_path, cfg.socket_mode, cfg.socket_group)?,
+            Some(cfg.socket_path.clone()),
+            cfg.socket_path.clone(),
+        ),
+    };
     let metrics_listener = cfg.metrics_listen.map(metrics::listen).transpose()?;
     let mut threads = Vec::new();
     let mut handles = Vec::new();
@@ -361,7 +375,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
         );
     }
     info!(
-        socket = %cfg.socket_path.display(),
+        socket = %socket_shown.display(),
         engine = ?cfg.engine,
         poll = ?cfg.poll,
         workers = cfg.cpus.len().max(1),
@@ -372,7 +386,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     Ok(Server {
         shutdown,
         threads,
-        socket_path: cfg.socket_path.clone(),
+        socket_path: made_path,
         shared,
     })
 }
