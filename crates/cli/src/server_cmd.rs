@@ -23,6 +23,14 @@ pub enum EngineArg {
     Epoll,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: time, level, target, message, key=value fields.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
 #[derive(Args, Debug)]
 #[command(
     args_override_self = true,
@@ -126,6 +134,14 @@ pub struct ServerArgs {
     /// [default: the server's group]
     #[arg(long, value_name = "NAME|GID")]
     pub socket_group: Option<String>,
+    /// Log level: error, warn, info, debug or trace [default: $RUST_LOG
+    /// (which may filter per module, e.g. `tcps_server::control=debug`), else info]
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: Option<String>,
+    /// Log format on stderr: text (one line per event, key=value fields)
+    /// or json (one JSON object per line: ts, level, target, message, fields)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
     /// Read options from a config file (`key = value` lines)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -331,20 +347,92 @@ fn config(args: ServerArgs) -> Result<Config, String> {
 }
 
 pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
-    init_logging();
+    init_logging(args.log_level.as_deref(), args.log_format);
     tcps_server::run(config(args)?)?;
     Ok(())
 }
 
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: a log file or pipe gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+/// Logs to stderr at `level` (else as RUST_LOG says, else info), as text or
+/// JSON lines.
+pub fn init_logging(level: Option<&str>, format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    match format {
+        LogFormat::Text => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                // Colours only on a terminal: a log file or pipe gets plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .try_init();
+        }
+        LogFormat::Json => {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(json_log::JsonLines)
+                .try_init();
+        }
+    }
+}
+
+/// `--log-format json`: one JSON object per event on stderr.
+mod json_log {
+    use serde_json::{Map, Value};
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer};
+
+    pub struct JsonLines;
+
+    /// An event's fields as JSON values (numbers and booleans kept).
+    struct Fields(Map<String, Value>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .insert(field.name().to_string(), Value::from(format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_i64(&mut self, field: &Field, value: i64) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_bool(&mut self, field: &Field, value: bool) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+    }
+
+    impl<S: Subscriber> Layer<S> for JsonLines {
+        fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+            let mut fields = Fields(Map::new());
+            event.record(&mut fields);
+            let meta = event.metadata();
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            let mut line = Map::new();
+            line.insert("ts".into(), Value::from(ts));
+            line.insert("level".into(), Value::from(meta.level().as_str()));
+            line.insert("target".into(), Value::from(meta.target()));
+            if let Some(m) = fields.0.remove("message") {
+                line.insert("message".into(), m);
+            }
+            line.insert("fields".into(), Value::Object(fields.0));
+            let text = Value::Object(line).to_string() + "\n";
+            use std::io::Write;
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -988,3 +988,60 @@ fn socket_activation_serves_the_passed_socket() {
     );
     assert!(sock.exists(), "the server removed systemd's socket file");
 }
+
+// ---- 10. logs for operators ------------------------------------------------------
+
+/// Starts `tcps server --socket <dir>/s.sock <extra>` (RUST_LOG=info) and
+/// returns its log once its socket exists, after SIGTERM.
+fn server_log(tag: &str, extra: &[&str]) -> String {
+    let dir = TempDir::new(tag);
+    let sock = dir.path().join("s.sock");
+    let log = dir.path().join("server.log");
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["server".as_ref(), "--socket".as_ref(), sock.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let mut server = spawn_logged(&args, &log, None);
+    let t = Instant::now();
+    while !sock.exists() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tcps::Client::attach(&sock).expect("attach").nop().unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_timeout(&mut server, Duration::from_secs(5));
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+/// `--log-format json`: every line is a JSON object; the start-up line
+/// names the engine as the workers do and the pinned CPUs.
+/// `--log-level warn` beats RUST_LOG=info.
+#[test]
+fn log_format_json_and_log_level() {
+    let log = server_log(
+        "op-json",
+        &["--log-format", "json", "--cpus", "0", "--poll", "block"],
+    );
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}\n{log}")))
+        .collect();
+    let start = lines
+        .iter()
+        .find(|v| v["message"] == "tcps server listening")
+        .unwrap_or_else(|| panic!("no start-up line:\n{log}"));
+    assert_eq!(start["level"], "INFO", "{start}");
+    assert_eq!(start["fields"]["cpus"], "0", "{start}");
+    assert_eq!(start["fields"]["engine"], "io_uring", "{start}");
+    assert_eq!(start["fields"]["poll"], "block", "{start}");
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["message"] == "host attached" && v["fields"]["pid"].is_u64()),
+        "{log}"
+    );
+    let log = server_log("op-level", &["--log-level", "warn", "--poll", "block"]);
+    assert!(
+        !log.contains("tcps server listening") && !log.contains("host attached"),
+        "--log-level warn still logged info lines:\n{log}"
+    );
+}

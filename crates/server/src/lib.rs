@@ -286,6 +286,32 @@ impl Server {
     }
 }
 
+/// The engine's name as the workers log it.
+fn engine_name(kind: EngineKind) -> &'static str {
+    match kind {
+        EngineKind::Uring => "io_uring",
+        EngineKind::Epoll => "epoll",
+    }
+}
+
+/// The poll mode as `--poll` spells it.
+fn poll_name(poll: PollMode) -> &'static str {
+    match poll {
+        PollMode::Busy => "busy",
+        PollMode::Adaptive => "adaptive",
+        PollMode::Block => "block",
+    }
+}
+
+/// The pinned CPUs (`--cpus`), e.g. `1,2`, or `unpinned`.
+fn cpus_text(cpus: &[usize]) -> String {
+    if cpus.is_empty() {
+        return "unpinned".to_string();
+    }
+    let names: Vec<String> = cpus.iter().map(usize::to_string).collect();
+    names.join(",")
+}
+
 /// Every host socket is a descriptor of the server: lift the soft limit to
 /// the hard one so the server is not the first to run out.
 fn raise_fd_limit() {
@@ -376,9 +402,10 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     }
     info!(
         socket = %socket_shown.display(),
-        engine = ?cfg.engine,
-        poll = ?cfg.poll,
+        engine = engine_name(cfg.engine),
+        poll = poll_name(cfg.poll),
         workers = cfg.cpus.len().max(1),
+        cpus = %cpus_text(&cfg.cpus),
         max_hosts = cfg.max_hosts,
         max_sockets_per_host = cfg.max_sockets_per_host,
         "tcps server listening"
