@@ -1045,3 +1045,105 @@ fn log_format_json_and_log_level() {
         "--log-level warn still logged info lines:\n{log}"
     );
 }
+
+// ---- 11. make install ----------------------------------------------------------
+
+/// `make install PREFIX=<tmp>` installs what a system-wide user needs; the
+/// installed `tcps run` finds the installed preload library; a C program
+/// builds against the installed header and library through pkg-config.
+#[test]
+fn make_install_into_a_prefix() {
+    let Some(make) = on_path("make") else {
+        eprintln!("make is not installed; skipped");
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let prefix = TempDir::new("op-install");
+    let p = prefix.path();
+    let mut c = Command::new(make);
+    c.arg("install")
+        .arg(format!("PREFIX={}", p.display()))
+        .current_dir(&root);
+    let out = run_bounded(c, Duration::from_secs(300));
+    assert!(out.status.success(), "make install: {}", text(&out.stderr));
+    for f in [
+        "bin/tcps",
+        "lib/libtcps.so",
+        "lib/tcps/libtcps_preload.so",
+        "include/tcps.h",
+        "lib/pkgconfig/tcps.pc",
+        "share/man/man1/tcps.1",
+        "share/man/man1/tcps-server.1",
+        "share/man/man1/tcps-run.1",
+        "share/man/man1/tcps-stat.1",
+        "share/bash-completion/completions/tcps",
+        "share/doc/tcps/tcps.conf",
+        "share/doc/tcps/LICENSE-MIT",
+        "share/doc/tcps/LICENSE-APACHE",
+        "share/doc/tcps/tcps-run.conf",
+        "lib/systemd/system/tcps.service",
+        "lib/systemd/system/tcps.socket",
+    ] {
+        assert!(p.join(f).is_file(), "{f} not installed");
+    }
+    let man = std::fs::read_to_string(p.join("share/man/man1/tcps-server.1")).unwrap();
+    assert!(
+        man.starts_with(".TH TCPS-SERVER 1") && man.contains("socket-group"),
+        "{man}"
+    );
+    let unit = std::fs::read_to_string(p.join("lib/systemd/system/tcps.service")).unwrap();
+    assert!(
+        unit.contains(&format!("ExecStart={}/bin/tcps server", p.display())),
+        "{unit}"
+    );
+    let completion = p.join("share/bash-completion/completions/tcps");
+    let st = Command::new("bash")
+        .arg("-n")
+        .arg(&completion)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the bash completion does not parse");
+
+    // The installed tcps finds the installed preload library.
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let mut c = Command::new(p.join("bin/tcps"));
+    c.args(["run", "--socket"])
+        .arg(&srv.socket)
+        .args(["--", "sh", "-c", "echo $LD_PRELOAD"])
+        .env_remove("TCPS_PRELOAD_LIB")
+        .env_remove("LD_PRELOAD");
+    let out = run_bounded(c, Duration::from_secs(10));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        p.join("lib/tcps/libtcps_preload.so").to_str().unwrap(),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A C program builds against it through pkg-config.
+    if on_path("pkg-config").is_some() && on_path("cc").is_some() {
+        let src = p.join("uses_tcps.c");
+        std::fs::write(
+            &src,
+            "#include <tcps.h>\nint main(void) { return tcps_socket == 0; }\n",
+        )
+        .unwrap();
+        let flags = Command::new("pkg-config")
+            .args(["--cflags", "--libs", "tcps"])
+            .env("PKG_CONFIG_PATH", p.join("lib/pkgconfig"))
+            .output()
+            .unwrap();
+        assert!(
+            flags.status.success(),
+            "pkg-config: {}",
+            text(&flags.stderr)
+        );
+        let mut cc = Command::new("cc");
+        cc.arg("-o")
+            .arg(p.join("uses_tcps"))
+            .arg(&src)
+            .args(text(&flags.stdout).split_whitespace());
+        let out = run_bounded(cc, Duration::from_secs(60));
+        assert!(out.status.success(), "cc: {}", text(&out.stderr));
+    }
+}
