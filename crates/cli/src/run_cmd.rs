@@ -248,6 +248,9 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.env("TCPS_SOCKET", &socket);
+    // The program keeps this pid (exec): the library knows it is the one
+    // `tcps run` started and writes its summary line even without sockets.
+    cmd.env("TCPS_RUN_PID", std::process::id().to_string());
     if !(args.wait.is_finite() && args.wait >= 0.0) {
         return Err(format!("--wait needs a number of seconds >= 0, got {}", args.wait).into());
     }

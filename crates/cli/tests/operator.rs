@@ -1147,3 +1147,32 @@ fn make_install_into_a_prefix() {
         assert!(out.status.success(), "cc: {}", text(&out.stderr));
     }
 }
+
+/// TCPS_PRELOAD_STATS: the program `tcps run` started writes its summary
+/// line also if it never makes a TCP socket.
+#[test]
+fn summary_line_also_without_tcp_sockets() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let dir = TempDir::new("op-summary");
+    let stats = dir.path().join("stats");
+    let lib = preload::preload_lib();
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            srv.socket.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &[
+            ("TCPS_PRELOAD_LIB", lib.to_str().unwrap()),
+            ("TCPS_PRELOAD_STATS", stats.to_str().unwrap()),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = preload::summaries(&stats);
+    assert!(
+        lines.len() == 1 && lines[0].offloaded == 0 && lines[0].kernel_tcp == 0,
+        "one summary line (no sockets) expected: {lines:?}"
+    );
+}

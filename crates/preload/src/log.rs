@@ -103,6 +103,9 @@ pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
 
 /// atexit hook: the summary line (info level) and the stats file.
 pub extern "C" fn at_exit() {
+    if !crate::state::summary_wanted() {
+        return;
+    }
     let line = summary();
     info!("exit: {line}");
     if let Some(path) = stats_file() {

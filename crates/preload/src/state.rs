@@ -91,6 +91,24 @@ pub fn for_existing() -> Option<&'static Client> {
     for_new_socket().ok()
 }
 
+/// The process (pid) that wants its summary even without an attach: the
+/// one `tcps run` started (0: none). A forked child inherits the atexit
+/// registration but not this wish (a shell's subshells write no lines).
+static SUMMARY_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Registers the summary at exit for this process, attached or not.
+pub fn summary_for_this_process() {
+    SUMMARY_PID.store(std::process::id(), Ordering::Relaxed);
+    at_exit_once();
+}
+
+/// Whether this process writes its summary at exit: it attached (or fell
+/// back) itself, or it asked for it (`summary_for_this_process`).
+pub fn summary_wanted() -> bool {
+    MODE.load(Ordering::Acquire) != UNTRIED
+        || SUMMARY_PID.load(Ordering::Relaxed) == std::process::id()
+}
+
 /// The summary at exit, registered once per process image (a forked child
 /// inherits the registration).
 fn at_exit_once() {
