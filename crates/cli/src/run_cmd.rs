@@ -115,6 +115,9 @@ fn check_environment() -> Result<(), String> {
             continue;
         };
         let value = value.to_string_lossy();
+        if value.is_empty() {
+            continue; // set but empty: the default, as the libraries read it
+        }
         let ok = if words.is_empty() {
             value.trim().parse::<u64>().is_ok()
         } else {
