@@ -4,11 +4,12 @@ mod bench;
 mod bench_ttcp;
 mod bench_web;
 mod demo;
+mod docs_cmd;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -36,6 +37,15 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
     Stat(stat_cmd::StatArgs),
+    /// Write the manual pages (tcps.1, tcps-SUBCOMMAND.1) into DIR (for `make install`).
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
+    /// Print a shell completion script (bash) (for `make install`).
+    #[command(hide = true)]
+    Completions {
+        #[arg(value_parser = ["bash"])]
+        shell: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -52,6 +62,11 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
+        Command::Man { dir } => docs_cmd::write_man_pages(Cli::command(), &dir).map_err(Into::into),
+        Command::Completions { .. } => {
+            print!("{}", docs_cmd::bash_completion(Cli::command()));
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -362,7 +362,8 @@ fn eacces_unprivileged_low_port(engine: &str) {
         eprintln!("SKIP: needs root to start an unprivileged child");
         return;
     }
-    let srv = start_server(engine);
+    // Every local user may attach (the default, 660, keeps uid 65534 out).
+    let srv = Server::start(engine, &["--poll", "adaptive", "--socket-mode", "666"]);
     let mut rng = Rng::new(std::process::id() as u64 ^ 0xacce55);
     // Root (this process) may bind a low port through tcps.
     let c = srv.attach();

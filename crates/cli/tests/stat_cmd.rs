@@ -235,7 +235,8 @@ fn stat_without_a_server() {
 /// nothing happened in between.
 #[test]
 fn stat_watch_prints_deltas() {
-    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    // Every local user may reach the socket (the default, 660, keeps uid 65534 out).
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-mode", "666"]);
     let c = srv.attach();
     c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     wait_stat(&srv, "the socket call", |v| {
@@ -288,7 +289,8 @@ fn stat_hides_other_users_hosts() {
         );
         return;
     }
-    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    // Every local user may reach the socket (the default, 660, keeps uid 65534 out).
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-mode", "666"]);
     let c = srv.attach();
     c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     wait_stat(&srv, "the socket call", |v| {

@@ -17,8 +17,9 @@
 //!    kernel fds: a child that never uses its sockets (redis' BGSAVE) still
 //!    releases them when it exits.
 //!
-//! A failed inherit is logged and the inherited fds stop being offloaded
-//! sockets (calls on them fail with EBADF).
+//! A child the server refuses (full: `--max-hosts`), or whose claim fails,
+//! cannot use the offloaded sockets it inherited: it says why on stderr and
+//! exits with status 1 (`state.rs`), rather than run on with dead sockets.
 
 use crate::log::{debug, warning};
 use crate::{control, fdtable, real, state};
@@ -48,21 +49,20 @@ fn nonce() -> u32 {
     u32::from_ne_bytes(b).max(1)
 }
 
-/// Attaches as a forked child and adopts the parent's snapshot `token`.
+/// Attaches as a forked child and adopts the parent's snapshot `token`;
+/// an error if the server refuses either.
 pub fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
     let c = tcps::Client::attach(path)?;
     match control::call(ControlMsg::Inherit { handle: token }, token) {
-        Ok(()) => debug!("fork: inherited the parent's sockets"),
-        Err(e) => {
-            warning!(
-                "fork: could not inherit the parent's sockets (errno {e}); they are lost in this process"
-            );
-            for (fd, _) in fdtable::all() {
-                fdtable::remove(fd);
-            }
+        Ok(()) => {
+            debug!("fork: inherited the parent's sockets");
+            Ok(c)
         }
+        Err(e) => Err(std::io::Error::other(format!(
+            "the server did not hand over the parent's sockets: {}",
+            std::io::Error::from_raw_os_error(e)
+        ))),
     }
-    Ok(c)
 }
 
 #[no_mangle]
