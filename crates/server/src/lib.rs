@@ -8,6 +8,7 @@
 //!   memfd + doorbell                        engine (io_uring | epoll) -> parked calls
 //! ```
 
+mod adopt;
 mod admission;
 mod calls;
 mod control;
@@ -15,10 +16,10 @@ pub mod engine;
 mod host;
 mod inherit;
 mod metrics;
-pub mod privilege;
 mod registry;
 mod sendfile;
 mod slab;
+pub mod sockopt_policy;
 mod stats;
 mod sys;
 mod token;
@@ -61,8 +62,6 @@ pub struct Config {
     pub max_sockets_per_host: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
-    /// Ports below this need CAP_NET_BIND_SERVICE (read from the kernel).
-    pub unprivileged_port_start: u16,
     /// Live accepted connections per listener; more are reset at the
     /// server and never reach the host (0: unlimited).
     pub max_conns_per_listener: u32,
@@ -131,7 +130,6 @@ impl Default for Config {
             max_hosts: 64,
             max_sockets_per_host: 65536,
             layout: Layout::default(),
-            unprivileged_port_start: privilege::unprivileged_port_start(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
             eager: EagerPolicy::default(),

@@ -25,7 +25,17 @@ use tracing::{debug, info, warn};
 
 /// Executes one registration message of a host and answers it. An error is
 /// a control socket that cannot carry the reply (the host is cut off).
-fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std::io::Result<()> {
+fn on_control_msg(
+    cfg: &Config,
+    host: &mut Host,
+    m: ControlMsg,
+    mut fds: Vec<OwnedFd>,
+) -> std::io::Result<()> {
+    if crate::adopt::handles(&m) {
+        let (reply, fd) = crate::adopt::on_control(cfg, host, m, fds);
+        let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &fds);
+    }
     if let ControlMsg::Export { handle } = m {
         let (reply, fd) = crate::inherit::export(host, handle);
         let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
@@ -44,9 +54,13 @@ fn on_control_msg(host: &mut Host, m: ControlMsg, mut fds: Vec<OwnedFd>) -> std:
         ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
         ControlMsg::Fork { handle } => (handle, crate::inherit::snapshot(host, handle)),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
-        ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
+        ControlMsg::Reply { handle, .. } | ControlMsg::Adopted { handle, .. } => {
+            (handle, Err(libc::EINVAL))
+        }
         // Answered above.
-        ControlMsg::Export { handle } => (handle, Err(libc::EINVAL)),
+        ControlMsg::Export { handle }
+        | ControlMsg::SocketAdopt { handle, .. }
+        | ControlMsg::SocketDup { handle } => (handle, Err(libc::EINVAL)),
         ControlMsg::FileOpen { handle } => (handle, crate::sendfile::open(host, handle, fds)),
         ControlMsg::FileClose { handle } => (handle, crate::sendfile::close(host, handle)),
     };
@@ -328,6 +342,7 @@ impl Worker {
     /// The host's control socket is readable: a registration message, or
     /// it hung up (or broke protocol).
     fn on_control(&mut self, hkey: usize) {
+        let cfg = Arc::clone(&self.cfg);
         let Some(host) = self.hosts.get_mut(hkey) else {
             return;
         };
@@ -340,7 +355,7 @@ impl Worker {
                 Ok((0, _)) => break Some("detached".to_string()),
                 Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
                     Some(m) => {
-                        if let Err(e) = on_control_msg(host, m, fds) {
+                        if let Err(e) = on_control_msg(&cfg, host, m, fds) {
                             break Some(format!("control socket: {e}"));
                         }
                     }
