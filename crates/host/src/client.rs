@@ -192,6 +192,12 @@ impl Client {
         if sockaddr.len() > MAX_ADDR_LEN as usize {
             return Err(errno(libc::EINVAL));
         }
+        // An address tcps cannot carry fails as it always did (the kernel
+        // would check the length before the family).
+        addr::parse(sockaddr).map_err(|e| match e {
+            addr::AddrError::TooShort => errno(libc::EINVAL),
+            addr::AddrError::UnsupportedFamily(_) => errno(libc::EAFNOSUPPORT),
+        })?;
         self.kernel_bind(s, sockaddr)
     }
 
