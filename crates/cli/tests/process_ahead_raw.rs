@@ -137,7 +137,10 @@ fn listener(raw: &mut Raw) -> (u32, u16, Completion) {
     let fd = unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         assert!(fd >= 0);
-        assert_eq!(libc::bind(fd, a.as_ptr() as *const libc::sockaddr, a.len() as u32), 0);
+        assert_eq!(
+            libc::bind(fd, a.as_ptr() as *const libc::sockaddr, a.len() as u32),
+            0
+        );
         fd
     };
     let l = raw.h.adopt_socket(fd, false).expect("SocketAdopt");

@@ -57,7 +57,10 @@ fn run_as_nobody(srv: &Server, name: &str, role: &str, envs: &[(&str, String)]) 
         cmd.env(k, v);
     }
     let (st, out, err) = run_child(cmd, Duration::from_secs(30));
-    assert!(st.success(), "{role} failed: {st}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        st.success(),
+        "{role} failed: {st}\nstdout:\n{out}\nstderr:\n{err}"
+    );
     out
 }
 
@@ -126,7 +129,9 @@ impl Raw {
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        self.h.adopt_socket(fd.as_raw_fd(), false).expect("SocketAdopt")
+        self.h
+            .adopt_socket(fd.as_raw_fd(), false)
+            .expect("SocketAdopt")
     }
 }
 
@@ -206,18 +211,72 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
     // IPOPT_SEC (130): a privileged IP option.
     let sec_opt = [130u8, 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     let checks: Vec<(&str, u32, i32, i32, Vec<u8>)> = vec![
-        ("TCP_REPAIR", s4, libc::IPPROTO_TCP, libc::TCP_REPAIR, one.to_vec()),
-        ("IP_OPTIONS", s4, libc::IPPROTO_IP, libc::IP_OPTIONS, sec_opt.to_vec()),
-        ("IPV6_HOPOPTS", s6, libc::IPPROTO_IPV6, libc::IPV6_HOPOPTS, vec![0u8; 8]),
+        (
+            "TCP_REPAIR",
+            s4,
+            libc::IPPROTO_TCP,
+            libc::TCP_REPAIR,
+            one.to_vec(),
+        ),
+        (
+            "IP_OPTIONS",
+            s4,
+            libc::IPPROTO_IP,
+            libc::IP_OPTIONS,
+            sec_opt.to_vec(),
+        ),
+        (
+            "IPV6_HOPOPTS",
+            s6,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_HOPOPTS,
+            vec![0u8; 8],
+        ),
         // Available but not in tcp_allowed_congestion_control here ("reno
         // bbr"); root could set it, nobody could not.
-        ("TCP_CONGESTION", s4, libc::IPPROTO_TCP, libc::TCP_CONGESTION, not_allowed_cc()),
-        ("SO_PREFER_BUSY_POLL", s4, libc::SOL_SOCKET, libc::SO_PREFER_BUSY_POLL, one.to_vec()),
-        ("IP_XFRM_POLICY", s4, libc::IPPROTO_IP, libc::IP_XFRM_POLICY, vec![0u8; 64]),
-        ("SO_BINDTOIFINDEX", s4, libc::SOL_SOCKET, libc::SO_BINDTOIFINDEX, one.to_vec()),
+        (
+            "TCP_CONGESTION",
+            s4,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            not_allowed_cc(),
+        ),
+        (
+            "SO_PREFER_BUSY_POLL",
+            s4,
+            libc::SOL_SOCKET,
+            libc::SO_PREFER_BUSY_POLL,
+            one.to_vec(),
+        ),
+        (
+            "IP_XFRM_POLICY",
+            s4,
+            libc::IPPROTO_IP,
+            libc::IP_XFRM_POLICY,
+            vec![0u8; 64],
+        ),
+        (
+            "SO_BINDTOIFINDEX",
+            s4,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTOIFINDEX,
+            one.to_vec(),
+        ),
         ("SO_MARK", s4, libc::SOL_SOCKET, libc::SO_MARK, one.to_vec()),
-        ("SO_ATTACH_FILTER", s4, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, vec![0u8; 16]),
-        ("SO_PRIORITY 7", s4, libc::SOL_SOCKET, libc::SO_PRIORITY, 7i32.to_ne_bytes().to_vec()),
+        (
+            "SO_ATTACH_FILTER",
+            s4,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            vec![0u8; 16],
+        ),
+        (
+            "SO_PRIORITY 7",
+            s4,
+            libc::SOL_SOCKET,
+            libc::SO_PRIORITY,
+            7i32.to_ne_bytes().to_vec(),
+        ),
     ];
     for (what, s, level, name, value) in checks {
         assert_eq!(
@@ -227,8 +286,14 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
         );
     }
     // What is on the allow-list still works.
-    assert_eq!(raw.setsockopt(s4, libc::IPPROTO_TCP, libc::TCP_NODELAY, &one), 0);
-    assert_eq!(raw.setsockopt(s4, libc::SOL_SOCKET, libc::SO_PRIORITY, &6i32.to_ne_bytes()), 0);
+    assert_eq!(
+        raw.setsockopt(s4, libc::IPPROTO_TCP, libc::TCP_NODELAY, &one),
+        0
+    );
+    assert_eq!(
+        raw.setsockopt(s4, libc::SOL_SOCKET, libc::SO_PRIORITY, &6i32.to_ne_bytes()),
+        0
+    );
     // No socket and no bind for a local host.
     let c = raw.call(
         Op::Socket,
@@ -236,16 +301,29 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
         &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
         &[],
     );
-    assert_eq!((c.result, errno_name(c.errno)), (-1, "EPERM".into()), "Op::Socket");
+    assert_eq!(
+        (c.result, errno_name(c.errno)),
+        (-1, "EPERM".into()),
+        "Op::Socket"
+    );
     let c = raw.call(Op::Bind, s4, &[], &sockaddr_in(0));
-    assert_eq!((c.result, errno_name(c.errno)), (-1, "EPERM".into()), "Op::Bind");
-    assert!(srv.log_text().contains("socket refused"), "{}", srv.log_text());
+    assert_eq!(
+        (c.result, errno_name(c.errno)),
+        (-1, "EPERM".into()),
+        "Op::Bind"
+    );
+    assert!(
+        srv.log_text().contains("socket refused"),
+        "{}",
+        srv.log_text()
+    );
 }
 
 /// A congestion control the kernel offers but does not allow to
 /// unprivileged users (or a made-up name if every one is allowed).
 fn not_allowed_cc() -> Vec<u8> {
-    let read = |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
+    let read =
+        |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
     let allowed = read("tcp_allowed_congestion_control");
     let name = read("tcp_available_congestion_control")
         .split_whitespace()
@@ -280,7 +358,10 @@ fn user_namespace_caps_are_not_believed(engine: &str) {
     let (st, out, err) = run_child(cmd, Duration::from_secs(30));
     assert!(st.success(), "userns child failed: {st}\n{out}\n{err}");
     let caps = one_mark(&out, "capeff");
-    assert_ne!(caps, "0000000000000000", "the child has capabilities in its namespace");
+    assert_ne!(
+        caps, "0000000000000000",
+        "the child has capabilities in its namespace"
+    );
     assert_eq!(one_mark(&out, "low-bind"), "EACCES", "{out}");
     assert_eq!(one_mark(&out, "so-mark"), "EPERM", "{out}");
 }
@@ -356,7 +437,10 @@ fn setuid_exec_after_connect_grants_nothing(engine: &str) {
         &srv,
         "child_setuid_exec",
         "setuid-exec",
-        &[("TCPS_IT_PORT", port.to_string()), ("TCPS_IT_SETUID", setuid.into())],
+        &[
+            ("TCPS_IT_PORT", port.to_string()),
+            ("TCPS_IT_SETUID", setuid.into()),
+        ],
     );
     if marks(&out, "skip").len() == 1 {
         eprintln!("SKIP: {}", one_mark(&out, "skip"));
@@ -544,7 +628,10 @@ fn reuseport_listener() -> OwnedFd {
         assert!(fd >= 0);
         let one: libc::c_int = 1;
         let p = &one as *const libc::c_int as *const libc::c_void;
-        assert_eq!(libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, p, 4), 0);
+        assert_eq!(
+            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, p, 4),
+            0
+        );
         assert_eq!(libc::bind(fd, a.as_ptr() as *const libc::sockaddr, 16), 0);
         assert_eq!(libc::listen(fd, 16), 0);
         OwnedFd::from_raw_fd(fd)
@@ -585,7 +672,10 @@ fn child_reuseport() {
     mark("reuseport-bind", result_name(&r));
     let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
     let lport = c.getsockname(l).unwrap().port();
-    mark("listener-uid", listener_uid(lport).unwrap_or_else(|| "none".into()));
+    mark(
+        "listener-uid",
+        listener_uid(lport).unwrap_or_else(|| "none".into()),
+    );
 }
 
 // ---- finding 5 ---------------------------------------------------------------
@@ -618,7 +708,11 @@ fn pointer_options_are_refused(engine: &str) {
         &[libc::SOL_SOCKET as u64, libc::SO_GET_FILTER as u64],
         &[0u8; 64],
     );
-    assert_eq!((c.result, errno_name(c.errno)), (-1, "EPERM".into()), "SO_GET_FILTER");
+    assert_eq!(
+        (c.result, errno_name(c.errno)),
+        (-1, "EPERM".into()),
+        "SO_GET_FILTER"
+    );
     // A pointer-free read still works.
     let c = raw.call(
         Op::GetSockOpt,

@@ -60,7 +60,11 @@ impl Control {
     /// Sends `msg` (with `fds`) and returns the server's answer naming the
     /// same handle, with the descriptors it carried. An answer to an earlier
     /// message that timed out is skipped.
-    pub fn exchange(&self, msg: &ControlMsg, fds: &[RawFd]) -> io::Result<(ControlMsg, Vec<OwnedFd>)> {
+    pub fn exchange(
+        &self,
+        msg: &ControlMsg,
+        fds: &[RawFd],
+    ) -> io::Result<(ControlMsg, Vec<OwnedFd>)> {
         let _g = self.lock();
         let ctl = self.raw();
         fdpass::send_with_fds(ctl, &msg.encode(), fds)?;
@@ -89,10 +93,7 @@ impl Control {
                 return Err(errno(libc::ECONNRESET));
             }
             let reply = ControlMsg::decode(&b[..n]).ok_or(errno(libc::EPROTO))?;
-            let is_answer = matches!(
-                reply,
-                ControlMsg::Reply { .. } | ControlMsg::Adopted { .. }
-            );
+            let is_answer = matches!(reply, ControlMsg::Reply { .. } | ControlMsg::Adopted { .. });
             if !is_answer {
                 return Err(errno(libc::EPROTO));
             }

@@ -19,11 +19,11 @@
 //! which is exactly the copy registration exists to avoid; a shared file
 //! mapping is the one zero-copy way, so registration makes the memory one.
 
+use crate::control::Control;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
-use crate::control::Control;
 use tcps_proto::handshake::ControlMsg;
 use tcps_proto::sendq::MAX_REGISTRATIONS;
 
@@ -137,7 +137,14 @@ impl Registry {
     }
 
     /// Tells the server about a new registration and records it.
-    fn add(&self, ctl: &Control, fd: OwnedFd, p: *mut u8, len: usize, kind: Kind) -> io::Result<u32> {
+    fn add(
+        &self,
+        ctl: &Control,
+        fd: OwnedFd,
+        p: *mut u8,
+        len: usize,
+        kind: Kind,
+    ) -> io::Result<u32> {
         let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
         let handle = books
             .iter()

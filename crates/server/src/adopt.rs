@@ -67,7 +67,12 @@ pub fn on_control(
 }
 
 /// Takes the one socket that came with the message; returns its new id.
-fn adopt(cfg: &Config, host: &mut Host, mut fds: Vec<OwnedFd>, nonblocking: bool) -> Result<u32, i32> {
+fn adopt(
+    cfg: &Config,
+    host: &mut Host,
+    mut fds: Vec<OwnedFd>,
+    nonblocking: bool,
+) -> Result<u32, i32> {
     if fds.len() != 1 {
         return Err(libc::EINVAL); // the extra descriptors close when dropped
     }
@@ -192,7 +197,10 @@ mod tests {
             )
         };
         assert_eq!(check_tcp_socket(tcp.as_raw_fd()), Ok(()));
-        assert_eq!(check_tcp_socket(udp.as_raw_fd()), Err(libc::ESOCKTNOSUPPORT));
+        assert_eq!(
+            check_tcp_socket(udp.as_raw_fd()),
+            Err(libc::ESOCKTNOSUPPORT)
+        );
         assert_eq!(check_tcp_socket(unix.as_raw_fd()), Err(libc::EAFNOSUPPORT));
         assert_eq!(check_tcp_socket(file.as_raw_fd()), Err(libc::ENOTSOCK));
     }

@@ -8,8 +8,8 @@
 //!   memfd + doorbell                        engine (io_uring | epoll) -> parked calls
 //! ```
 
-mod adopt;
 mod admission;
+mod adopt;
 mod calls;
 mod control;
 pub mod engine;

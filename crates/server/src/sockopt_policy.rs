@@ -41,10 +41,7 @@ pub fn may_set(level: i32, name: i32, value: &[u8], allowed_cc: &str) -> Result<
             IPPROTO_TCP,
             TCP_NODELAY | TCP_CORK | TCP_KEEPIDLE | TCP_KEEPINTVL | TCP_KEEPCNT | TCP_QUICKACK,
         )
-        | (
-            IPPROTO_TCP,
-            TCP_USER_TIMEOUT | TCP_NOTSENT_LOWAT | TCP_MAXSEG | TCP_WINDOW_CLAMP,
-        )
+        | (IPPROTO_TCP, TCP_USER_TIMEOUT | TCP_NOTSENT_LOWAT | TCP_MAXSEG | TCP_WINDOW_CLAMP)
         | (IPPROTO_TCP, TCP_DEFER_ACCEPT | TCP_LINGER2 | TCP_SYNCNT)
         | (IPPROTO_IP, IP_TOS | IP_TTL)
         | (IPPROTO_IPV6, IPV6_TCLASS | IPV6_UNICAST_HOPS | IPV6_V6ONLY) => Ok(()),
@@ -103,8 +100,7 @@ pub fn may_get(level: i32, name: i32) -> Result<(), Refusal> {
 /// `/proc/sys/net/ipv4/tcp_allowed_congestion_control` ("" if unreadable:
 /// then no name is allowed through the server).
 pub fn allowed_congestion_control() -> String {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control").unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -474,19 +474,17 @@ fn watch_host(s: &Shared, st: &mut State, h: &mut Host) {
     use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
     while !h.gone {
         let mut b = [0u8; CONTROL_MSG_LEN + 1];
-        let (n, fds) = match tcps_proto::fdpass::recv_with_fds(
-            h.conn.as_raw_fd(),
-            &mut b,
-            libc::MSG_DONTWAIT,
-        ) {
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return,
-            Ok((n, fds)) if n > 0 => (n, fds),
-            _ => {
-                h.gone = true;
-                s.hosts_gone.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        };
+        let (n, fds) =
+            match tcps_proto::fdpass::recv_with_fds(h.conn.as_raw_fd(), &mut b, libc::MSG_DONTWAIT)
+            {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return,
+                Ok((n, fds)) if n > 0 => (n, fds),
+                _ => {
+                    h.gone = true;
+                    s.hosts_gone.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            };
         let reply = match ControlMsg::decode(&b[..n]) {
             // The fake keeps no kernel socket: it counts the one it got.
             Some(ControlMsg::SocketAdopt {

@@ -296,7 +296,15 @@ fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: Are
         String::new()
     };
     if let Err(why) = crate::sockopt_policy::may_set(level, name, &value, &allowed_cc) {
-        debug!(host = host.id, pid = host.pid, uid = host.uid, level, name, why, "setsockopt refused");
+        debug!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            level,
+            name,
+            why,
+            "setsockopt refused"
+        );
         return Err(libc::EPERM);
     }
     sys::setsockopt(fd, level, name, &value)?;
@@ -335,7 +343,15 @@ fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRa
         return Ok((0, 4));
     }
     if let Err(why) = crate::sockopt_policy::may_get(level, name) {
-        debug!(host = host.id, pid = host.pid, uid = host.uid, level, name, why, "getsockopt refused");
+        debug!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            level,
+            name,
+            why,
+            "getsockopt refused"
+        );
         return Err(libc::EPERM);
     }
     let mut buf = vec![0u8; v.len as usize];
