@@ -353,7 +353,7 @@ fn user_namespace_caps_are_not_believed(engine: &str) {
         .gid(65534);
     // SAFETY: runs in the forked child before exec: only raw syscalls.
     unsafe {
-        cmd.pre_exec(|| enter_own_user_namespace());
+        cmd.pre_exec(enter_own_user_namespace);
     }
     let (st, out, err) = run_child(cmd, Duration::from_secs(30));
     assert!(st.success(), "userns child failed: {st}\n{out}\n{err}");
@@ -749,11 +749,7 @@ fn host_library_sets_options_itself(engine: &str) {
         42
     );
     // The connection still works.
-    assert_eq!(tcps_echo_exchange_or_send(&c, a), 5);
-}
-
-fn tcps_echo_exchange_or_send(c: &Client, s: u32) -> usize {
-    c.send(s, b"hello", 0).unwrap()
+    assert_eq!(c.send(a, b"hello", 0).unwrap(), 5);
 }
 
 engine_tests!(
