@@ -91,7 +91,7 @@ impl Raw {
             op: op as u16,
             sock,
             buf_off: 0,
-            buf_len: input.len().max(64) as u32,
+            buf_len: input.len() as u32,
             user_data: u64::from(self.req) + 1,
             ..Default::default()
         };
