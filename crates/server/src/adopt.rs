@@ -40,7 +40,11 @@ pub fn on_control(
             nonblocking,
         } => {
             let reply = match adopt(cfg, host, fds, nonblocking) {
-                Ok(sock) => ControlMsg::Adopted { handle, sock },
+                Ok(sock) => {
+                    // The host's socket(2), as the statistics count it.
+                    host.stats.calls[tcps_proto::Op::Socket as usize] += 1;
+                    ControlMsg::Adopted { handle, sock }
+                }
                 Err(errno) => ControlMsg::Reply { handle, errno },
             };
             debug!(host = host.id, ?reply, "socket adopt");
