@@ -752,7 +752,48 @@ fn host_library_sets_options_itself(engine: &str) {
     assert_eq!(c.send(a, b"hello", 0).unwrap(), 5);
 }
 
+/// Every control exchange of a process (socket adoption, memory
+/// registration, socket duplicates) goes through one lock: threads doing
+/// all of them at once never read each other's replies.
+fn control_exchanges_never_mix(engine: &str) {
+    let srv = open_server(engine);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for _ in 0..30 {
+                    if i % 2 == 0 {
+                        let s = c.socket(libc::AF_INET6, libc::SOCK_STREAM, 0).unwrap();
+                        c.setsockopt_int(s, libc::SOL_SOCKET, libc::SO_MARK, 3)
+                            .unwrap();
+                        c.close(s).unwrap();
+                    } else {
+                        let (p, h) = c.alloc_registered(4096).unwrap();
+                        assert!(!p.is_null());
+                        c.deregister_memory(h).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    // Meanwhile: duplicates of accepted connections (SO_MARK is not on the
+    // server's allow-list).
+    for _ in 0..10 {
+        let _peer = TcpStream::connect(addr).unwrap();
+        let (a, _) = c.accept(l, 0).unwrap();
+        c.setsockopt_int(a, libc::SOL_SOCKET, libc::SO_MARK, 5)
+            .unwrap();
+        c.close(a).unwrap();
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 engine_tests!(
+    control_exchanges_never_mix,
     nobody_cannot_take_a_root_daemons_port,
     server_refuses_privileged_options_and_socket_ops,
     user_namespace_caps_are_not_believed,
