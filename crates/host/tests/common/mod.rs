@@ -403,6 +403,9 @@ fn serve(s: &Shared) {
             (0..used).any(|i| h.cursors[i as usize].has_requests(&h.region.channel(i).unwrap()))
         });
         if !pending {
+            // Not holding the host list while asleep: the acceptor must be
+            // able to add a host (whose control messages wait until then).
+            drop(hosts);
             let mut p = libc::pollfd {
                 fd: s.doorbell.as_raw_fd(),
                 events: libc::POLLIN,
@@ -422,6 +425,7 @@ fn serve(s: &Shared) {
             {
                 s.doorbells.fetch_add(1, Ordering::Relaxed);
             }
+            hosts = s.hosts.lock().unwrap();
         }
         for h in hosts.iter() {
             h.region
