@@ -405,12 +405,8 @@ fn eacces_unprivileged_low_port(engine: &str) {
         "bind of port {port} as uid 65534\n{out}\n{err}"
     );
     assert_eq!(marks(&out, "high-bind"), vec!["ok".to_string()], "{out}");
-    // The refusal happened at the server's check, and is logged.
-    assert!(
-        srv.log_text().contains("bind refused"),
-        "server log should say why:\n{}",
-        srv.log_text()
-    );
+    // The refusal is the kernel's: the host binds its own socket
+    // (docs/PROTOCOL.md §6), so the server never saw the bind.
 }
 
 /// Child: runs as uid 65534 and reports what binding a low port gives.

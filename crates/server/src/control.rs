@@ -8,7 +8,6 @@
 //! A `StatQuery` instead of a `Hello` is answered here (`stats::answer`).
 
 use crate::host::NewHost;
-use crate::privilege::Privileges;
 use crate::sys::{self, ListenerWake};
 use crate::worker::Inbox;
 use crate::{Config, Shared};
@@ -461,19 +460,17 @@ fn attach(
             &Welcome::accepted(size as u64),
             &[memfd.as_raw_fd(), worker.doorbell.as_raw_fd()],
         )?;
-        let privileges = Privileges::of_pid(cred.pid as u32);
         Ok(NewHost {
             id,
             pid: cred.pid as u32,
             uid: cred.uid,
-            privileges,
             region,
             control: conn,
         })
     })();
     match result {
         Ok(host) => {
-            info!(host = id, pid = host.pid, uid = host.uid, privileges = ?host.privileges, "host attached");
+            info!(host = id, pid = host.pid, uid = host.uid, "host attached");
             if let Ok(mut inbox) = worker.inbox.hosts.lock() {
                 inbox.push(host);
             }

@@ -9,16 +9,17 @@
 //! ```
 
 mod admission;
+mod adopt;
 mod calls;
 mod control;
 pub mod engine;
 mod host;
 mod inherit;
 mod metrics;
-pub mod privilege;
 mod registry;
 mod sendfile;
 mod slab;
+pub mod sockopt_policy;
 mod stats;
 mod sys;
 mod token;
@@ -64,8 +65,6 @@ pub struct Config {
     pub max_sockets_per_host: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
-    /// Ports below this need CAP_NET_BIND_SERVICE (read from the kernel).
-    pub unprivileged_port_start: u16,
     /// Live accepted connections per listener; more are reset at the
     /// server and never reach the host (0: unlimited).
     pub max_conns_per_listener: u32,
@@ -167,7 +166,6 @@ impl Default for Config {
             max_hosts: 64,
             max_sockets_per_host: 65536,
             layout: Layout::default(),
-            unprivileged_port_start: privilege::unprivileged_port_start(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
             eager: EagerPolicy::default(),
