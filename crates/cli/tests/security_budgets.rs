@@ -23,7 +23,7 @@ mod common;
 use common::*;
 use std::cell::Cell;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -124,15 +124,34 @@ impl Raw {
         self.call(r)
     }
 
+    /// A TCP socket made here (as a host makes its sockets, under its own
+    /// credentials) and handed to the server: its socket id.
     fn socket(&self) -> u32 {
-        let c = self.op(
-            Op::Socket,
-            0,
-            &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
-            (0, 0),
-        );
-        assert!(c.result >= 0, "socket: {c:?}");
-        c.result as u32
+        self.adopt(None)
+    }
+
+    /// As [`socket`](Self::socket), bound to `addr` here first.
+    fn socket_bound(&self, addr: SocketAddr) -> u32 {
+        self.adopt(Some(addr))
+    }
+
+    fn adopt(&self, bind: Option<SocketAddr>) -> u32 {
+        let sock = match bind {
+            Some(a) => plain_kernel_bind(a).expect("bind"),
+            None => {
+                // SAFETY: plain syscall; the result is checked.
+                let fd = unsafe {
+                    libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
+                };
+                assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+                // SAFETY: a fresh descriptor we own.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            }
+        };
+        // The server keeps its own copy; ours closes when `sock` drops.
+        self.h
+            .adopt_socket(sock.as_raw_fd(), false)
+            .unwrap_or_else(|e| panic!("SocketAdopt: errno {e}"))
     }
 
     /// A control message and the errno of its reply.
@@ -561,9 +580,7 @@ engine_tests!(pull_budget_keeps_bytes_in_the_kernel);
 fn parked_poll_entries_are_budgeted() {
     let srv = Server::start("uring", &["--poll", "adaptive", "--socket-mode", "666"]);
     let raw = Raw::new(&srv);
-    let l = raw.socket();
-    raw.arena(0, &sockaddr("127.0.0.1:0".parse().unwrap()));
-    assert_eq!(raw.op(Op::Bind, l, &[], (0, 16)).result, 0, "bind");
+    let l = raw.socket_bound("127.0.0.1:0".parse().unwrap());
     assert_eq!(raw.op(Op::Listen, l, &[16], (0, 0)).result, 0, "listen");
     // 4096 entries, all the idle listener, for POLLIN: never ready.
     let mut set = Vec::with_capacity(4096 * 8);
