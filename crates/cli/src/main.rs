@@ -4,6 +4,7 @@ mod bench;
 mod bench_ttcp;
 mod bench_web;
 mod demo;
+mod generate;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;
@@ -36,6 +37,9 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
     Stat(stat_cmd::StatArgs),
+    /// Write the man pages or shell completions (used by `make install`).
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
+        Command::Generate(args) => generate::run(args, <Cli as clap::CommandFactory>::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
