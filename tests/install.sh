@@ -40,8 +40,11 @@ done
 grep -q "ExecStart=$p/bin/tcps run" "$p/lib/systemd/system/tcps-run@.service" ||
   fail "tcps-run@.service does not run the installed tcps"
 cmp -s include/tcps.h "$p/include/tcps.h" || fail "installed tcps.h differs"
-# The binary is the hidden `generate` subcommand's source, not shown in --help.
-! "$p/bin/tcps" --help | grep -qw generate || fail "tcps --help shows the hidden generate"
+# `tcps generate` (the build step that wrote the pages and completions) is
+# not an operator's command: in neither --help, the pages nor completions.
+! "$p/bin/tcps" --help | grep -qw generate || fail "tcps --help shows generate"
+! grep -qw generate "$p/share/bash-completion/completions/tcps" "$p/share/man/man1/tcps.1" ||
+  fail "the completions or tcps(1) offer generate"
 
 # --- pkg-config: a C program builds against the installed library ---
 export PKG_CONFIG_PATH=$p/lib/pkgconfig

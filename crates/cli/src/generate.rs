@@ -1,13 +1,39 @@
-//! `tcps generate man|completions DIR` (hidden): writes the man pages and
-//! the shell completions from the same clap definitions `--help` prints, so
+//! `tcps generate man|completions DIR`: writes the man pages and the shell
+//! completions from the same clap definitions `--help` prints, so
 //! `make install` ships documentation that cannot drift from the binary.
+//! A build tool, not an operator's command: it is handled before the `tcps`
+//! command line is parsed, so it shows in neither `--help`, the man pages
+//! nor the completions.
 
-use clap::{Args, Subcommand};
+use clap::{Parser, Subcommand};
 use clap_complete::Shell;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-#[derive(Args)]
-pub struct GenerateArgs {
+/// `tcps generate ...`: runs it and returns its exit code; None for every
+/// other command line. `cli` builds the whole `tcps` command definition.
+pub fn run_if_asked(cli: impl FnOnce() -> clap::Command) -> Option<ExitCode> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).map(|a| a.as_os_str()) != Some("generate".as_ref()) {
+        return None;
+    }
+    let args = GenerateArgs::parse_from(&argv[1..]);
+    Some(match run(args, cli()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tcps generate: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
+#[derive(Parser)]
+#[command(
+    name = "tcps generate",
+    bin_name = "tcps generate",
+    about = "Write the man pages or shell completions (used by `make install`)"
+)]
+struct GenerateArgs {
     #[command(subcommand)]
     what: What,
 }
@@ -27,7 +53,7 @@ enum What {
 }
 
 /// `cli` is the whole `tcps` command (`Cli::command()` in main.rs).
-pub fn run(args: GenerateArgs, cli: clap::Command) -> Result<(), Box<dyn std::error::Error>> {
+fn run(args: GenerateArgs, cli: clap::Command) -> Result<(), Box<dyn std::error::Error>> {
     match args.what {
         What::Man { dir } => man_pages(cli, &dir),
         What::Completions { dir } => completions(cli, &dir),

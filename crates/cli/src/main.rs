@@ -37,12 +37,12 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
     Stat(stat_cmd::StatArgs),
-    /// Write the man pages or shell completions (used by `make install`).
-    #[command(hide = true)]
-    Generate(generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = generate::run_if_asked(<Cli as clap::CommandFactory>::command) {
+        return code;
+    }
     let cli = match with_config_file(std::env::args().collect()) {
         Ok(argv) => Cli::parse_from(argv),
         Err(e) => {
@@ -56,7 +56,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
-        Command::Generate(args) => generate::run(args, <Cli as clap::CommandFactory>::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
