@@ -55,7 +55,8 @@ clean:
 # --- install ---------------------------------------------------------------
 # GNU-style directory variables; DESTDIR is prepended to every one (staged
 # installs for packages). `tcps run` finds the preload library at
-# ../lib/tcps/ relative to the tcps binary, so pkglibdir follows bindir.
+# ../lib/tcps/ relative to the tcps binary: keep bindir = PREFIX/bin (the
+# default) or set TCPS_PRELOAD_LIB.
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 bindir      ?= $(PREFIX)/bin
