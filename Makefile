@@ -4,12 +4,12 @@
 #   make examples   only the C examples (builds libtcps.so first if it is missing)
 #   make test       every test (scripts/test.sh)
 #   make demo       the web server demo: tcps vs kernel sockets (scripts/demo.sh)
-#   make clean      cargo clean and examples/build
-#   make install    PREFIX=/usr/local [DESTDIR=]: the tcps binary, libtcps.so,
-#                   libtcps_preload.so (PREFIX/lib/tcps/, where `tcps run`
-#                   looks), tcps.h, tcps.pc, man pages, shell completions,
-#                   the systemd units (SYSTEMD_UNIT_DIR), docs and licenses
+#   make install    install system-wide: PREFIX=/usr/local, DESTDIR= for packaging
+#                   (binary, libraries, header, pkg-config, man pages, bash/zsh/fish
+#                   completions, example config, systemd units, licences);
+#                   SYSTEMD_UNIT_DIR= (default PREFIX/lib/systemd/system)
 #   make uninstall  removes what `make install` installed (same variables)
+#   make clean      cargo clean and examples/build
 
 ifeq ($(origin CC),default)
 CC := gcc
@@ -23,7 +23,12 @@ EXLDFLAGS := -L $(LIBDIR) -ltcps -Wl,-rpath,$(LIBDIR) -pthread
 BUILD    := examples/build
 EXAMPLES := $(BUILD)/webserver $(BUILD)/echo
 
-.PHONY: all examples test demo clean install uninstall generated
+PREFIX  ?= /usr/local
+DESTDIR ?=
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+INSTALL ?= install
+
+.PHONY: all examples test demo clean install uninstall
 
 all:
 	$(CARGO) build --release
@@ -48,84 +53,69 @@ test: all
 demo:
 	./scripts/demo.sh
 
+# Where things go. `tcps run` finds the preload library at ../lib/tcps/
+# relative to its own binary, so keep that layout (or set TCPS_PRELOAD_LIB).
+# /usr/local/lib/systemd/system is on systemd's search path; a package for
+# /usr sets SYSTEMD_UNIT_DIR=/usr/lib/systemd/system.
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+bindir      := $(PREFIX)/bin
+libdir      := $(PREFIX)/lib
+pkglibdir   := $(libdir)/tcps
+includedir  := $(PREFIX)/include
+mandir      := $(PREFIX)/share/man
+docdir      := $(PREFIX)/share/doc/tcps
+bashcompdir := $(PREFIX)/share/bash-completion/completions
+zshcompdir  := $(PREFIX)/share/zsh/site-functions
+fishcompdir := $(PREFIX)/share/fish/vendor_completions.d
+# Units (ExecStart= names /usr/local/bin/tcps; installed, $(bindir)/tcps)
+# and drop-in examples (to the docs).
+UNITS         := $(wildcard contrib/systemd/*.service contrib/systemd/*.socket)
+UNIT_EXAMPLES := $(wildcard contrib/systemd/*.conf)
+GEN           := target/generated
+
+install:
+	$(CARGO) build --release -p tcps-cli -p tcps-host -p tcps-preload
+	rm -rf $(GEN)
+	target/release/tcps man $(GEN)/man
+	mkdir -p $(GEN)/completions
+	target/release/tcps completions bash > $(GEN)/completions/tcps.bash
+	target/release/tcps completions zsh > $(GEN)/completions/_tcps
+	target/release/tcps completions fish > $(GEN)/completions/tcps.fish
+	$(INSTALL) -d $(DESTDIR)$(bindir) $(DESTDIR)$(pkglibdir) $(DESTDIR)$(includedir) \
+		$(DESTDIR)$(libdir)/pkgconfig $(DESTDIR)$(mandir)/man1 $(DESTDIR)$(docdir) \
+		$(DESTDIR)$(bashcompdir) $(DESTDIR)$(zshcompdir) $(DESTDIR)$(fishcompdir) \
+		$(DESTDIR)$(SYSTEMD_UNIT_DIR)
+	$(INSTALL) -m 0755 target/release/tcps $(DESTDIR)$(bindir)/tcps
+	$(INSTALL) -m 0755 target/release/libtcps.so $(DESTDIR)$(libdir)/libtcps.so
+	$(INSTALL) -m 0755 target/release/libtcps_preload.so $(DESTDIR)$(pkglibdir)/libtcps_preload.so
+	$(INSTALL) -m 0644 include/tcps.h $(DESTDIR)$(includedir)/tcps.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' contrib/pkgconfig/tcps.pc.in \
+		> $(DESTDIR)$(libdir)/pkgconfig/tcps.pc
+	$(INSTALL) -m 0644 $(GEN)/man/*.1 $(DESTDIR)$(mandir)/man1/
+	$(INSTALL) -m 0644 $(GEN)/completions/tcps.bash $(DESTDIR)$(bashcompdir)/tcps
+	$(INSTALL) -m 0644 $(GEN)/completions/_tcps $(DESTDIR)$(zshcompdir)/_tcps
+	$(INSTALL) -m 0644 $(GEN)/completions/tcps.fish $(DESTDIR)$(fishcompdir)/tcps.fish
+	$(INSTALL) -m 0644 README.md docs/tcps.conf LICENSE-MIT LICENSE-APACHE $(UNIT_EXAMPLES) \
+		$(DESTDIR)$(docdir)/
+	for u in $(UNITS); do \
+		sed -e 's|/usr/local/bin/tcps|$(bindir)/tcps|g' \
+		    -e 's|/usr/local/share/doc/tcps|$(docdir)|g' "$$u" \
+			> $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename "$$u") || exit 1; \
+		chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename "$$u"); \
+	done
+
+# Removes exactly what install writes (units by their names in the source
+# tree), then the directories that are tcps's own.
+uninstall:
+	rm -f $(DESTDIR)$(bindir)/tcps $(DESTDIR)$(libdir)/libtcps.so \
+		$(DESTDIR)$(pkglibdir)/libtcps_preload.so $(DESTDIR)$(includedir)/tcps.h \
+		$(DESTDIR)$(libdir)/pkgconfig/tcps.pc $(DESTDIR)$(mandir)/man1/tcps.1 \
+		$(DESTDIR)$(mandir)/man1/tcps-*.1 $(DESTDIR)$(bashcompdir)/tcps \
+		$(DESTDIR)$(zshcompdir)/_tcps $(DESTDIR)$(fishcompdir)/tcps.fish \
+		$(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(UNITS)))
+	rm -rf $(DESTDIR)$(docdir)
+	-rmdir $(DESTDIR)$(pkglibdir)
+
 clean:
 	$(CARGO) clean
 	rm -rf $(BUILD)
-
-# --- install ---------------------------------------------------------------
-# GNU-style directory variables; DESTDIR is prepended to every one (staged
-# installs for packages). `tcps run` finds the preload library at
-# ../lib/tcps/ relative to the tcps binary: keep bindir = PREFIX/bin (the
-# default) or set TCPS_PRELOAD_LIB.
-PREFIX      ?= /usr/local
-DESTDIR     ?=
-bindir      ?= $(PREFIX)/bin
-libdir      ?= $(PREFIX)/lib
-pkglibdir   := $(PREFIX)/lib/tcps
-includedir  ?= $(PREFIX)/include
-datadir     ?= $(PREFIX)/share
-mandir      ?= $(datadir)/man
-docdir      ?= $(datadir)/doc/tcps
-pkgconfigdir ?= $(libdir)/pkgconfig
-bashcompdir ?= $(datadir)/bash-completion/completions
-zshcompdir  ?= $(datadir)/zsh/site-functions
-fishcompdir ?= $(datadir)/fish/vendor_completions.d
-# /usr/local/lib/systemd/system is on systemd's search path; a package
-# building for /usr sets SYSTEMD_UNIT_DIR=/usr/lib/systemd/system.
-SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
-
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-GEN     := target/generated
-INSTALL ?= install
-# The units name /usr/local/bin/tcps; installed, they name $(bindir)/tcps.
-UNITS    := $(wildcard contrib/systemd/*.service contrib/systemd/*.socket)
-UNIT_EXAMPLES := $(wildcard contrib/systemd/*.conf)
-DOCS     := README.md $(wildcard docs/*.md docs/tcps.conf) LICENSE-MIT LICENSE-APACHE
-
-# Man pages, completions and tcps.pc, written afresh at every install (a
-# fraction of a second) so they always match the binary and PREFIX.
-generated: target/release/tcps
-	rm -rf $(GEN)
-	target/release/tcps generate man $(GEN)/man
-	target/release/tcps generate completions $(GEN)/completions
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(libdir)|' \
-	    -e 's|@INCLUDEDIR@|$(includedir)|' -e 's|@VERSION@|$(VERSION)|' \
-	    packaging/tcps.pc.in > $(GEN)/tcps.pc
-
-# Built only if missing: run `make` first (as yourself), then `make install`.
-target/release/tcps target/release/libtcps.so target/release/libtcps_preload.so:
-	$(CARGO) build --release
-
-install: target/release/tcps target/release/libtcps.so target/release/libtcps_preload.so generated
-	$(INSTALL) -d $(DESTDIR)$(bindir) $(DESTDIR)$(libdir) $(DESTDIR)$(pkglibdir) \
-	    $(DESTDIR)$(includedir) $(DESTDIR)$(pkgconfigdir) $(DESTDIR)$(mandir)/man1 \
-	    $(DESTDIR)$(bashcompdir) $(DESTDIR)$(zshcompdir) $(DESTDIR)$(fishcompdir) \
-	    $(DESTDIR)$(docdir) $(DESTDIR)$(SYSTEMD_UNIT_DIR)
-	$(INSTALL) -m 755 target/release/tcps $(DESTDIR)$(bindir)/tcps
-	$(INSTALL) -m 755 target/release/libtcps.so $(DESTDIR)$(libdir)/libtcps.so
-	$(INSTALL) -m 755 target/release/libtcps_preload.so $(DESTDIR)$(pkglibdir)/libtcps_preload.so
-	$(INSTALL) -m 644 include/tcps.h $(DESTDIR)$(includedir)/tcps.h
-	$(INSTALL) -m 644 $(GEN)/tcps.pc $(DESTDIR)$(pkgconfigdir)/tcps.pc
-	$(INSTALL) -m 644 $(GEN)/man/*.1 $(DESTDIR)$(mandir)/man1/
-	$(INSTALL) -m 644 $(GEN)/completions/tcps.bash $(DESTDIR)$(bashcompdir)/tcps
-	$(INSTALL) -m 644 $(GEN)/completions/_tcps $(DESTDIR)$(zshcompdir)/_tcps
-	$(INSTALL) -m 644 $(GEN)/completions/tcps.fish $(DESTDIR)$(fishcompdir)/tcps.fish
-	$(INSTALL) -m 644 $(DOCS) $(UNIT_EXAMPLES) $(DESTDIR)$(docdir)/
-	for u in $(UNITS); do \
-	    sed -e 's|/usr/local/bin/tcps|$(bindir)/tcps|g' \
-	        -e 's|/usr/local/share/doc/tcps|$(docdir)|g' "$$u" \
-	        > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename "$$u") || exit 1; \
-	    chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename "$$u"); \
-	done
-
-# Removes exactly the files install writes (the man pages and units by the
-# names in the source tree), then the directories tcps owns.
-uninstall:
-	rm -f $(DESTDIR)$(bindir)/tcps $(DESTDIR)$(libdir)/libtcps.so \
-	    $(DESTDIR)$(pkglibdir)/libtcps_preload.so $(DESTDIR)$(includedir)/tcps.h \
-	    $(DESTDIR)$(pkgconfigdir)/tcps.pc $(DESTDIR)$(mandir)/man1/tcps.1 \
-	    $(DESTDIR)$(mandir)/man1/tcps-*.1 $(DESTDIR)$(bashcompdir)/tcps \
-	    $(DESTDIR)$(zshcompdir)/_tcps $(DESTDIR)$(fishcompdir)/tcps.fish \
-	    $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(UNITS)))
-	rm -rf $(DESTDIR)$(docdir)
-	-rmdir $(DESTDIR)$(pkglibdir) 2>/dev/null

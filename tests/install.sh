@@ -27,7 +27,8 @@ for f in lib/libtcps.so lib/tcps/libtcps_preload.so include/tcps.h lib/pkgconfig
   share/man/man1/tcps-stat.1 share/bash-completion/completions/tcps \
   share/zsh/site-functions/_tcps share/fish/vendor_completions.d/tcps.fish \
   share/doc/tcps/README.md share/doc/tcps/LICENSE-MIT share/doc/tcps/LICENSE-APACHE \
-  lib/systemd/system/tcps-run@.service; do
+  share/doc/tcps/tcps.conf share/doc/tcps/tcps-run.conf lib/systemd/system/tcps.service \
+  lib/systemd/system/tcps.socket lib/systemd/system/tcps-run@.service; do
   [ -s "$p/$f" ] || fail "$f not installed (or empty)"
 done
 # Every unit in the source tree is installed, pointing at the installed binary.
@@ -40,11 +41,10 @@ done
 grep -q "ExecStart=$p/bin/tcps run" "$p/lib/systemd/system/tcps-run@.service" ||
   fail "tcps-run@.service does not run the installed tcps"
 cmp -s include/tcps.h "$p/include/tcps.h" || fail "installed tcps.h differs"
-# `tcps generate` (the build step that wrote the pages and completions) is
-# not an operator's command: in neither --help, the pages nor completions.
-! "$p/bin/tcps" --help | grep -qw generate || fail "tcps --help shows generate"
-! grep -qw generate "$p/share/bash-completion/completions/tcps" "$p/share/man/man1/tcps.1" ||
-  fail "the completions or tcps(1) offer generate"
+# `tcps man` and `tcps completions` (the build steps that wrote the pages
+# and completions) are hidden: not in --help, tcps(1) nor the completions.
+! "$p/bin/tcps" --help | grep -Eqw 'man|completions' || fail "tcps --help shows man/completions"
+! grep -Eqw '(fB)?(man|completions)' "$p/share/man/man1/tcps.1" || fail "tcps(1) lists man/completions"
 
 # --- pkg-config: a C program builds against the installed library ---
 export PKG_CONFIG_PATH=$p/lib/pkgconfig
@@ -111,13 +111,20 @@ done
 grep -q -- '--fallback' "$tmp/tcps-run.txt" || fail "tcps-run(1) does not document --fallback"
 grep -q -- '--socket' "$tmp/tcps-server.txt" || fail "tcps-server(1) does not document --socket"
 MANPATH=$p/share/man man -w tcps-run >/dev/null 2>&1 || fail "man finds no tcps-run under $p/share/man"
-completions=$(bash -c '
-  source "$1"
-  COMP_WORDS=(tcps se); COMP_CWORD=1; COMP_LINE="tcps se"; COMP_POINT=${#COMP_LINE}
-  _tcps tcps se tcps
-  echo "${COMPREPLY[@]}"' _ "$p/share/bash-completion/completions/tcps") ||
-  fail "the bash completion does not source"
-[[ " $completions " == *" server "* ]] || fail "bash completion of 'tcps se' gave '$completions'"
+# complete WORD...: what the installed bash completion offers for the last word.
+complete_words() {
+  bash -c '
+    source "$1"; shift
+    COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
+    _tcps tcps "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
+    echo " ${COMPREPLY[*]} "' _ "$p/share/bash-completion/completions/tcps" "$@" ||
+    fail "the bash completion does not source"
+}
+got=$(complete_words tcps "")
+for w in server run stat bench; do [[ $got == *" $w "* ]] || fail "bash completion of 'tcps ' lacks $w: $got"; done
+[[ $got != *" man "* && $got != *" completions "* ]] || fail "bash completion offers a hidden command: $got"
+got=$(complete_words tcps server --eng)
+[[ $got == *" --engine "* ]] || fail "bash completion of 'tcps server --eng' gave $got"
 if command -v zsh >/dev/null; then zsh -n "$p/share/zsh/site-functions/_tcps" || fail "zsh completion syntax"; fi
 if command -v fish >/dev/null; then fish -n "$p/share/fish/vendor_completions.d/tcps.fish" || fail "fish completion syntax"; fi
 
@@ -145,7 +152,7 @@ make --no-print-directory install PREFIX=/opt/tcps DESTDIR="$tmp/stage" >"$tmp/i
   { cat "$tmp/install2.log" >&2; fail "make install DESTDIR"; }
 [ -x "$tmp/stage/opt/tcps/bin/tcps" ] || fail "DESTDIR install: no bin/tcps"
 [ -f "$tmp/stage/opt/tcps/lib/tcps/libtcps_preload.so" ] || fail "DESTDIR install: no preload library"
-grep -qx 'libdir=/opt/tcps/lib' "$tmp/stage/opt/tcps/lib/pkgconfig/tcps.pc" || fail "DESTDIR leaked into tcps.pc"
+grep -qx 'prefix=/opt/tcps' "$tmp/stage/opt/tcps/lib/pkgconfig/tcps.pc" || fail "DESTDIR leaked into tcps.pc"
 ! grep -rq "$tmp/stage" "$tmp/stage/opt/tcps/lib/systemd/system" || fail "DESTDIR leaked into the units"
 
 echo "install.sh: ok"

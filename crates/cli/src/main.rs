@@ -4,12 +4,12 @@ mod bench;
 mod bench_ttcp;
 mod bench_web;
 mod demo;
-mod generate;
+mod docs_cmd;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -37,12 +37,15 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
     Stat(stat_cmd::StatArgs),
+    /// Write the manual pages (tcps.1, tcps-SUBCOMMAND.1) into DIR (for `make install`).
+    #[command(hide = true)]
+    Man { dir: std::path::PathBuf },
+    /// Print a shell completion script (bash, zsh, fish) (for `make install`).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
-    if let Some(code) = generate::run_if_asked(<Cli as clap::CommandFactory>::command) {
-        return code;
-    }
     let cli = match with_config_file(std::env::args().collect()) {
         Ok(argv) => Cli::parse_from(argv),
         Err(e) => {
@@ -56,6 +59,11 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
+        Command::Man { dir } => docs_cmd::write_man_pages(Cli::command(), &dir).map_err(Into::into),
+        Command::Completions { shell } => {
+            print!("{}", docs_cmd::completion(Cli::command(), shell));
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,19 +19,35 @@ pub enum Fallback {
     Fail,
 }
 
+impl Fallback {
+    fn name(self) -> &'static str {
+        match self {
+            Fallback::Kernel => "kernel",
+            Fallback::Fail => "fail",
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 #[command(
     after_help = "Environment for the program: TCPS_LOG=debug|info|warn|off explains \
 every decision of the library on stderr; TCPS_PRELOAD_STATS=FILE appends one line per process \
-(offloaded and kernel socket counts) to FILE at exit; TCPS_PRELOAD_LIB overrides the library path."
+(offloaded and kernel socket counts) to FILE at exit; TCPS_PRELOAD_LIB overrides the library path; \
+TCPS_FALLBACK=kernel|fail is the default for --fallback; TCPS_SPIN_US=N (microseconds a host \
+thread spins for a completion). Invalid values are refused before the program runs."
 )]
 pub struct RunArgs {
     /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// What to do when no TCP server answers
-    #[arg(long, value_enum, default_value = "kernel")]
-    pub fallback: Fallback,
+    /// What to do when no TCP server answers or it refuses this program
+    /// [default: $TCPS_FALLBACK, else kernel]
+    #[arg(long, value_enum)]
+    pub fallback: Option<Fallback>,
+    /// Seconds to wait for a TCP server that does not answer yet (one that
+    /// is starting) before the fallback applies
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub wait: f64,
     /// The program and its arguments
     #[arg(
         required = true,
@@ -46,7 +62,14 @@ pub struct RunArgs {
 /// (target/release), else ../lib/tcps/ relative to it.
 fn library() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("TCPS_PRELOAD_LIB") {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            return Err(format!(
+                "TCPS_PRELOAD_LIB={}: no such file (it must name libtcps_preload.so; unset it to use the one installed with tcps)",
+                p.display()
+            ));
+        }
+        return Ok(p);
     }
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot locate the tcps executable: {e}"))?;
@@ -68,13 +91,174 @@ fn library() -> Result<PathBuf, String> {
         })
 }
 
+/// The environment variables the preload library and the host library
+/// read, and what each accepts: a wrong value is an error here, before the
+/// program runs, rather than silently ignored there.
+const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
+    ("TCPS_FALLBACK", &["kernel", "fail"], "kernel or fail"),
+    (
+        "TCPS_LOG",
+        &[
+            "debug", "trace", "info", "warn", "warning", "off", "none", "0",
+        ],
+        "debug, info, warn or off",
+    ),
+    ("TCPS_SPIN_US", &[], "a number of microseconds (e.g. 50)"),
+    ("TCPS_SPINNERS", &[], "a number of threads (e.g. 1)"),
+    ("TCPS_ASYNC_POOL_KIB", &[], "a number of KiB (e.g. 4096)"),
+];
+
+/// Refuses invalid TCPS_* values, naming the variable and what it takes.
+fn check_environment() -> Result<(), String> {
+    for (name, words, valid) in CHECKED_ENV {
+        let Some(value) = std::env::var_os(name) else {
+            continue;
+        };
+        let value = value.to_string_lossy();
+        if value.is_empty() {
+            continue; // set but empty: the default, as the libraries read it
+        }
+        let ok = if words.is_empty() {
+            value.trim().parse::<u64>().is_ok()
+        } else {
+            words.contains(&value.as_ref())
+        };
+        if !ok {
+            return Err(format!("{name}={value:?} is not valid: expected {valid}"));
+        }
+    }
+    Ok(())
+}
+
+/// `--fallback`, else `TCPS_FALLBACK` (checked already), else kernel.
+fn fallback(args: &RunArgs) -> Fallback {
+    args.fallback
+        .unwrap_or_else(|| match std::env::var("TCPS_FALLBACK").as_deref() {
+            Ok("fail") => Fallback::Fail,
+            _ => Fallback::Kernel,
+        })
+}
+
+/// Why the program cannot be served by the server at `socket`, in words
+/// that say whose problem it is.
+fn why_not_served(socket: &Path, e: &std::io::Error) -> String {
+    let why = tcps::last_attach_error();
+    let why = if why.is_empty() { e.to_string() } else { why };
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) if !can_connect(socket) => format!(
+            "permission denied on the control socket {}: only root and members of the socket's \
+             group may attach (start the server with --socket-group GROUP and add this user to \
+             GROUP, or --socket-mode 666 for every user; or use another server with --socket PATH \
+             or XDG_RUNTIME_DIR)",
+            socket.display()
+        ),
+        Some(libc::ECONNREFUSED | libc::ENOENT | libc::ENOTSOCK | libc::ENOTDIR) | None => {
+            format!("no TCP server answers ({why})")
+        }
+        Some(_) if can_connect(socket) => {
+            format!(
+                "the TCP server at {} refused this program ({why})",
+                socket.display()
+            )
+        }
+        Some(_) => format!("cannot reach the TCP server ({why})"),
+    }
+}
+
+/// Whether something accepts connections on `socket` (the server).
+fn can_connect(socket: &Path) -> bool {
+    crate::stat_cmd::seqpacket_connect(socket).is_ok()
+}
+
+/// `program` as `execvp` would find it (through PATH if it has no slash).
+fn find_program(program: &std::ffi::OsStr) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if p.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Some(p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(p))
+        .find(|c| c.is_file())
+}
+
+/// Whether `path` is an ELF executable without a program interpreter
+/// (statically linked, static-pie included): the dynamic loader never runs
+/// for it, so LD_PRELOAD cannot intercept anything. None: not ELF (a
+/// script) or unreadable.
+fn is_statically_linked(path: &Path) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    const PT_INTERP: u32 = 3;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = [0u8; 64];
+    f.read_exact(&mut h).ok()?;
+    if &h[..4] != b"\x7fELF" || h[5] != 1 {
+        return None; // not ELF, or big-endian (not a target of tcps)
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]) as u64;
+    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4])) as u64;
+    let (phoff, phentsize, phnum) = match h[4] {
+        2 => (
+            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
+            u16_at(0x36),
+            u16_at(0x38),
+        ),
+        1 => (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c)),
+        _ => return None,
+    };
+    if phentsize < 4 {
+        return None;
+    }
+    for i in 0..phnum {
+        let mut p_type = [0u8; 4];
+        f.seek(SeekFrom::Start(phoff + i * phentsize)).ok()?;
+        f.read_exact(&mut p_type).ok()?;
+        if u32::from_le_bytes(p_type) == PT_INTERP {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// Attaches, retrying for up to `wait` while no server answers (it may be
+/// starting); a server that answers and refuses is not retried.
+fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<tcps::Client> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match tcps::Client::attach(socket) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ECONNREFUSED)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    check_environment()?;
+    let fallback = fallback(&args);
+    let program = find_program(&args.command[0]);
+    if program.as_deref().and_then(is_statically_linked) == Some(true) {
+        eprintln!(
+            "tcps run: warning: {:?} is statically linked: tcps cannot intercept its sockets \
+             (they stay on the kernel's)",
+            args.command[0]
+        );
+    }
     let socket = args.socket.clone().unwrap_or_else(tcps::default_path);
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.env("TCPS_SOCKET", &socket);
+    // The program keeps this pid (exec): the library knows it is the one
+    // `tcps run` started and writes its summary line even without sockets.
+    cmd.env("TCPS_RUN_PID", std::process::id().to_string());
+    if !(args.wait.is_finite() && args.wait >= 0.0) {
+        return Err(format!("--wait needs a number of seconds >= 0, got {}", args.wait).into());
+    }
     // Probe the server once, so that a missing one is reported here, once.
-    match tcps::Client::attach(&socket) {
+    match attach_waiting(&socket, std::time::Duration::from_secs_f64(args.wait)) {
         Ok(c) => {
             c.detach();
             let lib = library()?;
@@ -88,27 +272,23 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
                 _ => lib.into_os_string(),
             };
             cmd.env("LD_PRELOAD", preload);
-            cmd.env(
-                "TCPS_FALLBACK",
-                match args.fallback {
-                    Fallback::Kernel => "kernel",
-                    Fallback::Fail => "fail",
-                },
-            );
+            cmd.env("TCPS_FALLBACK", fallback.name());
         }
         Err(e) => {
-            let why = tcps::last_attach_error();
-            let why = if why.is_empty() { e.to_string() } else { why };
-            match args.fallback {
+            let why = why_not_served(&socket, &e);
+            match fallback {
                 Fallback::Fail => {
                     return Err(format!(
-                        "no TCP server answers ({why}); not running {:?} (--fallback fail)",
+                        "{why}; not running {:?} (--fallback fail)",
                         args.command[0]
                     )
                     .into());
                 }
                 Fallback::Kernel => {
-                    eprintln!("tcps run: warning: no TCP server answers ({why}); running {:?} on kernel sockets", args.command[0]);
+                    eprintln!(
+                        "tcps run: warning: {why}; running {:?} on kernel sockets",
+                        args.command[0]
+                    );
                 }
             }
         }

@@ -23,15 +23,29 @@ pub enum EngineArg {
     Epoll,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: time, level, target, message, key=value fields.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
 #[derive(Args, Debug)]
 #[command(
     args_override_self = true,
     after_help = "Config file: `--config FILE` reads `key = value` lines with the long option names \
-(e.g. `poll = busy`, `max-hosts = 16`); options on the command line override the file.\n\
+(e.g. `poll = busy`, `max-hosts = 16`); options on the command line override the file. \
+docs/tcps.conf lists every key with its default.\n\
+Who may attach: the control socket is mode 660 (--socket-mode) and belongs to the server's group \
+or --socket-group, so root and members of that group attach; everyone else gets EACCES. \
+Use --socket-group GROUP and add the users to GROUP, or --socket-mode 666 to let every local user attach.\n\
+Signals: SIGTERM or SIGINT stop the server (logged with the number of attached hosts); \
+SIGHUP is logged and ignored (the server survives the end of a terminal or SSH session).\n\
 Logs: RUST_LOG=debug for every refused call and attach."
 )]
 pub struct ServerArgs {
-    /// Control socket hosts attach to [default: $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket hosts attach to [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`).
@@ -138,9 +152,24 @@ pub struct ServerArgs {
     /// flow control holds the peer) until the host takes what is buffered
     #[arg(long, value_name = "BYTES", default_value_t = tcps_server::DEFAULT_MAX_PULL_BYTES_PER_HOST)]
     pub max_pull_bytes_per_host: usize,
-    /// Mode of the control socket file (octal); the server checks each host's privileges itself
-    #[arg(long, default_value = "666")]
+    /// Mode of the control socket file (octal): who may attach. 660: root,
+    /// the server's user and members of the socket's group (--socket-group);
+    /// 666: every local user
+    #[arg(long, value_name = "OCTAL", default_value = "660")]
     pub socket_mode: String,
+    /// Group of the control socket file (a name or a numeric GID): its
+    /// members may attach (with the default --socket-mode 660)
+    /// [default: the server's group]
+    #[arg(long, value_name = "NAME|GID")]
+    pub socket_group: Option<String>,
+    /// Log level: error, warn, info, debug or trace [default: $RUST_LOG
+    /// (which may filter per module, e.g. `tcps_server::control=debug`), else info]
+    #[arg(long, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: Option<String>,
+    /// Log format on stderr: text (one line per event, key=value fields)
+    /// or json (one JSON object per line: ts, level, target, message, fields)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
     /// Read options from a config file (`key = value` lines)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -191,7 +220,8 @@ pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
 }
 
 /// Turns a config file into `--key value` arguments placed before the real
-/// ones, so the command line wins.
+/// ones, so the command line wins. Every line is checked on its own, so an
+/// unknown key or a bad value is reported with the file and line.
 pub fn config_file_args(path: &std::path::Path) -> Result<Vec<String>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
@@ -201,20 +231,94 @@ pub fn config_file_args(path: &std::path::Path) -> Result<Vec<String>, String> {
         if line.is_empty() {
             continue;
         }
+        let at = format!("{}:{}", path.display(), i + 1);
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| format!("{}:{}: expected `key = value`", path.display(), i + 1))?;
-        args.push(format!("--{}", k.trim()));
-        args.push(v.trim().trim_matches('"').to_string());
+            .ok_or_else(|| format!("{at}: expected `key = value`, got {line:?}"))?;
+        let (key, value) = (k.trim(), v.trim().trim_matches('"'));
+        check_config_line(key, value).map_err(|e| format!("{at}: {e}"))?;
+        args.push(format!("--{key}"));
+        args.push(value.to_string());
     }
     Ok(args)
 }
 
-pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
-    init_logging();
+/// The keys a config file may set: every long option but `config`.
+fn config_keys() -> Vec<String> {
+    use clap::Args as _;
+    ServerArgs::augment_args(clap::Command::new("server"))
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .filter(|k| k != "config" && k != "help")
+        .collect()
+}
+
+/// Parses one `key = value` line as the command line would (clap's checks,
+/// then the checks `config` makes on the values).
+fn check_config_line(key: &str, value: &str) -> Result<(), String> {
+    use clap::{Args as _, FromArgMatches as _};
+    if !config_keys().iter().any(|k| k == key) {
+        return Err(format!(
+            "unknown key '{key}' (keys are the long options of `tcps server --help`, without --)"
+        ));
+    }
+    let cmd = ServerArgs::augment_args(clap::Command::new("server"));
+    let first_line = |e: clap::Error| {
+        let text = e.to_string();
+        let line = text
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
+        format!("bad value '{value}' for '{key}': {line}")
+    };
+    let matches = cmd
+        .try_get_matches_from(["server", &format!("--{key}"), value])
+        .map_err(first_line)?;
+    let args = ServerArgs::from_arg_matches(&matches).map_err(first_line)?;
+    config(args)
+        .map(drop)
+        .map_err(|e| format!("bad value '{value}' for '{key}': {e}"))
+}
+
+/// A group name or numeric GID as a GID; an error if no such group exists.
+fn resolve_group(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || {
+        format!("--socket-group {group:?}: no such group (see /etc/group, or give a numeric GID)")
+    };
+    let name = std::ffi::CString::new(group).map_err(|_| unknown())?;
+    // SAFETY: group is plain data; zero is a valid value.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 64 * 1024];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the sizes given; getgrnam_r writes
+    // the entry's strings into buf.
+    let r = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if r != 0 || found.is_null() {
+        return Err(unknown());
+    }
+    Ok(entry.gr_gid)
+}
+
+/// The server's configuration from its options, every value checked.
+fn config(args: ServerArgs) -> Result<Config, String> {
     let mut cfg = Config::default();
     if let Some(p) = args.socket {
         cfg.socket_path = p;
+    } else if std::env::var_os(tcps_proto::handshake::SOCKET_ENV).is_some_and(|p| !p.is_empty()) {
+        // The same path `tcps run` and `tcps stat` use.
+        cfg.socket_path = tcps::default_path();
     }
     if let Some(c) = &args.cpus {
         cfg.cpus = parse_cpus(c)?;
@@ -260,20 +364,109 @@ pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
         .validate()
         .map_err(|e| format!("bad channel geometry: {e}"))?;
     cfg.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
-        .map_err(|_| format!("bad --socket-mode {:?}", args.socket_mode))?;
-    tcps_server::run(cfg)?;
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| {
+            format!(
+                "bad --socket-mode {:?}: expected an octal mode such as 660 or 666",
+                args.socket_mode
+            )
+        })?;
+    cfg.socket_group = args
+        .socket_group
+        .as_deref()
+        .map(resolve_group)
+        .transpose()?;
+    Ok(cfg)
+}
+
+pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    init_logging(args.log_level.as_deref(), args.log_format);
+    tcps_server::run(config(args)?)?;
     Ok(())
 }
 
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: a log file or pipe gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+/// Logs to stderr at `level` (else as RUST_LOG says, else info), as text or
+/// JSON lines.
+pub fn init_logging(level: Option<&str>, format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    match format {
+        LogFormat::Text => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                // Colours only on a terminal: a log file or pipe gets plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .try_init();
+        }
+        LogFormat::Json => {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(json_log::JsonLines)
+                .try_init();
+        }
+    }
+}
+
+/// `--log-format json`: one JSON object per event on stderr.
+mod json_log {
+    use serde_json::{Map, Value};
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer};
+
+    pub struct JsonLines;
+
+    /// An event's fields as JSON values (numbers and booleans kept).
+    struct Fields(Map<String, Value>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .insert(field.name().to_string(), Value::from(format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_i64(&mut self, field: &Field, value: i64) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+        fn record_bool(&mut self, field: &Field, value: bool) {
+            self.0.insert(field.name().to_string(), Value::from(value));
+        }
+    }
+
+    impl<S: Subscriber> Layer<S> for JsonLines {
+        fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+            let mut fields = Fields(Map::new());
+            event.record(&mut fields);
+            let meta = event.metadata();
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            let mut line = Map::new();
+            line.insert("ts".into(), Value::from(ts));
+            line.insert("level".into(), Value::from(meta.level().as_str()));
+            line.insert("target".into(), Value::from(meta.target()));
+            if let Some(m) = fields.0.remove("message") {
+                line.insert("message".into(), m);
+            }
+            line.insert("fields".into(), Value::Object(fields.0));
+            let text = Value::Object(line).to_string() + "\n";
+            use std::io::Write;
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
+        }
+    }
 }
 
 #[cfg(test)]

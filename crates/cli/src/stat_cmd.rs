@@ -77,24 +77,47 @@ pub fn run(args: StatArgs) -> Result<(), Box<dyn std::error::Error>> {
     loop {
         let v = query(&socket)?;
         let at = Instant::now();
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&v)?);
+        let text = if args.json {
+            format!("{}\n", serde_json::to_string_pretty(&v)?)
         } else {
             let since = prev.as_ref().map(|(p, t)| (p, at.duration_since(*t)));
-            print!("{}", render(&v, &socket, since));
-        }
-        let Some(every) = every else {
-            return Ok(());
+            render(&v, &socket, since)
         };
+        let Some(every) = every else {
+            return print_or_quit(&text);
+        };
+        // A blank line between reports (not after the last one).
+        let text = if args.json { text } else { text + "\n" };
+        if let Err(e) = write_stdout(&text) {
+            return quiet_if_closed(e);
+        }
         prev = Some((v, at));
         std::thread::sleep(every);
-        if !args.json {
-            println!();
-        }
     }
 }
 
-fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
+fn write_stdout(text: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+fn print_or_quit(text: &str) -> Result<(), Box<dyn std::error::Error>> {
+    write_stdout(text).or_else(quiet_if_closed)
+}
+
+/// A reader that went away (`tcps stat --watch 1 | head`) ends the command
+/// quietly and successfully, as with other tools; other errors are errors.
+fn quiet_if_closed(e: io::Error) -> Result<(), Box<dyn std::error::Error>> {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(format!("cannot write to stdout: {e}").into())
+    }
+}
+
+pub(crate) fn seqpacket_connect(path: &Path) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -226,6 +249,26 @@ pub fn query(path: &Path) -> Result<Value, String> {
 }
 
 // ---- rendering ----------------------------------------------------------------
+
+/// The command name of process `pid` as this machine's /proc shows it (like
+/// `ss -p`), "-" if it is gone or not visible from here.
+fn command_of(pid: u64) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_string())
+        .ok()
+        .filter(|c| pid != 0 && !c.is_empty())
+        .unwrap_or_else(|| "-".to_string())
+}
+
+/// The first cells of a host's row: which host, its process and user.
+fn host_cells(h: &Value) -> Vec<String> {
+    vec![
+        format!("host {}", num(h, "id")),
+        num(h, "pid").to_string(),
+        command_of(num(h, "pid")),
+        num(h, "uid").to_string(),
+    ]
+}
 
 fn num(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
@@ -396,16 +439,17 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
     for h in &hosts {
         let id = num(h, "id");
         let c = counters(h, prev_host(id));
-        let mut r = vec![
-            format!("host {id}"),
-            num(h, "pid").to_string(),
-            num(h, "uid").to_string(),
-        ];
+        let mut r = host_cells(h);
         r.extend(counter_cells(&c));
         rows.push(r);
         calls_rows.push(format!("  pid {}: {}\n", num(h, "pid"), calls_line(&c)));
     }
-    let mut r = vec!["TOTAL".to_string(), String::new(), String::new()];
+    let mut r = vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
     r.extend(counter_cells(&total_c));
     rows.push(r);
     out.push('\n');
@@ -413,6 +457,7 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         &[
             &title,
             "PID",
+            "COMMAND",
             "UID",
             "CALLS",
             "RTRIPS",
@@ -436,15 +481,16 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
 
     let mut rows = Vec::new();
     for h in &hosts {
-        let mut r = vec![
-            format!("host {}", num(h, "id")),
-            num(h, "pid").to_string(),
-            num(h, "uid").to_string(),
-        ];
+        let mut r = host_cells(h);
         r.extend(depth_cells(&h["depths"]));
         rows.push(r);
     }
-    let mut r = vec!["TOTAL".to_string(), String::new(), String::new()];
+    let mut r = vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
     r.extend(depth_cells(&v["total"]["depths"]));
     rows.push(r);
     out.push('\n');
@@ -452,6 +498,7 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         &[
             "QUEUES NOW",
             "PID",
+            "COMMAND",
             "UID",
             "PARKED",
             "POLLS",

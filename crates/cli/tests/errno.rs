@@ -362,7 +362,8 @@ fn eacces_unprivileged_low_port(engine: &str) {
         eprintln!("SKIP: needs root to start an unprivileged child");
         return;
     }
-    let srv = start_server(engine);
+    // Every local user may attach (the default, 660, keeps uid 65534 out).
+    let srv = Server::start(engine, &["--poll", "adaptive", "--socket-mode", "666"]);
     let mut rng = Rng::new(std::process::id() as u64 ^ 0xacce55);
     // Root (this process) may bind a low port through tcps.
     let c = srv.attach();
@@ -404,12 +405,8 @@ fn eacces_unprivileged_low_port(engine: &str) {
         "bind of port {port} as uid 65534\n{out}\n{err}"
     );
     assert_eq!(marks(&out, "high-bind"), vec!["ok".to_string()], "{out}");
-    // The refusal happened at the server's check, and is logged.
-    assert!(
-        srv.log_text().contains("bind refused"),
-        "server log should say why:\n{}",
-        srv.log_text()
-    );
+    // The refusal is the kernel's: the host binds its own socket
+    // (docs/PROTOCOL.md §6), so the server never saw the bind.
 }
 
 /// Child: runs as uid 65534 and reports what binding a low port gives.

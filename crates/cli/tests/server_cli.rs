@@ -212,11 +212,11 @@ fn control_socket_lifecycle(engine: &str) {
     let mut srv = start_server(engine);
     let sock = srv.socket.clone();
     let sock_s = sock.to_str().unwrap().to_string();
-    // Mode 0666 by default.
+    // Mode 0660 by default (root and the server's group attach; issue 12).
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let md = std::fs::metadata(&sock).unwrap();
     assert!(md.file_type().is_socket());
-    assert_eq!(md.permissions().mode() & 0o777, 0o666);
+    assert_eq!(md.permissions().mode() & 0o777, 0o660);
     // A second server on a live socket refuses to start and leaves it alone.
     let (st, _, err) = run_tcps(&os(&["server", "--socket", &sock_s, "--engine", engine]));
     assert!(!st.success(), "a second server started on a live socket");

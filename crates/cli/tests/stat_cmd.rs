@@ -127,7 +127,10 @@ fn stat_reports_a_host(engine: &str) {
     assert_eq!(recv_exact(&c, a, ping.len(), &mut recvs), ping);
     send_exact(&c, a, &pong, &mut sends);
     assert_eq!(recv_exact(&c, k, pong.len(), &mut recvs), pong);
-    let made = 3 + 1 + 1 + 1 + 1 + 1 + sends + recvs;
+    // socket (counted as the server adopts the host's own socket), listen,
+    // connect, accept, the data; bind and getsockname run in the host
+    // (protocol v5: the server binds nothing for a local host).
+    let made = 3 + 1 + 1 + 1 + sends + recvs;
 
     let v = wait_stat(&srv, "the host's calls", |v| {
         me(v).is_some_and(|h| calls(h, "Recv") == recvs && parked(h) == 0)
@@ -135,15 +138,16 @@ fn stat_reports_a_host(engine: &str) {
     let h = me(&v).unwrap();
     let ctx = serde_json::to_string_pretty(h).unwrap();
     assert_eq!(calls(h, "Socket"), 3, "{ctx}");
-    assert_eq!(calls(h, "Bind"), 1, "{ctx}");
+    assert_eq!(calls(h, "Bind"), 0, "{ctx}");
     assert_eq!(calls(h, "Listen"), 1, "{ctx}");
-    assert_eq!(calls(h, "GetSockName"), 1, "{ctx}");
+    assert_eq!(calls(h, "GetSockName"), 0, "{ctx}");
     assert_eq!(calls(h, "Connect"), 1, "{ctx}");
     assert_eq!(calls(h, "Accept"), 1, "{ctx}");
     assert_eq!(calls(h, "Send"), sends, "{ctx}");
     assert_eq!(calls(h, "Recv"), recvs, "{ctx}");
     assert!(counter(h, "calls_total") >= made, "{ctx}");
-    assert!(counter(h, "round_trips") >= made, "{ctx}");
+    // The sockets were adopted over the control socket, not the channel.
+    assert!(counter(h, "round_trips") >= made - 3, "{ctx}");
     assert_eq!(counter(h, "bytes_sent"), 1500, "{ctx}");
     assert_eq!(counter(h, "bytes_received"), 1500, "{ctx}");
     // With process-ahead off everything was on demand.
@@ -235,7 +239,8 @@ fn stat_without_a_server() {
 /// nothing happened in between.
 #[test]
 fn stat_watch_prints_deltas() {
-    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    // Every local user may reach the socket (the default, 660, keeps uid 65534 out).
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-mode", "666"]);
     let c = srv.attach();
     c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     wait_stat(&srv, "the socket call", |v| {
@@ -288,7 +293,8 @@ fn stat_hides_other_users_hosts() {
         );
         return;
     }
-    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    // Every local user may reach the socket (the default, 660, keeps uid 65534 out).
+    let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-mode", "666"]);
     let c = srv.attach();
     c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     wait_stat(&srv, "the socket call", |v| {

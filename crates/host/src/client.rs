@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tcps_proto::msg::{
     PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
 };
+use tcps_proto::recvq::SOL_TCPS;
 use tcps_proto::{addr, Completion, Op, Request};
 
 /// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
@@ -174,16 +175,12 @@ impl Client {
 
     /// socket(2): returns the new tcps socket id. `ty` may include
     /// `SOCK_NONBLOCK` / `SOCK_CLOEXEC`.
+    ///
+    /// The kernel socket is created in this process, under its own
+    /// credentials (so are `bind`, `listen` and socket options; see
+    /// `kernelfd`), and handed to the server once.
     pub fn socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<u32> {
-        let mut r = request(Op::Socket, 0);
-        r.args[..3].copy_from_slice(&[
-            signed(domain.into()),
-            signed(ty.into()),
-            signed(protocol.into()),
-        ]);
-        let id = socket_id(&self.simple(r)?)?;
-        self.ahead_new_socket(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
-        Ok(id)
+        self.new_kernel_socket(domain, ty, protocol)
     }
 
     pub fn bind(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {
@@ -195,10 +192,19 @@ impl Client {
         if sockaddr.len() > MAX_ADDR_LEN as usize {
             return Err(errno(libc::EINVAL));
         }
-        self.with_input(request(Op::Bind, s), sockaddr).map(drop)
+        // An address tcps cannot carry fails as it always did (the kernel
+        // would check the length before the family).
+        addr::parse(sockaddr).map_err(|e| match e {
+            addr::AddrError::TooShort => errno(libc::EINVAL),
+            addr::AddrError::UnsupportedFamily(_) => errno(libc::EAFNOSUPPORT),
+        })?;
+        self.kernel_bind(s, sockaddr)
     }
 
+    /// listen(2): this process listens on its own descriptor, then the
+    /// server takes the listener over (its accept ring is set up).
     pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
+        self.kernel_listen(s, backlog)?;
         let mut r = request(Op::Listen, s);
         r.args[0] = signed(backlog.into());
         let c = self.simple(r)?;
@@ -343,12 +349,20 @@ impl Client {
     pub fn close(&self, s: u32) -> io::Result<()> {
         let accepted_open = self.ahead_close(s);
         self.async_close(s);
+        // Out of the table before the server can hand the id out again; our
+        // copy closes after the server's (the port is free on return).
+        let kfd = self.conn.kfds.take(s);
         let mut r = request(Op::Close, s);
-        if accepted_open {
+        let res = if accepted_open {
             r.args[0] = CLOSE_NO_REPLY;
-            return self.conn.post(r);
+            self.conn.post(r)
+        } else {
+            self.simple(r).map(drop)
+        };
+        if let Some(fd) = kfd {
+            crate::kernelfd::close(fd);
         }
-        self.simple(r).map(drop)
+        res
     }
 
     /// setsockopt(2) with a raw value (at most 256 bytes).
@@ -356,10 +370,17 @@ impl Client {
         if value.len() > MAX_OPT_LEN as usize {
             return Err(errno(libc::EINVAL));
         }
-        let mut r = request(Op::SetSockOpt, s);
-        r.args[0] = signed(level.into());
-        r.args[1] = signed(name.into());
-        self.with_input(r, value)?;
+        let at_server = || {
+            let mut r = request(Op::SetSockOpt, s);
+            r.args[0] = signed(level.into());
+            r.args[1] = signed(name.into());
+            self.with_input(r, value).map(drop)
+        };
+        if level == SOL_TCPS {
+            at_server()?;
+        } else {
+            self.kernel_setsockopt(s, level, name, value, at_server)?;
+        }
         self.ahead_setsockopt(s, level, name, value);
         Ok(())
     }
@@ -371,11 +392,17 @@ impl Client {
     /// getsockopt(2): fills `out` (at most 256 bytes used) and returns the
     /// value's length, truncated to the space given as Linux does.
     pub fn getsockopt(&self, s: u32, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
-        let mut r = request(Op::GetSockOpt, s);
-        r.args[0] = signed(level.into());
-        r.args[1] = signed(name.into());
-        let (_, len) = self.with_output(r, out, MAX_OPT_LEN)?;
-        Ok(len.min(out.len()))
+        let at_server = |out: &mut [u8]| {
+            let mut r = request(Op::GetSockOpt, s);
+            r.args[0] = signed(level.into());
+            r.args[1] = signed(name.into());
+            let (_, len) = self.with_output(r, out, MAX_OPT_LEN)?;
+            Ok(len.min(out.len()))
+        };
+        if level == SOL_TCPS {
+            return at_server(out);
+        }
+        self.kernel_getsockopt(s, level, name, out, at_server)
     }
 
     pub fn getsockopt_int(&self, s: u32, level: i32, name: i32) -> io::Result<i32> {
@@ -392,6 +419,9 @@ impl Client {
 
     /// getsockname(2) into raw `sockaddr` bytes; returns the full length.
     pub fn getsockname_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
+        if let Some(r) = self.kernel_getsockname(s, out) {
+            return r;
+        }
         Ok(self
             .with_output(request(Op::GetSockName, s), out, MAX_ADDR_LEN)?
             .1)

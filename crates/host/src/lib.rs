@@ -21,6 +21,8 @@ pub mod capi;
 mod capi_async;
 mod channel;
 mod client;
+mod control;
+mod kernelfd;
 mod memory;
 mod table;
 

@@ -19,17 +19,13 @@
 //! which is exactly the copy registration exists to avoid; a shared file
 //! mapping is the one zero-copy way, so registration makes the memory one.
 
+use crate::control::Control;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
-use tcps_proto::fdpass;
-use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+use tcps_proto::handshake::ControlMsg;
 use tcps_proto::sendq::MAX_REGISTRATIONS;
-
-/// How long the server may take to answer a registration.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -64,8 +60,8 @@ enum Kind {
 
 pub(crate) struct Registry {
     slots: Box<[Slot]>,
-    /// Registration bookkeeping and the control socket's request/reply
-    /// exchange, one at a time.
+    /// Registration bookkeeping, one at a time (the control socket's
+    /// exchanges are serialized by `Control` itself).
     books: Mutex<Vec<Option<Kind>>>,
 }
 
@@ -100,7 +96,7 @@ impl Registry {
     /// Allocates `len` bytes of registered memory (rounded up to pages);
     /// `populate` faults the pages in now (for memory used at once, like the
     /// staging pool, so no send pays a first-touch fault).
-    pub fn alloc(&self, ctl: RawFd, len: usize, populate: bool) -> io::Result<(*mut u8, u32)> {
+    pub fn alloc(&self, ctl: &Control, len: usize, populate: bool) -> io::Result<(*mut u8, u32)> {
         let len = len.max(1).next_multiple_of(page());
         let fd = sealed_memfd(len)?;
         let extra = if populate { libc::MAP_POPULATE } else { 0 };
@@ -117,7 +113,7 @@ impl Registry {
 
     /// Registers existing memory in place (see the module docs): `ptr` and
     /// `len` must be page aligned (EINVAL otherwise).
-    pub fn register(&self, ctl: RawFd, ptr: *mut u8, len: usize) -> io::Result<u32> {
+    pub fn register(&self, ctl: &Control, ptr: *mut u8, len: usize) -> io::Result<u32> {
         let pg = page();
         if ptr.is_null()
             || len == 0
@@ -141,7 +137,14 @@ impl Registry {
     }
 
     /// Tells the server about a new registration and records it.
-    fn add(&self, ctl: RawFd, fd: OwnedFd, p: *mut u8, len: usize, kind: Kind) -> io::Result<u32> {
+    fn add(
+        &self,
+        ctl: &Control,
+        fd: OwnedFd,
+        p: *mut u8,
+        len: usize,
+        kind: Kind,
+    ) -> io::Result<u32> {
         let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
         let handle = books
             .iter()
@@ -151,7 +154,7 @@ impl Registry {
             handle,
             len: len as u64,
         };
-        exchange(ctl, &msg, &[fd.as_raw_fd()], handle)?;
+        ctl.call(&msg, &[fd.as_raw_fd()])?;
         books[handle as usize] = Some(kind);
         let slot = &self.slots[handle as usize];
         slot.len.store(len, Ordering::Relaxed);
@@ -163,14 +166,14 @@ impl Registry {
     /// server checks its own side and answers EBUSY). Memory from
     /// [`alloc`](Self::alloc) is unmapped; memory registered in place stays
     /// mapped, contents intact.
-    pub fn deregister(&self, ctl: RawFd, handle: u32) -> io::Result<()> {
+    pub fn deregister(&self, ctl: &Control, handle: u32) -> io::Result<()> {
         let mut books = self.books.lock().unwrap_or_else(PoisonError::into_inner);
         let kind = books
             .get(handle as usize)
             .copied()
             .flatten()
             .ok_or(errno(libc::EINVAL))?;
-        exchange(ctl, &ControlMsg::Deregister { handle }, &[], handle)?;
+        ctl.call(&ControlMsg::Deregister { handle }, &[])?;
         books[handle as usize] = None;
         let slot = &self.slots[handle as usize];
         let base = slot.base.swap(0, Ordering::AcqRel);
@@ -180,37 +183,6 @@ impl Registry {
             unsafe { libc::munmap(base as *mut libc::c_void, len) };
         }
         Ok(())
-    }
-}
-
-/// Sends one registration message and waits for the server's reply.
-fn exchange(ctl: RawFd, msg: &ControlMsg, fds: &[RawFd], handle: u32) -> io::Result<()> {
-    fdpass::send_with_fds(ctl, &msg.encode(), fds)?;
-    let mut p = libc::pollfd {
-        fd: ctl,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut p, 1, REPLY_TIMEOUT.as_millis() as i32) };
-    if rc <= 0 {
-        return Err(errno(libc::ETIMEDOUT));
-    }
-    let mut b = [0u8; CONTROL_MSG_LEN + 1];
-    let (n, _fds) = fdpass::recv_with_fds(ctl, &mut b, libc::MSG_DONTWAIT)?;
-    if n == 0 {
-        return Err(errno(libc::ECONNRESET));
-    }
-    match ControlMsg::decode(&b[..n]) {
-        Some(ControlMsg::Reply {
-            handle: h,
-            errno: 0,
-        }) if h == handle => Ok(()),
-        Some(ControlMsg::Reply {
-            handle: h,
-            errno: e,
-        }) if h == handle => Err(errno(e)),
-        _ => Err(errno(libc::EPROTO)),
     }
 }
 

@@ -104,6 +104,19 @@ impl<T: Default> SockTable<T> {
         Some(chunk[s % CHUNK].get_or_init(|| SpinLock::new(T::default())))
     }
 
+    /// Calls `f` with every created entry and its socket id (each locked
+    /// in turn).
+    pub fn for_each(&self, mut f: impl FnMut(u32, &mut T)) {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let Some(chunk) = chunk.get() else { continue };
+            for (i, e) in chunk.iter().enumerate() {
+                if let Some(l) = e.get() {
+                    f((c * CHUNK + i) as u32, &mut l.lock());
+                }
+            }
+        }
+    }
+
     /// Whether `f` holds for any entry (each locked in turn).
     pub fn any(&self, mut f: impl FnMut(&mut T) -> bool) -> bool {
         self.chunks

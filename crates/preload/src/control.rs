@@ -1,18 +1,17 @@
-//! Messages on the attachment's control socket (fork snapshots, sendfile):
-//! one request and its reply at a time per process, under a lock, so two
-//! threads never read each other's replies.
+//! Messages on the attachment's control socket (fork snapshots, exec,
+//! sendfile). They go through the host library's own exchange
+//! (`tcps::Client::control_exchange`), which serializes every control
+//! message of the process (memory registration and socket adoption
+//! included) under one lock, so two threads never read each other's replies.
 
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Mutex;
-use tcps_proto::fdpass;
-use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+use tcps_proto::handshake::ControlMsg;
 
 /// The control socket of the current attachment (-1: none): the library
 /// notes the Unix socket the host library opens while attaching
-/// (`sock.rs`), since `tcps::Client` does not expose it.
+/// (`sock.rs`), so that a forked child can close its copy of its parent's.
 static CTL_FD: AtomicI32 = AtomicI32::new(-1);
-static LOCK: Mutex<()> = Mutex::new(());
 
 pub fn note_socket(fd: RawFd) {
     CTL_FD.store(fd, Ordering::Release);
@@ -25,8 +24,25 @@ pub fn take_socket() -> RawFd {
 }
 
 /// Held across fork (`fork.rs`): the child must not inherit it locked.
-pub fn lock_for_fork() -> std::sync::MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+pub fn lock_for_fork() -> Option<std::sync::MutexGuard<'static, ()>> {
+    crate::state::client().map(|c| c.control_lock())
+}
+
+/// Sends `msg` (with `fds`) on `c`'s control socket and returns the
+/// server's answer and the descriptors it carried.
+pub fn exchange_on(
+    c: &tcps::Client,
+    msg: ControlMsg,
+    fds: &[RawFd],
+) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
+    c.control_exchange(&msg, fds)
+        .map_err(|e| crate::errno_of(&e))
+}
+
+/// As [`exchange_on`], on this process's attachment.
+pub fn exchange_fds(msg: ControlMsg, fds: &[RawFd]) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
+    let c = crate::state::client().ok_or(libc::ENOTCONN)?;
+    exchange_on(c, msg, fds)
 }
 
 /// Sends `msg` (with `fds`) and returns the server's reply.
@@ -34,28 +50,17 @@ pub fn exchange(msg: ControlMsg, fds: &[RawFd]) -> Result<ControlMsg, i32> {
     exchange_fds(msg, fds).map(|(m, _)| m)
 }
 
-/// As [`exchange`], also returning the descriptors the reply carried.
-pub fn exchange_fds(msg: ControlMsg, fds: &[RawFd]) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
-    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let ctl = CTL_FD.load(Ordering::Acquire);
-    if ctl < 0 {
-        return Err(libc::ENOTCONN);
-    }
-    fdpass::send_with_fds(ctl, &msg.encode(), fds).map_err(|e| crate::errno_of(&e))?;
-    let mut b = [0u8; CONTROL_MSG_LEN + 1];
-    // The control socket has a receive timeout (set at attach): bounded.
-    let (n, got) = fdpass::recv_with_fds(ctl, &mut b, 0).map_err(|e| crate::errno_of(&e))?;
-    Ok((ControlMsg::decode(&b[..n]).ok_or(libc::EPROTO)?, got))
-}
-
 /// A message answered by `Reply { handle, errno }`: Ok on errno 0.
-pub fn call(msg: ControlMsg, handle: u32) -> Result<(), i32> {
-    match exchange(msg, &[])? {
-        ControlMsg::Reply {
-            handle: h,
-            errno: 0,
-        } if h == handle => Ok(()),
-        ControlMsg::Reply { handle: h, errno } if h == handle => Err(errno),
+pub fn call_on(c: &tcps::Client, msg: ControlMsg) -> Result<(), i32> {
+    match exchange_on(c, msg, &[])?.0 {
+        ControlMsg::Reply { errno: 0, .. } => Ok(()),
+        ControlMsg::Reply { errno, .. } => Err(errno),
         _ => Err(libc::EPROTO),
     }
+}
+
+/// As [`call_on`], on this process's attachment.
+pub fn call(msg: ControlMsg, _handle: u32) -> Result<(), i32> {
+    let c = crate::state::client().ok_or(libc::ENOTCONN)?;
+    call_on(c, msg)
 }

@@ -47,6 +47,11 @@ fn hand_back() {
                 continue;
             }
         };
+        // This process's own descriptor of it (`tcps::Client::kernel_fds`)
+        // must not keep it open should the exec fail.
+        if let Some(c) = state::client() {
+            c.forget_kernel_fd(id);
+        }
         // Every fd naming this socket (dups) becomes the kernel socket.
         for &(other, oid) in &fds {
             if oid != id || fdtable::lookup(other) != Some(id) {

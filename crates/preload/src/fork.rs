@@ -17,8 +17,9 @@
 //!    kernel fds: a child that never uses its sockets (redis' BGSAVE) still
 //!    releases them when it exits.
 //!
-//! A failed inherit is logged and the inherited fds stop being offloaded
-//! sockets (calls on them fail with EBADF).
+//! A child the server refuses (full: `--max-hosts`), or whose claim fails,
+//! cannot use the offloaded sockets it inherited: it says why on stderr and
+//! exits with status 1 (`state.rs`), rather than run on with dead sockets.
 
 use crate::log::{debug, warning};
 use crate::{control, fdtable, real, state};
@@ -27,6 +28,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tcps_proto::handshake::ControlMsg;
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The parent's own descriptors of its sockets (`tcps::Client::kernel_fds`,
+/// listed before the fork): the child's attachment takes them over with the
+/// snapshot, or closes them.
+static PARENT_KFDS: std::sync::Mutex<Vec<(u32, i32)>> = std::sync::Mutex::new(Vec::new());
+
+fn take_parent_kfds() -> Vec<(u32, i32)> {
+    std::mem::take(&mut *PARENT_KFDS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Closes the parent's descriptors this child will not use.
+fn close_parent_kfds() {
+    for (_, fd) in take_parent_kfds() {
+        // SAFETY: closing this process's copy of a descriptor only the
+        // parent's (forgotten) attachment knew.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+}
 /// `1 << 32 | nonce` while a forked child has a snapshot to claim.
 static INHERIT: AtomicU64 = AtomicU64::new(0);
 
@@ -48,26 +66,30 @@ fn nonce() -> u32 {
     u32::from_ne_bytes(b).max(1)
 }
 
-/// Attaches as a forked child and adopts the parent's snapshot `token`.
+/// Attaches as a forked child and adopts the parent's snapshot `token`;
+/// an error if the server refuses either.
 pub fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
     let c = tcps::Client::attach(path)?;
-    match control::call(ControlMsg::Inherit { handle: token }, token) {
-        Ok(()) => debug!("fork: inherited the parent's sockets"),
+    match control::call_on(&c, ControlMsg::Inherit { handle: token }) {
+        Ok(()) => {
+            c.adopt_kernel_fds(&take_parent_kfds());
+            debug!("fork: inherited the parent's sockets");
+            Ok(c)
+        }
         Err(e) => {
-            warning!(
-                "fork: could not inherit the parent's sockets (errno {e}); they are lost in this process"
-            );
-            for (fd, _) in fdtable::all() {
-                fdtable::remove(fd);
-            }
+            close_parent_kfds();
+            Err(std::io::Error::other(format!(
+                "the server did not hand over the parent's sockets: {}",
+                std::io::Error::from_raw_os_error(e)
+            )))
         }
     }
-    Ok(c)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     let attached = state::client().is_some();
+    let kfds = state::client().map(|c| c.kernel_fds()).unwrap_or_default();
     let token = if attached {
         let n = nonce();
         match control::call(ControlMsg::Fork { handle: n }, n) {
@@ -98,6 +120,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                 real::close()(ctl);
             }
             state::forget();
+            *PARENT_KFDS.lock().unwrap_or_else(|p| p.into_inner()) = kfds;
             if let Some(n) = token {
                 INHERIT.store(1 << 32 | u64::from(n), Ordering::Release);
                 // Claim at once: the snapshot holds the sockets at the server
@@ -105,6 +128,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                 // kernel's fds would), even if it never touches them.
                 let _ = state::for_new_socket();
             } else {
+                close_parent_kfds();
                 for (fd, _) in fdtable::all() {
                     fdtable::remove(fd);
                 }

@@ -29,6 +29,24 @@ mod sendfile;
 mod sock;
 mod state;
 
+/// Runs when the library is loaded, before the program's `main`. The
+/// program `tcps run` started (it keeps `tcps run`'s pid, `TCPS_RUN_PID`)
+/// writes its summary at exit when asked (`TCPS_PRELOAD_STATS`, or
+/// `TCPS_LOG=info`) even if it never makes a TCP socket; other processes
+/// register it at their first attach, so helper processes of a wrapper
+/// script add no lines.
+extern "C" fn on_load() {
+    let started_by_run =
+        std::env::var("TCPS_RUN_PID").is_ok_and(|pid| pid.trim() == std::process::id().to_string());
+    if started_by_run && (log::stats_file().is_some() || log::level() >= log::INFO) {
+        state::summary_for_this_process();
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
 pub(crate) fn last_errno() -> i32 {
     // SAFETY: errno is thread-local; reading it is always valid.
     unsafe { *libc::__errno_location() }

@@ -26,7 +26,17 @@ pub fn level() -> u8 {
         Ok("off") | Ok("0") | Ok("none") => OFF,
         Ok("info") => INFO,
         Ok("debug") | Ok("trace") => DEBUG,
-        _ => WARN,
+        Ok("warn") | Ok("warning") | Ok("") | Err(std::env::VarError::NotPresent) => WARN,
+        Ok(other) => {
+            emit(&format!(
+                "TCPS_LOG={other:?} is not valid (expected debug, info, warn or off); using warn"
+            ));
+            WARN
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            emit("TCPS_LOG is not valid (expected debug, info, warn or off); using warn");
+            WARN
+        }
     };
     LEVEL.store(l, Ordering::Relaxed);
     l
@@ -93,6 +103,9 @@ pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
 
 /// atexit hook: the summary line (info level) and the stats file.
 pub extern "C" fn at_exit() {
+    if !crate::state::summary_wanted() {
+        return;
+    }
     let line = summary();
     info!("exit: {line}");
     if let Some(path) = stats_file() {

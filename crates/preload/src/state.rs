@@ -41,8 +41,24 @@ pub fn forget() {
     MODE.store(UNTRIED, Ordering::Release);
 }
 
+/// `TCPS_FALLBACK=fail`; any value but `kernel`, `fail` or none is
+/// reported (once) and treated as `kernel`, the default.
 fn fail_mode() -> bool {
-    matches!(std::env::var("TCPS_FALLBACK").as_deref(), Ok("fail"))
+    match std::env::var("TCPS_FALLBACK") {
+        Ok(v) if v == "fail" => true,
+        Ok(v) if v == "kernel" || v.is_empty() => false,
+        Err(std::env::VarError::NotPresent) => false,
+        other => {
+            static REPORTED: std::sync::Once = std::sync::Once::new();
+            REPORTED.call_once(|| {
+                log::emit(&format!(
+                    "TCPS_FALLBACK={:?} is not valid (expected kernel or fail); using kernel",
+                    other.unwrap_or_default()
+                ))
+            });
+            false
+        }
+    }
 }
 
 /// What a new TCP socket should be: `Ok(client)` to offload, `Err(None)` for
@@ -73,6 +89,24 @@ pub fn for_existing() -> Option<&'static Client> {
         return Some(c);
     }
     for_new_socket().ok()
+}
+
+/// The process (pid) that wants its summary even without an attach: the
+/// one `tcps run` started (0: none). A forked child inherits the atexit
+/// registration but not this wish (a shell's subshells write no lines).
+static SUMMARY_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Registers the summary at exit for this process, attached or not.
+pub fn summary_for_this_process() {
+    SUMMARY_PID.store(std::process::id(), Ordering::Relaxed);
+    at_exit_once();
+}
+
+/// Whether this process writes its summary at exit: it attached (or fell
+/// back) itself, or it asked for it (`summary_for_this_process`).
+pub fn summary_wanted() -> bool {
+    MODE.load(Ordering::Acquire) != UNTRIED
+        || SUMMARY_PID.load(Ordering::Relaxed) == std::process::id()
 }
 
 /// The summary at exit, registered once per process image (a forked child
@@ -106,7 +140,8 @@ fn attach() {
     let path = socket_path();
     crate::log::stats_file();
     IN_ATTACH.with(|a| a.set(true));
-    let result = match crate::fork::take_inherit_token() {
+    let inherit = crate::fork::take_inherit_token();
+    let result = match inherit {
         Some(token) => crate::fork::attach_inherit(path, token),
         None => Client::attach(path),
     };
@@ -122,7 +157,13 @@ fn attach() {
         }
         Err(e) => {
             let why = tcps::last_attach_error();
-            let why = if why.is_empty() { e.to_string() } else { why };
+            let why = match e.raw_os_error() {
+                Some(_) if !why.is_empty() => why,
+                _ => e.to_string(),
+            };
+            if inherit.is_some() {
+                exit_if_sockets_inherited(&why);
+            }
             if fail_mode() {
                 log::emit(&format!(
                     "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
@@ -138,4 +179,25 @@ fn attach() {
             }
         }
     }
+}
+
+/// A forked child whose attach (or claim of its parent's sockets) failed,
+/// e.g. the server is full (`--max-hosts`): the offloaded sockets it
+/// inherited cannot work without the server, and a child that runs on with
+/// dead sockets (an nginx worker that silently never serves) is worse than
+/// one that stops. So it exits at once, status 1, saying why, unless it
+/// inherited no offloaded socket (then the usual fallback applies).
+fn exit_if_sockets_inherited(why: &str) {
+    let inherited = crate::fdtable::all().len();
+    if inherited == 0 {
+        return;
+    }
+    log::emit(&format!(
+        "fork: the TCP server refused this child process ({why}); the {inherited} offloaded \
+         sockets it inherited cannot work without the server, so it exits with status 1 \
+         (let the server take more hosts, e.g. raise --max-hosts, or run fewer processes)"
+    ));
+    // SAFETY: _exit ends this process at once; a forked child must not run
+    // its parent's atexit handlers or flush the parent's stdio buffers.
+    unsafe { libc::_exit(1) };
 }

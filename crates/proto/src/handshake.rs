@@ -20,8 +20,16 @@
 //! host   → server  Export     { handle: sock }  hand the kernel socket back (exec)
 //! host   → server  FileOpen   { handle } + SCM_RIGHTS [file]  for `Op::SendFile`
 //! host   → server  FileClose  { handle }
+//! host   → server  SocketAdopt { handle, nonblocking } + SCM_RIGHTS [socket]
+//!                  adopt a TCP socket the host created (and maybe bound) itself
+//! host   → server  SocketDup  { handle: sock }  a dup of one of my sockets
 //! server → host    Reply      { handle, errno }      (one per message above)
+//! server → host    Adopted    { handle, sock }       (SocketAdopt's success)
 //! ```
+//!
+//! A local host creates, binds and listens on its kernel sockets itself, so
+//! the kernel checks its own credentials (`docs/PROTOCOL.md` §6); the server
+//! only runs the data path on the sockets it is handed.
 //!
 //! The memfd must be sealed against shrinking (`F_SEAL_SHRINK`), so the
 //! server's mapping can never lose its pages (SIGBUS) under it.
@@ -163,8 +171,19 @@ pub enum ControlMsg {
     FileOpen { handle: u32 },
     /// Close file `handle`.
     FileClose { handle: u32 },
+    /// Adopt the TCP socket that comes with this message (SCM_RIGHTS), which
+    /// the host created itself: answered by `Adopted` with its new socket id,
+    /// or a `Reply` with the errno. `handle` is a nonce matching the answer.
+    SocketAdopt { handle: u32, nonblocking: bool },
+    /// Hand the host a duplicate of its socket `handle`'s kernel socket (the
+    /// socket stays at the server): a `Reply` carrying it (SCM_RIGHTS) when
+    /// `errno` is 0. For what only the host's own credentials may do on a
+    /// socket the server accepted (privileged options).
+    SocketDup { handle: u32 },
     /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },
+    /// `SocketAdopt`'s success: the socket is now tcps socket `sock`.
+    Adopted { handle: u32, sock: u32 },
 }
 
 const CTL_REGISTER: u32 = 1;
@@ -175,6 +194,9 @@ const CTL_INHERIT: u32 = 5;
 const CTL_EXPORT: u32 = 6;
 const CTL_FILE_OPEN: u32 = 7;
 const CTL_FILE_CLOSE: u32 = 8;
+const CTL_SOCKET_ADOPT: u32 = 9;
+const CTL_SOCKET_DUP: u32 = 10;
+const CTL_ADOPTED: u32 = 11;
 
 impl ControlMsg {
     pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
@@ -187,6 +209,12 @@ impl ControlMsg {
             ControlMsg::Export { handle } => (CTL_EXPORT, handle, 0),
             ControlMsg::FileOpen { handle } => (CTL_FILE_OPEN, handle, 0),
             ControlMsg::FileClose { handle } => (CTL_FILE_CLOSE, handle, 0),
+            ControlMsg::SocketAdopt {
+                handle,
+                nonblocking,
+            } => (CTL_SOCKET_ADOPT, handle, u64::from(nonblocking)),
+            ControlMsg::SocketDup { handle } => (CTL_SOCKET_DUP, handle, 0),
+            ControlMsg::Adopted { handle, sock } => (CTL_ADOPTED, handle, u64::from(sock)),
         };
         let mut b = [0u8; CONTROL_MSG_LEN];
         b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
@@ -212,6 +240,15 @@ impl ControlMsg {
             CTL_EXPORT => Some(ControlMsg::Export { handle }),
             CTL_FILE_OPEN => Some(ControlMsg::FileOpen { handle }),
             CTL_FILE_CLOSE => Some(ControlMsg::FileClose { handle }),
+            CTL_SOCKET_ADOPT => Some(ControlMsg::SocketAdopt {
+                handle,
+                nonblocking: arg & 1 != 0,
+            }),
+            CTL_SOCKET_DUP => Some(ControlMsg::SocketDup { handle }),
+            CTL_ADOPTED => Some(ControlMsg::Adopted {
+                handle,
+                sock: u32::try_from(arg).ok()?,
+            }),
             CTL_REPLY => Some(ControlMsg::Reply {
                 handle,
                 errno: arg as u32 as i32,
@@ -324,6 +361,15 @@ mod tests {
             ControlMsg::Export { handle: 9 },
             ControlMsg::FileOpen { handle: 10 },
             ControlMsg::FileClose { handle: 11 },
+            ControlMsg::SocketAdopt {
+                handle: 12,
+                nonblocking: true,
+            },
+            ControlMsg::SocketDup { handle: 13 },
+            ControlMsg::Adopted {
+                handle: 14,
+                sock: 15,
+            },
             ControlMsg::Reply {
                 handle: 7,
                 errno: libc::EBUSY,

@@ -34,4 +34,4 @@ pub use region::Region;
 /// Identifies a tcps channel region and control message ("TCPSCHN1").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
 /// Protocol version; bumped on any change to the shared layout or messages.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;

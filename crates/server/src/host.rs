@@ -1,7 +1,6 @@
 //! What the server keeps per attached host: its credentials, its mapped
 //! region with one private cursor per channel, and its sockets.
 
-use crate::privilege::Privileges;
 use crate::registry::Registry;
 use crate::slab::Slab;
 use std::collections::VecDeque;
@@ -15,7 +14,6 @@ pub struct NewHost {
     pub id: u64,
     pub pid: u32,
     pub uid: u32,
-    pub privileges: Privileges,
     pub region: Region,
     pub control: OwnedFd,
 }
@@ -24,7 +22,6 @@ pub struct Host {
     pub id: u64,
     pub pid: u32,
     pub uid: u32,
-    pub privileges: Privileges,
     pub region: Region,
     /// The server's own copy of the geometry: never re-read from shared memory.
     pub layout: Layout,
@@ -90,7 +87,6 @@ impl Host {
             id: h.id,
             pid: h.pid,
             uid: h.uid,
-            privileges: h.privileges,
             cursors: vec![ServerCursor::default(); layout.n_channels as usize],
             layout,
             region: h.region,

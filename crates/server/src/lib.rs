@@ -9,16 +9,17 @@
 //! ```
 
 mod admission;
+mod adopt;
 mod calls;
 mod control;
 pub mod engine;
 mod host;
 mod inherit;
 mod metrics;
-pub mod privilege;
 mod registry;
 mod sendfile;
 mod slab;
+pub mod sockopt_policy;
 mod stats;
 mod sys;
 mod token;
@@ -49,8 +50,11 @@ pub enum PollMode {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub socket_path: PathBuf,
-    /// Mode of the control socket file (who may attach).
+    /// Mode of the control socket file (who may attach): 0660 by default,
+    /// so root and members of the socket's group attach, nobody else.
     pub socket_mode: u32,
+    /// Group of the control socket file (None: the server's own group).
+    pub socket_group: Option<u32>,
     /// One worker per CPU listed, pinned to it; empty: one unpinned worker.
     pub cpus: Vec<usize>,
     pub poll: PollMode,
@@ -61,8 +65,6 @@ pub struct Config {
     pub max_sockets_per_host: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
-    /// Ports below this need CAP_NET_BIND_SERVICE (read from the kernel).
-    pub unprivileged_port_start: u16,
     /// Live accepted connections per listener; more are reset at the
     /// server and never reach the host (0: unlimited).
     pub max_conns_per_listener: u32,
@@ -155,7 +157,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket_path: tcps_proto::handshake::default_socket_path(),
-            socket_mode: 0o666,
+            socket_mode: 0o660,
+            socket_group: None,
             cpus: Vec::new(),
             poll: PollMode::Adaptive,
             spin: Duration::from_micros(50),
@@ -163,7 +166,6 @@ impl Default for Config {
             max_hosts: 64,
             max_sockets_per_host: 65536,
             layout: Layout::default(),
-            unprivileged_port_start: privilege::unprivileged_port_start(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
             eager: EagerPolicy::default(),
@@ -191,14 +193,14 @@ pub struct Shared {
     pub stats: stats::Board,
 }
 
-/// The eventfd a signal handler rings to stop the server (-1: none yet).
-static SHUTDOWN_FD: AtomicI32 = AtomicI32::new(-1);
-/// A stop signal that arrived before the server was up.
-static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The eventfd a signal handler rings to wake `run` (-1: none yet).
+static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
+/// Signals received and not yet handled by `run`, one bit per number.
+static PENDING_SIGNALS: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP_REQUESTED.store(true, Ordering::SeqCst);
-    let fd = SHUTDOWN_FD.load(Ordering::SeqCst);
+extern "C" fn on_signal(sig: libc::c_int) {
+    PENDING_SIGNALS.fetch_or(1 << sig, Ordering::SeqCst);
+    let fd = SIGNAL_FD.load(Ordering::SeqCst);
     if fd >= 0 {
         let one = 1u64.to_ne_bytes();
         // SAFETY: write(2) is async-signal-safe; the buffer is valid.
@@ -207,30 +209,85 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// Runs a server until SIGINT or SIGTERM, then shuts it down cleanly.
+/// SIGHUP (a closed terminal or SSH session, or an operator asking for a
+/// reload) is logged and ignored: the server keeps serving its hosts.
 pub fn run(cfg: Config) -> io::Result<()> {
     // Handlers first: a signal that arrives while the server starts must
-    // still stop it cleanly (and remove its socket file).
-    // SAFETY: installing an async-signal-safe handler for two signals.
+    // still be handled (and a stop remove the socket file).
+    let wake = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
+    SIGNAL_FD.store(wake.as_raw_fd(), Ordering::SeqCst);
+    // SAFETY: installing an async-signal-safe handler for three signals.
     unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let server = start(cfg)?;
-    SHUTDOWN_FD.store(server.shutdown.as_raw_fd(), Ordering::SeqCst);
-    if STOP_REQUESTED.load(Ordering::SeqCst) {
-        server.stop();
-    }
+    let server = start(cfg).inspect_err(|_| SIGNAL_FD.store(-1, Ordering::SeqCst))?;
+    notify_systemd("READY=1");
+    let stop_signal = wait_for_stop_signal(&wake);
+    notify_systemd("STOPPING=1");
+    info!(
+        signal = stop_signal,
+        hosts_attached = server.shared.hosts.load(Ordering::Relaxed),
+        "tcps server shutting down on {stop_signal}: {} hosts attached",
+        server.shared.hosts.load(Ordering::Relaxed)
+    );
+    server.stop();
     server.wait();
-    SHUTDOWN_FD.store(-1, Ordering::SeqCst);
+    SIGNAL_FD.store(-1, Ordering::SeqCst);
     Ok(())
+}
+
+/// Tells systemd (`Type=notify`: `$NOTIFY_SOCKET`) how the server is doing;
+/// nothing without it. READY=1 comes once the control socket accepts.
+fn notify_systemd(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let target = target.to_string_lossy().into_owned();
+    let addr = match target.strip_prefix('@') {
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()),
+        None => std::os::unix::net::SocketAddr::from_pathname(&target),
+    };
+    let sent = addr.and_then(|addr| {
+        let sock = std::os::unix::net::UnixDatagram::unbound()?;
+        let msg = format!("{state}\nMAINPID={}", std::process::id());
+        sock.send_to_addr(msg.as_bytes(), &addr)
+    });
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, notify_socket = %target, "cannot notify systemd ({state})");
+    }
+}
+
+/// Sleeps until SIGINT or SIGTERM arrives (returning its name), logging
+/// every SIGHUP on the way.
+fn wait_for_stop_signal(wake: &OwnedFd) -> &'static str {
+    loop {
+        let pending = PENDING_SIGNALS.swap(0, Ordering::SeqCst);
+        if pending & (1 << libc::SIGHUP) != 0 {
+            info!("SIGHUP ignored: the server keeps running (it has no configuration to reload; restart it to change options)");
+        }
+        if pending & (1 << libc::SIGTERM) != 0 {
+            return "SIGTERM";
+        }
+        if pending & (1 << libc::SIGINT) != 0 {
+            return "SIGINT";
+        }
+        let mut buf = [0u8; 8];
+        // SAFETY: reading 8 bytes from our eventfd into a local buffer; an
+        // EINTR (a signal) simply loops.
+        unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8) };
+    }
 }
 
 /// A running server.
 pub struct Server {
     shutdown: Arc<OwnedFd>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    socket_path: PathBuf,
+    /// The control socket file this server made (None: systemd's, kept).
+    socket_path: Option<PathBuf>,
     shared: Arc<Shared>,
 }
 
@@ -254,9 +311,41 @@ impl Server {
         for t in self.threads {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.socket_path);
-        info!("tcps server stopped");
+        if let Some(path) = &self.socket_path {
+            let _ = std::fs::remove_file(path);
+        }
+        let hosts = self.shared.hosts.load(Ordering::Relaxed);
+        info!(
+            hosts_attached = hosts,
+            "tcps server stopped: {hosts} hosts attached"
+        );
     }
+}
+
+/// The engine's name as the workers log it.
+fn engine_name(kind: EngineKind) -> &'static str {
+    match kind {
+        EngineKind::Uring => "io_uring",
+        EngineKind::Epoll => "epoll",
+    }
+}
+
+/// The poll mode as `--poll` spells it.
+fn poll_name(poll: PollMode) -> &'static str {
+    match poll {
+        PollMode::Busy => "busy",
+        PollMode::Adaptive => "adaptive",
+        PollMode::Block => "block",
+    }
+}
+
+/// The pinned CPUs (`--cpus`), e.g. `1,2`, or `unpinned`.
+fn cpus_text(cpus: &[usize]) -> String {
+    if cpus.is_empty() {
+        return "unpinned".to_string();
+    }
+    let names: Vec<String> = cpus.iter().map(usize::to_string).collect();
+    names.join(",")
 }
 
 /// Every host socket is a descriptor of the server: lift the soft limit to
@@ -290,7 +379,18 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
-    let listener = control::listen(&cfg.socket_path, cfg.socket_mode)?;
+    // systemd's socket (tcps.socket) if it started us, else our own.
+    let (listener, made_path, socket_shown) = match control::activated_listener()? {
+        Some((fd, path)) => {
+            info!(socket = %path.display(), "control socket from systemd (socket activation)");
+            (fd, None, path)
+        }
+        None => (
+            control::listen(&cfg.socket_path, cfg.socket_mode, cfg.socket_group)?,
+            Some(cfg.socket_path.clone()),
+            cfg.socket_path.clone(),
+        ),
+    };
     let metrics_listener = cfg.metrics_listen.map(metrics::listen).transpose()?;
     let mut threads = Vec::new();
     let mut handles = Vec::new();
@@ -338,10 +438,11 @@ pub fn start(cfg: Config) -> io::Result<Server> {
         );
     }
     info!(
-        socket = %cfg.socket_path.display(),
-        engine = ?cfg.engine,
-        poll = ?cfg.poll,
+        socket = %socket_shown.display(),
+        engine = engine_name(cfg.engine),
+        poll = poll_name(cfg.poll),
         workers = cfg.cpus.len().max(1),
+        cpus = %cpus_text(&cfg.cpus),
         max_hosts = cfg.max_hosts,
         max_sockets_per_host = cfg.max_sockets_per_host,
         "tcps server listening"
@@ -349,7 +450,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     Ok(Server {
         shutdown,
         threads,
-        socket_path: cfg.socket_path.clone(),
+        socket_path: made_path,
         shared,
     })
 }

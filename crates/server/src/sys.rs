@@ -34,18 +34,6 @@ fn own(fd: libc::c_int) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
-pub fn socket(domain: i32, ty: i32, protocol: i32) -> SysResult<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    check(unsafe {
-        libc::socket(
-            domain,
-            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-    })
-    .map(own)
-}
-
 /// A `sockaddr_storage` and its length.
 pub struct RawAddr {
     pub storage: libc::sockaddr_storage,
@@ -87,13 +75,8 @@ impl RawAddr {
     }
 }
 
-pub fn bind(fd: RawFd, a: &RawAddr) -> SysResult<()> {
-    // SAFETY: the address points to our storage and its length is bounded by it.
-    check(unsafe { libc::bind(fd, a.ptr(), a.len) }).map(drop)
-}
-
 pub fn connect(fd: RawFd, a: &RawAddr) -> SysResult<()> {
-    // SAFETY: as in bind.
+    // SAFETY: the address points to our storage and its length is bounded by it.
     check(unsafe { libc::connect(fd, a.ptr(), a.len) }).map(drop)
 }
 

@@ -32,6 +32,11 @@ fn on_control_msg(
     m: ControlMsg,
     mut fds: Vec<OwnedFd>,
 ) -> std::io::Result<()> {
+    if crate::adopt::handles(&m) {
+        let (reply, fd) = crate::adopt::on_control(cfg, host, m, fds);
+        let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &fds);
+    }
     if let ControlMsg::Export { handle } = m {
         let (reply, fd) = crate::inherit::export(host, handle);
         let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
@@ -70,9 +75,13 @@ fn on_control_msg(
             crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cfg)),
         ),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
-        ControlMsg::Reply { handle, .. } => (handle, Err(libc::EINVAL)),
+        ControlMsg::Reply { handle, .. } | ControlMsg::Adopted { handle, .. } => {
+            (handle, Err(libc::EINVAL))
+        }
         // Answered above.
-        ControlMsg::Export { handle } => (handle, Err(libc::EINVAL)),
+        ControlMsg::Export { handle }
+        | ControlMsg::SocketAdopt { handle, .. }
+        | ControlMsg::SocketDup { handle } => (handle, Err(libc::EINVAL)),
         ControlMsg::FileOpen { handle } => (handle, crate::sendfile::open(host, handle, fds)),
         ControlMsg::FileClose { handle } => (handle, crate::sendfile::close(host, handle)),
     };

@@ -955,3 +955,27 @@ impl RawHost {
         }
     }
 }
+
+impl RawHost {
+    /// Hands the server a kernel socket this process made
+    /// (`ControlMsg::SocketAdopt`, protocol v5): its new socket id, or the
+    /// server's errno.
+    pub fn adopt_socket(&self, fd: std::os::fd::RawFd, nonblocking: bool) -> Result<u32, i32> {
+        use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+        let handle = 0x5eed;
+        let msg = ControlMsg::SocketAdopt {
+            handle,
+            nonblocking,
+        };
+        tcps_proto::fdpass::send_with_fds(self.ctl.as_raw_fd(), &msg.encode(), &[fd])
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let mut b = [0u8; CONTROL_MSG_LEN + 1];
+        let (n, _) = tcps_proto::fdpass::recv_with_fds(self.ctl.as_raw_fd(), &mut b, 0)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        match ControlMsg::decode(&b[..n]) {
+            Some(ControlMsg::Adopted { handle: h, sock }) if h == handle => Ok(sock),
+            Some(ControlMsg::Reply { errno, .. }) => Err(errno),
+            other => panic!("unexpected answer to SocketAdopt: {other:?}"),
+        }
+    }
+}

@@ -317,6 +317,7 @@ impl Client {
         rcvtimeo: Option<Duration>,
         accepted: bool,
     ) {
+        self.conn.kfds.forget(s);
         self.async_new_socket(s, setup & SETUP_SENDQ != 0, nonblocking);
         let Ok(mut g) = self.recv_state(s) else {
             return;

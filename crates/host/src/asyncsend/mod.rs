@@ -516,7 +516,7 @@ impl Client {
             let len = kib * 1024;
             self.conn
                 .memory
-                .alloc(self.conn.ctl_fd(), len, true)
+                .alloc(self.conn.control(), len, true)
                 .map(|(p, h)| Pool::new(p, h, len))
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
         });
@@ -757,14 +757,14 @@ impl Client {
     /// handle; free it with [`deregister_memory`](Self::deregister_memory).
     pub fn alloc_registered(&self, len: usize) -> io::Result<(*mut u8, u32)> {
         self.conn.check_open(libc::ENOTCONN)?;
-        self.conn.memory.alloc(self.conn.ctl_fd(), len, false)
+        self.conn.memory.alloc(self.conn.control(), len, false)
     }
 
     /// Registers existing page-aligned memory in place (see `memory`).
     /// Returns its handle.
     pub fn register_memory(&self, ptr: *mut u8, len: usize) -> io::Result<u32> {
         self.conn.check_open(libc::ENOTCONN)?;
-        self.conn.memory.register(self.conn.ctl_fd(), ptr, len)
+        self.conn.memory.register(self.conn.control(), ptr, len)
     }
 
     /// Ends registration `mem`: EBUSY while a send from it is in flight.
@@ -773,7 +773,7 @@ impl Client {
         if self.registration_busy(mem) {
             return Err(errno(libc::EBUSY));
         }
-        self.conn.memory.deregister(self.conn.ctl_fd(), mem)
+        self.conn.memory.deregister(self.conn.control(), mem)
     }
 
     /// The registration holding `[ptr, ptr+len)`: (handle, offset).

@@ -66,6 +66,8 @@
 use crate::ahead::AheadState;
 use crate::asyncsend::AsyncState;
 use crate::attach::Attached;
+use crate::control::Control;
+use crate::kernelfd::KernelFds;
 use crate::memory::Registry;
 use std::cell::Cell;
 use std::io;
@@ -215,7 +217,7 @@ impl Slot {
 pub(crate) struct Conn {
     id: u64,
     region: Region,
-    ctl: OwnedFd,
+    ctl: Control,
     doorbell: OwnedFd,
     slots: Box<[Slot]>,
     /// Most calls one channel carries at once: `ring_entries - 1`.
@@ -234,6 +236,8 @@ pub(crate) struct Conn {
     pub(crate) asyncs: AsyncState,
     /// Process-ahead receive state (see `ahead`).
     pub(crate) ahead: AheadState,
+    /// This process's own descriptor of each socket it made (see `kernelfd`).
+    pub(crate) kfds: KernelFds,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     registered_sent: AtomicU64,
     registered_received: AtomicU64,
@@ -260,11 +264,12 @@ impl Conn {
             memory: Registry::new(),
             asyncs: AsyncState::new(send_queues),
             ahead: AheadState::new(),
+            kfds: KernelFds::new(),
             registered_sent: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             region: a.region,
-            ctl: a.ctl,
+            ctl: Control::new(a.ctl),
             doorbell: a.doorbell,
             slots: (0..n)
                 .map(|_| Slot {
@@ -314,7 +319,7 @@ impl Conn {
         if self.state.swap(DETACHED, Ordering::AcqRel) != DETACHED {
             // SAFETY: shutdown(2) on a descriptor we own; it stays open (and
             // owned) until drop, only the connection is ended.
-            unsafe { libc::shutdown(self.ctl.as_raw_fd(), libc::SHUT_RDWR) };
+            unsafe { libc::shutdown(self.ctl.raw(), libc::SHUT_RDWR) };
         }
     }
 
@@ -327,7 +332,7 @@ impl Conn {
         let mut alive = self.region.header().server_alive.load(Ordering::Acquire) != 0;
         if alive {
             let mut p = libc::pollfd {
-                fd: self.ctl.as_raw_fd(),
+                fd: self.ctl.raw(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -343,7 +348,7 @@ impl Conn {
                 // SAFETY: peeking one byte into a local buffer.
                 let n = unsafe {
                     libc::recv(
-                        self.ctl.as_raw_fd(),
+                        self.ctl.raw(),
                         b.as_mut_ptr() as *mut libc::c_void,
                         1,
                         libc::MSG_PEEK | libc::MSG_DONTWAIT,
@@ -360,9 +365,9 @@ impl Conn {
         alive
     }
 
-    /// The control socket (memory registration talks on it).
-    pub(crate) fn ctl_fd(&self) -> std::os::fd::RawFd {
-        self.ctl.as_raw_fd()
+    /// The control socket (registration, socket adoption, ...).
+    pub(crate) fn control(&self) -> &Control {
+        &self.ctl
     }
 
     /// Send queue `q` (an index the caller got from the layout's range).

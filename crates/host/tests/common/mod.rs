@@ -373,7 +373,7 @@ fn serve(s: &Shared) {
             if s.rings {
                 did |= pump(s, &mut st, &h.region);
             }
-            watch_host(s, h);
+            watch_host(s, &mut st, h);
         }
         if did {
             idle = 0;
@@ -403,6 +403,9 @@ fn serve(s: &Shared) {
             (0..used).any(|i| h.cursors[i as usize].has_requests(&h.region.channel(i).unwrap()))
         });
         if !pending {
+            // Not holding the host list while asleep: the acceptor must be
+            // able to add a host (whose control messages wait until then).
+            drop(hosts);
             let mut p = libc::pollfd {
                 fd: s.doorbell.as_raw_fd(),
                 events: libc::POLLIN,
@@ -422,6 +425,7 @@ fn serve(s: &Shared) {
             {
                 s.doorbells.fetch_add(1, Ordering::Relaxed);
             }
+            hosts = s.hosts.lock().unwrap();
         }
         for h in hosts.iter() {
             h.region
@@ -468,20 +472,59 @@ fn serve_host(s: &Shared, st: &mut State, h: &mut Host) -> bool {
     did
 }
 
-/// Counts a host whose control socket reached EOF (once).
-fn watch_host(s: &Shared, h: &mut Host) {
-    if h.gone {
-        return;
-    }
-    let mut p = libc::pollfd {
-        fd: h.conn.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd, no wait.
-    if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
-        h.gone = true;
-        s.hosts_gone.fetch_add(1, Ordering::Relaxed);
+/// Answers a host's control messages (socket adoption; anything else is
+/// EINVAL) and counts a host whose control socket reached EOF (once).
+fn watch_host(s: &Shared, st: &mut State, h: &mut Host) {
+    use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+    while !h.gone {
+        let mut b = [0u8; CONTROL_MSG_LEN + 1];
+        let (n, fds) =
+            match tcps_proto::fdpass::recv_with_fds(h.conn.as_raw_fd(), &mut b, libc::MSG_DONTWAIT)
+            {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return,
+                Ok((n, fds)) if n > 0 => (n, fds),
+                _ => {
+                    h.gone = true;
+                    s.hosts_gone.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            };
+        let reply = match ControlMsg::decode(&b[..n]) {
+            // The fake keeps no kernel socket: it counts the one it got.
+            Some(ControlMsg::SocketAdopt {
+                handle,
+                nonblocking,
+            }) if fds.len() == 1 => {
+                let id = st.next_id;
+                st.next_id += 1;
+                let flags = if nonblocking {
+                    libc::O_NONBLOCK as i64
+                } else {
+                    0
+                };
+                st.socks.insert(
+                    id,
+                    Sock {
+                        flags,
+                        ..Default::default()
+                    },
+                );
+                ControlMsg::Adopted { handle, sock: id }
+            }
+            Some(ControlMsg::SocketDup { handle }) => ControlMsg::Reply {
+                handle,
+                errno: libc::EBADF,
+            },
+            Some(ControlMsg::Register { handle, .. }) => ControlMsg::Reply {
+                handle,
+                errno: libc::EINVAL,
+            },
+            _ => ControlMsg::Reply {
+                handle: 0,
+                errno: libc::EINVAL,
+            },
+        };
+        let _ = tcps_proto::fdpass::send_with_fds(h.conn.as_raw_fd(), &reply.encode(), &[]);
     }
 }
 

@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 use std::time::Instant;
 use tcps_proto::msg::{ArenaRange, Call};
-use tcps_proto::{addr, futex, Completion, Op, Request};
+use tcps_proto::{futex, Completion, Op, Request};
 use tracing::{debug, warn};
 
 /// A call's outcome: `(result, aux)` or an errno.
@@ -117,12 +117,8 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
     }
     let res = match call {
         Call::Nop => Ok((0, 0)),
-        Call::Socket {
-            domain,
-            ty,
-            protocol,
-        } => new_socket(cx, host, domain, ty, protocol),
-        Call::Bind { sock, addr } => bind(cx, host, ch, sock, addr),
+        Call::Socket { .. } => new_socket(host),
+        Call::Bind { sock, .. } => bind(host, sock),
         Call::Listen { sock, backlog } => {
             with_fd(host, sock, |fd| sys::listen(fd, backlog).map(|_| (0, 0)))
                 .map(|_| (0, eager::on_listen(host, sock)))
@@ -241,21 +237,19 @@ pub(crate) fn insert_socket(
     Ok(id as u32)
 }
 
-fn new_socket(cx: &Ctx<'_>, host: &mut Host, domain: i32, ty: i32, protocol: i32) -> Res {
-    if domain != libc::AF_INET && domain != libc::AF_INET6 {
-        return Err(libc::EAFNOSUPPORT);
-    }
-    let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
-    if ty & !flags != libc::SOCK_STREAM {
-        return Err(libc::ESOCKTNOSUPPORT); // only TCP is offloaded
-    }
-    if protocol != 0 && protocol != libc::IPPROTO_TCP {
-        return Err(libc::EPROTONOSUPPORT);
-    }
-    check_quota(cx, host)?;
-    let fd = sys::socket(domain, libc::SOCK_STREAM, protocol)?;
-    let id = insert_socket(cx, host, fd, flags & libc::SOCK_NONBLOCK != 0)?;
-    Ok((id as i64, 0))
+/// `Op::Socket` from a local host: refused. A local host creates its
+/// kernel sockets itself, under its own credentials, and hands them over
+/// with `ControlMsg::SocketAdopt` (`docs/PROTOCOL.md` §6): a socket made
+/// here would carry the server's uid, capabilities and network namespace.
+/// The op stays in the protocol for a future fabric transport.
+fn new_socket(host: &mut Host) -> Res {
+    warn!(
+        host = host.id,
+        pid = host.pid,
+        uid = host.uid,
+        "socket refused: a local host creates its sockets itself (ControlMsg::SocketAdopt)"
+    );
+    Err(libc::EPERM)
 }
 
 pub(crate) fn arena_bytes(host: &Host, ch: u32, r: ArenaRange) -> Vec<u8> {
@@ -275,27 +269,19 @@ pub(crate) fn write_arena(host: &Host, ch: u32, r: ArenaRange, bytes: &[u8]) -> 
     bytes.len() as u64
 }
 
-fn bind(cx: &Ctx<'_>, host: &mut Host, ch: u32, sock: u32, a: ArenaRange) -> Res {
-    let fd = host.socket(sock).ok_or(libc::EBADF)?.fd.as_raw_fd();
-    let bytes = arena_bytes(host, ch, a);
-    let parsed = addr::parse(&bytes).map_err(|e| match e {
-        addr::AddrError::TooShort => libc::EINVAL,
-        addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
-    })?;
-    if !host
-        .privileges
-        .may_bind(parsed.port(), cx.cfg.unprivileged_port_start)
-    {
-        warn!(
-            host = host.id,
-            pid = host.pid,
-            uid = host.uid,
-            port = parsed.port(),
-            "bind refused: host lacks CAP_NET_BIND_SERVICE"
-        );
-        return Err(libc::EACCES);
-    }
-    sys::bind(fd, &RawAddr::from_bytes(&bytes)).map(|_| (0, 0))
+/// `Op::Bind` from a local host: refused, like `Op::Socket`. The host
+/// binds its own socket, so the kernel checks its own right to the port
+/// (CAP_NET_BIND_SERVICE, SO_REUSEPORT groups of the same owner).
+fn bind(host: &mut Host, sock: u32) -> Res {
+    host.socket(sock).ok_or(libc::EBADF)?;
+    warn!(
+        host = host.id,
+        pid = host.pid,
+        uid = host.uid,
+        sock,
+        "bind refused: a local host binds its own socket (the kernel checks its credentials)"
+    );
+    Err(libc::EPERM)
 }
 
 fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
@@ -304,13 +290,20 @@ fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: Are
     if eager::is_tcps_level(level) {
         return eager::setsockopt(host, sock, name, &value);
     }
-    if !host.privileges.may_setsockopt(level, name, &value) {
-        warn!(
+    let allowed_cc = if level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION {
+        crate::sockopt_policy::allowed_congestion_control()
+    } else {
+        String::new()
+    };
+    if let Err(why) = crate::sockopt_policy::may_set(level, name, &value, &allowed_cc) {
+        debug!(
             host = host.id,
             pid = host.pid,
+            uid = host.uid,
             level,
             name,
-            "setsockopt refused: host lacks the capability"
+            why,
+            "setsockopt refused"
         );
         return Err(libc::EPERM);
     }
@@ -348,6 +341,18 @@ fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRa
         let x = eager::getsockopt(host, sock, name)?;
         write_arena(host, ch, v, &x.to_ne_bytes());
         return Ok((0, 4));
+    }
+    if let Err(why) = crate::sockopt_policy::may_get(level, name) {
+        debug!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            level,
+            name,
+            why,
+            "getsockopt refused"
+        );
+        return Err(libc::EPERM);
     }
     let mut buf = vec![0u8; v.len as usize];
     let len = sys::getsockopt(fd, level, name, &mut buf)?;

@@ -1,0 +1,211 @@
+//! Sockets a local host made itself: `ControlMsg::SocketAdopt` and
+//! `ControlMsg::SocketDup`.
+//!
+//! The kernel, not tcps, decides what a host may do: a local host creates,
+//! binds and listens on its kernel sockets in its own process, under its
+//! uid, capabilities, network namespace, cgroup and LSM label, and passes
+//! each socket here once (SCM_RIGHTS). The server checks that it is a TCP
+//! socket, counts it against the host's quota and runs the data path on it.
+//! Where the host has no descriptor of its own (a connection the server
+//! accepted) and wants what the server's allow-list refuses
+//! (`sockopt_policy`), it asks for a duplicate of its own socket and does
+//! it itself, again under its own credentials.
+
+use crate::host::{Host, Sock};
+use crate::token::{GEN_MASK, MAX_SOCKETS_PER_HOST};
+use crate::Config;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use tcps_proto::handshake::ControlMsg;
+use tracing::{debug, warn};
+
+/// Whether `m` is answered by [`on_control`].
+pub fn handles(m: &ControlMsg) -> bool {
+    matches!(
+        m,
+        ControlMsg::SocketAdopt { .. } | ControlMsg::SocketDup { .. }
+    )
+}
+
+/// Answers a `SocketAdopt` or `SocketDup` of `host`: the reply and the
+/// descriptor it carries, if any (EINVAL for any other message).
+pub fn on_control(
+    cfg: &Config,
+    host: &mut Host,
+    m: ControlMsg,
+    fds: Vec<OwnedFd>,
+) -> (ControlMsg, Option<OwnedFd>) {
+    match m {
+        ControlMsg::SocketAdopt {
+            handle,
+            nonblocking,
+        } => {
+            let reply = match adopt(cfg, host, fds, nonblocking) {
+                Ok(sock) => {
+                    // The host's socket(2), as the statistics count it.
+                    host.stats.calls[tcps_proto::Op::Socket as usize] += 1;
+                    ControlMsg::Adopted { handle, sock }
+                }
+                Err(errno) => ControlMsg::Reply { handle, errno },
+            };
+            debug!(host = host.id, ?reply, "socket adopt");
+            (reply, None)
+        }
+        ControlMsg::SocketDup { handle } => match dup(host, handle) {
+            Ok(fd) => (ControlMsg::Reply { handle, errno: 0 }, Some(fd)),
+            Err(errno) => (ControlMsg::Reply { handle, errno }, None),
+        },
+        other => {
+            let handle = match other {
+                ControlMsg::Register { handle, .. } => handle,
+                _ => 0,
+            };
+            (
+                ControlMsg::Reply {
+                    handle,
+                    errno: libc::EINVAL,
+                },
+                None,
+            )
+        }
+    }
+}
+
+/// Takes the one socket that came with the message; returns its new id.
+fn adopt(
+    cfg: &Config,
+    host: &mut Host,
+    mut fds: Vec<OwnedFd>,
+    nonblocking: bool,
+) -> Result<u32, i32> {
+    if fds.len() != 1 {
+        return Err(libc::EINVAL); // the extra descriptors close when dropped
+    }
+    let fd = fds.remove(0);
+    check_tcp_socket(fd.as_raw_fd())?;
+    if host.sockets.len() >= cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
+        host.stats.refused_sockets += 1;
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            limit = cfg.max_sockets_per_host,
+            "socket refused: per-host quota reached (--max-sockets-per-host)"
+        );
+        return Err(libc::EMFILE);
+    }
+    // The server never blocks on a socket. O_NONBLOCK lives in the open
+    // file description, shared with the host's copy, which the host
+    // library never blocks on.
+    set_nonblocking(fd.as_raw_fd())?;
+    host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
+    let id = host
+        .sockets
+        .insert(Sock::new(fd, host.next_gen, nonblocking));
+    if let Some(s) = host.sockets.get_mut(id) {
+        s.policy = cfg.eager;
+    }
+    Ok(id as u32)
+}
+
+/// A duplicate of the kernel socket of `host`'s own socket `sock`: the host
+/// can only name sockets in its own table.
+fn dup(host: &Host, sock: u32) -> Result<OwnedFd, i32> {
+    let s = host.socket(sock).ok_or(libc::EBADF)?;
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result is checked.
+    let fd = unsafe { libc::fcntl(s.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn sockopt_int(fd: RawFd, name: i32) -> Result<i32, i32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` is a writable int whose size is in `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            &mut v as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(last_errno());
+    }
+    Ok(v)
+}
+
+/// Is `fd` an AF_INET/AF_INET6 SOCK_STREAM TCP socket? ENOTSOCK for a non
+/// socket, EAFNOSUPPORT / ESOCKTNOSUPPORT / EPROTONOSUPPORT for another kind.
+pub fn check_tcp_socket(fd: RawFd) -> Result<(), i32> {
+    // SAFETY: fstat into a zeroed stat we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; fd is a descriptor we own.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(last_errno());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(libc::ENOTSOCK);
+    }
+    let domain = sockopt_int(fd, libc::SO_DOMAIN)?;
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    if sockopt_int(fd, libc::SO_TYPE)? != libc::SOCK_STREAM {
+        return Err(libc::ESOCKTNOSUPPORT);
+    }
+    if sockopt_int(fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP {
+        return Err(libc::EPROTONOSUPPORT);
+    }
+    Ok(())
+}
+
+fn set_nonblocking(fd: RawFd) -> Result<(), i32> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own(fd: i32) -> OwnedFd {
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn only_tcp_sockets_are_adopted() {
+        // SAFETY: plain syscalls.
+        let (tcp, udp, unix, file) = unsafe {
+            (
+                own(libc::socket(libc::AF_INET6, libc::SOCK_STREAM, 0)),
+                own(libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0)),
+                own(libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0)),
+                own(libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY)),
+            )
+        };
+        assert_eq!(check_tcp_socket(tcp.as_raw_fd()), Ok(()));
+        assert_eq!(
+            check_tcp_socket(udp.as_raw_fd()),
+            Err(libc::ESOCKTNOSUPPORT)
+        );
+        assert_eq!(check_tcp_socket(unix.as_raw_fd()), Err(libc::EAFNOSUPPORT));
+        assert_eq!(check_tcp_socket(file.as_raw_fd()), Err(libc::ENOTSOCK));
+    }
+}
