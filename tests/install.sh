@@ -73,12 +73,12 @@ else
 fi
 "${nocaps[@]}" "$p/bin/tcps" server --socket "$sock" >"$tmp/server.log" 2>&1 &
 pids+=($!)
-if [ "${#nocaps[@]}" -gt 0 ]; then
-  sleep 0.2
-  grep -q '^CapEff:[[:space:]]*0*$' "/proc/${pids[-1]}/status" || fail "the server kept capabilities"
-fi
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || { cat "$tmp/server.log" >&2; fail "installed tcps server made no socket"; }
+# The socket exists: setpriv has exec'd the server.
+if [ "${#nocaps[@]}" -gt 0 ]; then
+  grep -q '^CapEff:[[:space:]]*0*$' "/proc/${pids[-1]}/status" || fail "the server kept capabilities"
+fi
 export TCPS_SOCKET=$sock
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$tmp/echo" --net tcps --addr 127.0.0.1 --port "$port" --quiet >"$tmp/echo.log" 2>&1 &
