@@ -1,145 +1,78 @@
-//! `tcps man DIR` and `tcps completions bash` (hidden; `make install` runs
-//! them): manual pages and shell completions made from the `--help` texts,
-//! so they never drift from the options.
+//! `tcps man DIR` and `tcps completions SHELL` (hidden; `make install` runs
+//! them): manual pages (clap_mangen) and shell completions (clap_complete)
+//! made from the same clap definitions `--help` prints, so they never drift
+//! from the options.
 
-use clap::{Arg, Command};
-use std::fmt::Write as _;
+use clap::Command;
+use clap_complete::Shell;
+use std::io;
 use std::path::Path;
 
-/// Text safe for roff: backslashes escaped, no line starting a request.
-fn roff(text: &str) -> String {
-    text.replace('\\', "\\e")
-        .lines()
-        .map(|l| {
-            let l = l.trim_end();
-            if l.starts_with('.') || l.starts_with('\'') {
-                format!("\\&{l}")
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// How an option is written in a synopsis: `--socket PATH`, `-h`, `PROGRAM`.
-fn option_words(a: &Arg) -> String {
-    let value = a
-        .get_value_names()
-        .map(|v| {
-            v.iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|| a.get_id().as_str().to_uppercase());
-    let takes_value = a.get_num_args().is_some_and(|n| n.takes_values());
-    match (a.get_long(), a.get_short()) {
-        (Some(l), _) if takes_value => format!("\\fB\\-\\-{l}\\fR \\fI{value}\\fR"),
-        (Some(l), _) => format!("\\fB\\-\\-{l}\\fR"),
-        (None, Some(s)) => format!("\\fB\\-{s}\\fR"),
-        (None, None) => format!("\\fI{value}\\fR"),
-    }
-}
-
-/// One manual page, `tcps-NAME(1)` (or `tcps(1)` for the top command).
-fn page(name: &str, cmd: &Command, version: &str) -> String {
-    let mut out = String::new();
-    let title = name.to_uppercase();
-    let _ = writeln!(out, ".TH {title} 1 \"\" \"tcps {version}\" \"tcps manual\"");
-    let about = cmd.get_about().map(|a| a.to_string()).unwrap_or_default();
-    let _ = writeln!(
-        out,
-        ".SH NAME\n{} \\- {}",
-        name.replace('-', "\\-"),
-        roff(&about)
-    );
-    let _ = writeln!(
-        out,
-        ".SH SYNOPSIS\n.B {}\n[OPTIONS]",
-        name.replace('-', " ")
-    );
-    if let Some(long) = cmd.get_long_about() {
-        let _ = writeln!(out, ".SH DESCRIPTION\n{}", roff(&long.to_string()));
-    }
-    let args: Vec<&Arg> = cmd.get_arguments().filter(|a| !a.is_hide_set()).collect();
-    if !args.is_empty() {
-        out.push_str(".SH OPTIONS\n");
-        for a in args {
-            let help = a
-                .get_long_help()
-                .or(a.get_help())
-                .map(|h| h.to_string())
-                .unwrap_or_default();
-            let _ = writeln!(out, ".TP\n{}\n{}", option_words(a), roff(&help));
-            let defaults: Vec<String> = a
-                .get_default_values()
-                .iter()
-                .map(|d| d.to_string_lossy().into_owned())
-                .filter(|d| !d.is_empty())
-                .collect();
-            if !defaults.is_empty() {
-                let _ = writeln!(out, ".br\nDefault: {}.", roff(&defaults.join(", ")));
-            }
-        }
-    }
-    let subs: Vec<&Command> = cmd.get_subcommands().filter(|c| !c.is_hide_set()).collect();
-    if !subs.is_empty() {
-        out.push_str(".SH COMMANDS\n");
-        for s in subs {
-            let about = s.get_about().map(|a| a.to_string()).unwrap_or_default();
-            let _ = writeln!(out, ".TP\n\\fB{}\\fR\n{}", s.get_name(), roff(&about));
-        }
-    }
-    if let Some(after) = cmd.get_after_long_help().or(cmd.get_after_help()) {
-        let _ = writeln!(out, ".SH NOTES\n.nf\n{}\n.fi", roff(&after.to_string()));
-    }
-    out
-}
-
-/// Writes `tcps.1` and `tcps-SUB.1` for every visible subcommand into `dir`.
-pub fn write_man_pages(mut top: Command, dir: &Path) -> std::io::Result<()> {
-    top.build();
+/// Writes `tcps.1` and `tcps-SUB.1` (`tcps-bench-ttcp.1`, ... for nested
+/// subcommands) for every visible subcommand into `dir`.
+pub fn write_man_pages(mut top: Command, dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let version = top.get_version().unwrap_or("").to_string();
-    std::fs::write(dir.join("tcps.1"), page("tcps", &top, &version))?;
-    for sub in top
-        .get_subcommands()
-        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
-    {
-        let name = format!("tcps-{}", sub.get_name());
-        std::fs::write(dir.join(format!("{name}.1")), page(&name, sub, &version))?;
+    // build() propagates the version and global settings to the subcommands.
+    top.build();
+    write_page(&top, "tcps", dir)?;
+    for sub in top.get_subcommands().filter(|s| shown(s)) {
+        write_subcommand_pages(sub, "tcps", dir)?;
     }
     Ok(())
 }
 
-/// A bash completion script: subcommands, then each one's options.
-pub fn bash_completion(mut top: Command) -> String {
-    top.build();
-    let subs: Vec<&Command> = top.get_subcommands().filter(|c| !c.is_hide_set()).collect();
-    let names: Vec<&str> = subs.iter().map(|c| c.get_name()).collect();
-    let mut out = String::from(
-        "# bash completion for tcps (generated by `tcps completions bash`)\n_tcps() {\n    local cur=${COMP_WORDS[COMP_CWORD]}\n    if [ \"$COMP_CWORD\" -eq 1 ]; then\n",
-    );
-    let _ = writeln!(
-        out,
-        "        COMPREPLY=($(compgen -W \"{} --help --version\" -- \"$cur\"))\n        return\n    fi\n    case ${{COMP_WORDS[1]}} in",
-        names.join(" ")
-    );
-    for s in subs {
-        let mut opts: Vec<String> = s
-            .get_arguments()
-            .filter(|a| !a.is_hide_set())
-            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
-            .collect();
-        opts.extend(s.get_subcommands().map(|c| c.get_name().to_string()));
-        let _ = writeln!(
-            out,
-            "        {}) COMPREPLY=($(compgen -W \"{}\" -- \"$cur\")) ;;",
-            s.get_name(),
-            opts.join(" ")
-        );
+fn write_subcommand_pages(cmd: &Command, parent: &str, dir: &Path) -> io::Result<()> {
+    let name = format!("{parent}-{}", cmd.get_name());
+    write_page(cmd, &name, dir)?;
+    for sub in cmd.get_subcommands().filter(|s| shown(s)) {
+        write_subcommand_pages(sub, &name, dir)?;
     }
-    out.push_str("    esac\n    [ ${#COMPREPLY[@]} -eq 0 ] && COMPREPLY=($(compgen -f -- \"$cur\"))\n}\ncomplete -F _tcps tcps\n");
-    out
+    Ok(())
+}
+
+fn write_page(cmd: &Command, name: &str, dir: &Path) -> io::Result<()> {
+    // The title and NAME use the dashed name (`tcps-run`), which man(1)
+    // looks up; the synopsis the words one types (`tcps run`).
+    let page = cmd
+        .clone()
+        .name(name.to_string())
+        .bin_name(name.replace('-', " "));
+    let mut out = Vec::new();
+    clap_mangen::Man::new(page).render(&mut out)?;
+    std::fs::write(dir.join(format!("{name}.1")), out)
+}
+
+/// Subcommands that get a page or a completion: not hidden (`man`,
+/// `completions`), not clap's own `help`.
+fn shown(cmd: &Command) -> bool {
+    !cmd.is_hide_set() && cmd.get_name() != "help"
+}
+
+/// The completion script for `shell` (bash, zsh, fish, ...).
+pub fn completion(top: Command, shell: Shell) -> String {
+    let mut visible = without_hidden_subcommands(top);
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut visible, "tcps", &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `top` without its hidden subcommands: clap_complete offers every
+/// subcommand, and `tcps man`/`tcps completions` are build steps, not
+/// commands for an operator to discover.
+fn without_hidden_subcommands(top: Command) -> Command {
+    let visible: Vec<Command> = top
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .cloned()
+        .collect();
+    let mut cmd = Command::new(top.get_name().to_string())
+        .args(top.get_arguments().cloned())
+        .subcommands(visible);
+    if let Some(version) = top.get_version() {
+        cmd = cmd.version(version.to_string());
+    }
+    if let Some(about) = top.get_about() {
+        cmd = cmd.about(about.clone());
+    }
+    cmd
 }

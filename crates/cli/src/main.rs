@@ -40,12 +40,9 @@ enum Command {
     /// Write the manual pages (tcps.1, tcps-SUBCOMMAND.1) into DIR (for `make install`).
     #[command(hide = true)]
     Man { dir: std::path::PathBuf },
-    /// Print a shell completion script (bash) (for `make install`).
+    /// Print a shell completion script (bash, zsh, fish) (for `make install`).
     #[command(hide = true)]
-    Completions {
-        #[arg(value_parser = ["bash"])]
-        shell: String,
-    },
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
@@ -63,8 +60,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
         Command::Man { dir } => docs_cmd::write_man_pages(Cli::command(), &dir).map_err(Into::into),
-        Command::Completions { .. } => {
-            print!("{}", docs_cmd::bash_completion(Cli::command()));
+        Command::Completions { shell } => {
+            print!("{}", docs_cmd::completion(Cli::command(), shell));
             Ok(())
         }
     };
