@@ -10,7 +10,7 @@
 
 use super::asyncq;
 use super::eager::{self, PullEnd, PullTake};
-use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
+use super::{arena_bytes, check_quota, complete, insert_accepted, write_arena, Ctx, Res, TimerKey};
 use crate::admission;
 use crate::engine::Engine;
 use crate::host::{Host, Parked, Sock};
@@ -203,13 +203,10 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
     } else {
         sock.snd_timeout
     };
-    if let Some(t) = timeout {
-        cx.timers.push(Reverse((
-            Instant::now() + t,
-            hkey,
-            p.serial,
-            TimerKey::Call { sock: sid },
-        )));
+    // A deadline past what an Instant holds is no deadline (forever).
+    if let Some(when) = timeout.and_then(|t| Instant::now().checked_add(t)) {
+        cx.timers
+            .push(Reverse((when, hkey, p.serial, TimerKey::Call { sock: sid })));
     }
     if is_reader {
         sock.readers.push_back(p);
@@ -368,7 +365,8 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
                         admission::reset(nfd);
                         continue;
                     };
-                    let id = match insert_socket(cx, host, nfd, flags & libc::SOCK_NONBLOCK != 0) {
+                    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+                    let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
                         Ok(id) => id,
                         Err(e) => {
                             admission::release(host, &cx.shared.conns_per_addr, &admitted);
