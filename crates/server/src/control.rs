@@ -143,6 +143,10 @@ pub fn serve(
     // that was logged (once per episode).
     let mut accept_paused_until: Option<Instant> = None;
     let mut out_of_fds_logged = false;
+    // accept_all takes connections until EAGAIN.
+    if let Err(e) = sys::set_nonblocking(listener.as_raw_fd()) {
+        warn!(errno = e, "cannot make the control socket non-blocking");
+    }
     loop {
         let now = Instant::now();
         if accept_paused_until.is_some_and(|t| now >= t) {

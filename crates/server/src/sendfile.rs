@@ -14,7 +14,7 @@
 //! or user-space file system (NFS, CIFS, FUSE, 9p) can make either wait
 //! for as long as that server chooses, and a file on /proc or /sys runs
 //! kernel code of its own on every read. Those are refused at `FileOpen`
-//! (EOPNOTSUPP, logged): the host library then sends from its own memory.
+//! (EOPNOTSUPP, logged; the host's sendfile fails with it).
 
 use crate::calls::Res;
 use crate::host::Host;
