@@ -44,7 +44,14 @@ fn assert_served(good: &Arc<Client>, what: &str) {
 /// A server with process-ahead reads off (calls park at the server, as
 /// the attacks need) and a world-writable control socket.
 fn server(engine: &str, extra: &[&str]) -> Server {
-    let mut args = vec!["--poll", "adaptive", "--eager-recv", "off", "--socket-mode", "666"];
+    let mut args = vec![
+        "--poll",
+        "adaptive",
+        "--eager-recv",
+        "off",
+        "--socket-mode",
+        "666",
+    ];
     args.extend_from_slice(extra);
     Server::start(engine, &args)
 }
@@ -81,11 +88,17 @@ fn control_sockets(path: &Path) -> HashSet<RawFd> {
         let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         let mut slen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
         // SAFETY: getpeername into a local sockaddr_un of its size.
-        let r = unsafe { libc::getpeername(fd, &mut sa as *mut _ as *mut libc::sockaddr, &mut slen) };
+        let r =
+            unsafe { libc::getpeername(fd, &mut sa as *mut _ as *mut libc::sockaddr, &mut slen) };
         if r != 0 {
             continue;
         }
-        let p: Vec<u8> = sa.sun_path.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let p: Vec<u8> = sa
+            .sun_path
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         if p == want {
             out.insert(fd);
         }
@@ -99,7 +112,11 @@ fn client_with_control(srv: &Server) -> (Arc<Client>, RawFd) {
     let c = Arc::new(srv.attach());
     let after = control_sockets(&srv.socket);
     let new: Vec<RawFd> = after.difference(&before).copied().collect();
-    assert_eq!(new.len(), 1, "cannot tell the client's control socket: {new:?}");
+    assert_eq!(
+        new.len(),
+        1,
+        "cannot tell the client's control socket: {new:?}"
+    );
     (c, new[0])
 }
 
@@ -165,7 +182,15 @@ fn control_flood_unread_replies(engine: &str) {
     // reading (base: the worker itself is blocked in sendmsg).
     std::thread::spawn(move || {
         for i in 0..3000u32 {
-            if send_ctl(ctl, ControlMsg::Deregister { handle: 1_000_000 + i }, &[]).is_err() {
+            if send_ctl(
+                ctl,
+                ControlMsg::Deregister {
+                    handle: 1_000_000 + i,
+                },
+                &[],
+            )
+            .is_err()
+            {
                 return;
             }
         }
@@ -251,7 +276,10 @@ fn huge_socket_timeouts(engine: &str) {
     std::thread::sleep(Duration::from_millis(200));
     assert_served(&good, "recv with a huge SO_RCVTIMEO");
     assert!(srv.is_alive(), "server died:\n{}", srv.log_text());
-    assert!(!reader.is_finished(), "the recv should still wait (no data)");
+    assert!(
+        !reader.is_finished(),
+        "the recv should still wait (no data)"
+    );
     // The parked recv is still served when data comes.
     peer.write_all(b"hi").unwrap();
     let got = within(Duration::from_secs(3), "the parked recv", move || {
@@ -288,11 +316,21 @@ fn poll_pri_same_socket(engine: &str) {
         (n, fds[0].revents)
     });
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!poller.is_finished(), "POLLPRI on a readable socket answered");
+    assert!(
+        !poller.is_finished(),
+        "POLLPRI on a readable socket answered"
+    );
     assert_served(&good, "parked POLLPRI poll of 4096 entries");
     // Urgent data: the poll completes with POLLPRI.
     // SAFETY: one byte from a valid buffer.
-    unsafe { libc::send(peer.as_raw_fd(), b"!".as_ptr() as *const libc::c_void, 1, libc::MSG_OOB) };
+    unsafe {
+        libc::send(
+            peer.as_raw_fd(),
+            b"!".as_ptr() as *const libc::c_void,
+            1,
+            libc::MSG_OOB,
+        )
+    };
     let (n, revents) = within(Duration::from_secs(3), "the POLLPRI poll", move || {
         poller.join().unwrap()
     });
@@ -318,11 +356,19 @@ fn export_then_new_host(engine: &str) {
     });
     std::thread::sleep(Duration::from_millis(100)); // parked: armed
     peer.write_all(b"x").unwrap();
-    within(Duration::from_secs(3), "the parked recv", move || reader.join().unwrap())
-        .expect("recv");
+    within(Duration::from_secs(3), "the parked recv", move || {
+        reader.join().unwrap()
+    })
+    .expect("recv");
     send_ctl(a_ctl, ControlMsg::Export { handle: s }, &[]).unwrap();
     let (reply, fds) = recv_ctl(a_ctl, Duration::from_secs(2)).expect("an Export reply");
-    assert_eq!(reply, ControlMsg::Reply { handle: s, errno: 0 });
+    assert_eq!(
+        reply,
+        ControlMsg::Reply {
+            handle: s,
+            errno: 0
+        }
+    );
     assert_eq!(fds.len(), 1, "the kernel socket comes with the reply");
     // The exported socket works as a plain kernel socket.
     let mut k = TcpStream::from(fds.into_iter().next().unwrap());
@@ -332,7 +378,12 @@ fn export_then_new_host(engine: &str) {
     // A new host: its control messages are answered.
     for i in 0..3 {
         let b = RawHost::attach(&srv.socket).unwrap();
-        send_ctl(b.ctl.as_raw_fd(), ControlMsg::Deregister { handle: 77 }, &[]).unwrap();
+        send_ctl(
+            b.ctl.as_raw_fd(),
+            ControlMsg::Deregister { handle: 77 },
+            &[],
+        )
+        .unwrap();
         let got = recv_ctl(b.ctl.as_raw_fd(), BOUND);
         assert!(
             matches!(got, Some((ControlMsg::Reply { handle: 77, .. }, _))),
@@ -361,10 +412,14 @@ fn doorbell_drainer(engine: &str) {
     for i in 0..3 {
         let path = srv.socket.clone();
         let t = Instant::now();
-        within(Duration::from_secs(5), "attach while a host drains its doorbell", move || {
-            let c = Client::attach(&path).unwrap();
-            c.nop().unwrap();
-        });
+        within(
+            Duration::from_secs(5),
+            "attach while a host drains its doorbell",
+            move || {
+                let c = Client::attach(&path).unwrap();
+                c.nop().unwrap();
+            },
+        );
         assert!(
             t.elapsed() < BOUND * 2,
             "attach + Nop {i} took {:?} while another host drained its doorbell",
@@ -385,7 +440,12 @@ fn sendfile_refuses_proc(engine: &str) {
     let h = RawHost::attach(&srv.socket).unwrap();
     let ctl = h.ctl.as_raw_fd();
     let proc_file = std::fs::File::open("/proc/self/status").unwrap();
-    send_ctl(ctl, ControlMsg::FileOpen { handle: 1 }, &[proc_file.as_raw_fd()]).unwrap();
+    send_ctl(
+        ctl,
+        ControlMsg::FileOpen { handle: 1 },
+        &[proc_file.as_raw_fd()],
+    )
+    .unwrap();
     let got = recv_ctl(ctl, Duration::from_secs(2)).map(|r| r.0);
     assert_eq!(
         got,
@@ -405,7 +465,15 @@ fn sendfile_refuses_proc(engine: &str) {
     let f = std::fs::File::open(&local).unwrap();
     send_ctl(ctl, ControlMsg::FileOpen { handle: 2 }, &[f.as_raw_fd()]).unwrap();
     let got = recv_ctl(ctl, Duration::from_secs(2)).map(|r| r.0);
-    assert_eq!(got, Some(ControlMsg::Reply { handle: 2, errno: 0 }), "FileOpen of {}", local.display());
+    assert_eq!(
+        got,
+        Some(ControlMsg::Reply {
+            handle: 2,
+            errno: 0
+        }),
+        "FileOpen of {}",
+        local.display()
+    );
     assert_served(&good, "after FileOpen");
 }
 
@@ -417,14 +485,19 @@ fn silent_connections(engine: &str) {
     let mut silent = Vec::new();
     for _ in 0..10 {
         // SAFETY: plain socket call.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: sockaddr_un is plain data.
         let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sa.sun_path.iter_mut().zip(srv.socket.as_os_str().as_encoded_bytes()) {
+        for (d, s) in sa
+            .sun_path
+            .iter_mut()
+            .zip(srv.socket.as_os_str().as_encoded_bytes())
+        {
             *d = *s as libc::c_char;
         }
         // SAFETY: a valid sockaddr_un of its size.
@@ -441,10 +514,14 @@ fn silent_connections(engine: &str) {
     std::thread::sleep(Duration::from_millis(50));
     let path = srv.socket.clone();
     let t = Instant::now();
-    within(Duration::from_secs(20), "attach behind silent connections", move || {
-        let c = Client::attach(&path).unwrap();
-        c.nop().unwrap();
-    });
+    within(
+        Duration::from_secs(20),
+        "attach behind silent connections",
+        move || {
+            let c = Client::attach(&path).unwrap();
+            c.nop().unwrap();
+        },
+    );
     assert!(
         t.elapsed() < BOUND,
         "attach + Nop took {:?} behind 10 silent connections",
@@ -456,14 +533,23 @@ fn silent_connections(engine: &str) {
 /// An exported accepted connection gives its `--max-conns-per-addr` count
 /// back: the next connection from the same address is admitted.
 fn export_releases_admission(engine: &str) {
-    let srv = server(engine, &["--max-conns-per-addr", "1", "--eager-accept", "off"]);
+    let srv = server(
+        engine,
+        &["--max-conns-per-addr", "1", "--eager-accept", "off"],
+    );
     let (a, a_ctl) = client_with_control(&srv);
     let (l, addr) = tcps_listener(&a);
     let _k1 = TcpStream::connect(addr).unwrap();
     let (c1, _) = a.accept(l, 0).unwrap();
     send_ctl(a_ctl, ControlMsg::Export { handle: c1 }, &[]).unwrap();
     let (reply, fds) = recv_ctl(a_ctl, Duration::from_secs(2)).expect("an Export reply");
-    assert_eq!(reply, ControlMsg::Reply { handle: c1, errno: 0 });
+    assert_eq!(
+        reply,
+        ControlMsg::Reply {
+            handle: c1,
+            errno: 0
+        }
+    );
     drop(fds);
     let _k2 = TcpStream::connect(addr).unwrap();
     let mut fds = [PollFd {
@@ -472,7 +558,10 @@ fn export_releases_admission(engine: &str) {
         revents: 0,
     }];
     let n = a.poll(&mut fds, 1000).unwrap();
-    assert_eq!(n, 1, "the second connection from 127.0.0.1 was not admitted after the export");
+    assert_eq!(
+        n, 1,
+        "the second connection from 127.0.0.1 was not admitted after the export"
+    );
     a.accept(l, 0).expect("accept the second connection");
 }
 

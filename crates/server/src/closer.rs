@@ -30,8 +30,7 @@ pub fn close_socket(fd: OwnedFd, may_linger: bool) {
     }
     // A listener's close never waits (and its port must be free when its
     // close returns).
-    if crate::sys::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Ok(1)
-    {
+    if crate::sys::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Ok(1) {
         return drop(fd);
     }
     if WAITING.fetch_add(1, Ordering::AcqRel) < MAX_CLOSERS {

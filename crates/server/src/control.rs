@@ -174,7 +174,9 @@ pub fn serve(
             .map(|p| p.deadline)
             .chain(accept_paused_until)
             .min()
-            .map_or(1000, |d| d.saturating_duration_since(now).as_millis() as i32 + 1);
+            .map_or(1000, |d| {
+                d.saturating_duration_since(now).as_millis() as i32 + 1
+            });
         wake = wake.clamp(0, 1000);
         // SAFETY: pfds is a valid, writable array of its length.
         unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wake) };
@@ -209,7 +211,10 @@ pub fn serve(
                     accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
                     if !out_of_fds_logged {
                         out_of_fds_logged = true;
-                        warn!(errno = e, "out of descriptors: cannot accept hosts; retrying every 100 ms");
+                        warn!(
+                            errno = e,
+                            "out of descriptors: cannot accept hosts; retrying every 100 ms"
+                        );
                     }
                 }
             }

@@ -64,6 +64,9 @@ pub struct Host {
     /// Sockets whose receive/accept ring is paused (full) or whose accept
     /// ahead is stalled: the periodic sweep resumes them when room appears.
     pub ahead_paused: Vec<u32>,
+    /// Sockets to re-arm at the next sweep: their last readiness answered
+    /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
+    pub rearm_later: Vec<u32>,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -110,6 +113,7 @@ impl Host {
             hot: Vec::new(),
             cooling: Vec::new(),
             ahead_paused: Vec::new(),
+            rearm_later: Vec::new(),
         }
     }
 

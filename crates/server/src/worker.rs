@@ -347,7 +347,8 @@ impl Worker {
                         }
                     };
                     handled += 1;
-                    if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none() {
+                    if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none()
+                    {
                         break;
                     }
                 }
@@ -450,10 +451,8 @@ impl Worker {
             return;
         };
         let fd = host.control.as_raw_fd();
-        let verdict = guarded(host, "control message", |h| {
-            read_control(h, &mut cx)
-        })
-        .unwrap_or_else(|| Some("internal error".to_string()));
+        let verdict = guarded(host, "control message", |h| read_control(h, &mut cx))
+            .unwrap_or_else(|| Some("internal error".to_string()));
         match verdict {
             None => {
                 // Writable is wanted only while replies wait.
@@ -490,7 +489,10 @@ impl Worker {
             let bell = host.doorbell.as_raw_fd();
             // Replies never block the worker (see `send_reply`).
             if let Err(e) = sys::set_nonblocking(control) {
-                warn!(errno = e, "cannot make a host's control socket non-blocking");
+                warn!(
+                    errno = e,
+                    "cannot make a host's control socket non-blocking"
+                );
             }
             let (id, pid) = (host.id, host.pid);
             let hkey = self.hosts.insert(host);
@@ -584,6 +586,10 @@ impl Worker {
             if let Some(at) = recheck {
                 wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
             }
+        }
+        // Sockets to re-arm at the next sweep: wake for it.
+        if self.hosts.iter().any(|(_, h)| !h.rearm_later.is_empty()) {
+            wake_at = Some(wake_at.map_or(self.next_sweep, |w| w.min(self.next_sweep)));
         }
         // Counters changed since the last publication: publish them on time.
         if self.stats_dirty {

@@ -205,8 +205,12 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
     };
     // A deadline past what an Instant holds is no deadline (forever).
     if let Some(when) = timeout.and_then(|t| Instant::now().checked_add(t)) {
-        cx.timers
-            .push(Reverse((when, hkey, p.serial, TimerKey::Call { sock: sid })));
+        cx.timers.push(Reverse((
+            when,
+            hkey,
+            p.serial,
+            TimerKey::Call { sock: sid },
+        )));
     }
     if is_reader {
         sock.readers.push_back(p);
@@ -218,7 +222,12 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
 
 /// Arms the socket for what its parked calls wait on, unless already armed.
 pub(super) fn rearm(engine: &mut dyn Engine, hkey: usize, sid: u32, sock: &mut Sock) {
-    let want = sock.wanted_mask();
+    let mut want = sock.wanted_mask();
+    if want & libc::POLLPRI as u32 != 0 && engine.urgent_needs_pollin() {
+        // A readable socket then fires without answering a POLLPRI poll:
+        // `on_socket_ready` re-arms such a socket only every sweep.
+        want |= libc::POLLIN as u32;
+    }
     if want == 0 || sock.armed_mask & want == want {
         return;
     }
@@ -549,6 +558,12 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         return; // stale: the socket was closed or re-armed since
     }
     sock.armed_mask = 0;
+    // Only parked polls wait here: if none of them is answered, the
+    // readiness was not theirs (a condition they did not ask for, which
+    // may last): re-armed at the next sweep, not at once, so it cannot
+    // keep the worker busy.
+    let only_polls = sock.readers.is_empty() && sock.writers.is_empty() && !sock.ahead.is_active();
+    let polls_before = host.polls.len();
     // Read (accept) ahead first: a pull socket's parked recvs are then
     // answered from its buffer.
     eager::fill(cx, host, sid32);
@@ -561,10 +576,29 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
     for pkey in pollers {
         super::poll::recheck(host, pkey);
     }
+    if only_polls && host.polls.len() == polls_before {
+        if !host.rearm_later.contains(&sid32) {
+            host.rearm_later.push(sid32);
+        }
+        return;
+    }
     let hkey = cx.hkey;
     if let Some(sock) = host.any_socket_mut(sid32) {
         rearm(cx.engine, hkey, sid32, sock);
     }
+}
+
+/// Re-arms the sockets whose last readiness answered none of their polls
+/// (see `on_socket_ready`); called every sweep.
+pub(super) fn rearm_deferred(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
+    let hkey = cx.hkey;
+    let later = std::mem::take(&mut host.rearm_later);
+    for &sid in &later {
+        if let Some(sock) = host.any_socket_mut(sid) {
+            rearm(cx.engine, hkey, sid, sock);
+        }
+    }
+    later.len()
 }
 
 /// SO_RCVTIMEO / SO_SNDTIMEO expired for a parked call: it returns what it

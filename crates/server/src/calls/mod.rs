@@ -490,7 +490,7 @@ pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> O
 /// The backstop every 10 ms: takes what any bound send queue holds, and
 /// resumes paused receive/accept rings that have room.
 pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
-    asyncq::sweep(cx, host, now) + eager::sweep(cx, host)
+    asyncq::sweep(cx, host, now) + eager::sweep(cx, host) + blocking::rearm_deferred(cx, host)
 }
 
 /// Closes every socket of a host that is going away. Parked calls are not
