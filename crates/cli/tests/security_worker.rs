@@ -173,7 +173,7 @@ fn linger(on: i32, secs: i32) -> [u8; 8] {
 
 /// A host floods its control socket and never reads the replies: it is
 /// cut off once its bounded outbox overflows; another host's calls go on.
-fn control_flood_unread_replies(engine: &str) {
+fn control_flood_unread_replies_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     let rogue = RawHost::attach(&srv.socket).unwrap();
@@ -214,7 +214,7 @@ fn control_flood_unread_replies(engine: &str) {
 
 /// SO_LINGER {1, 30} on a socket with unsent data and a silent peer, then
 /// Close: the close does not hold the worker for 30 s.
-fn lingering_close(engine: &str) {
+fn lingering_close_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     let rogue = Arc::new(srv.attach());
@@ -255,7 +255,7 @@ fn lingering_close(engine: &str) {
 /// SO_RCVTIMEO and SO_SNDTIMEO of {INT64_MAX s}, then a blocking Recv
 /// that parks: the deadline saturates (waits forever, like the kernel)
 /// instead of overflowing and panicking the worker.
-fn huge_socket_timeouts(engine: &str) {
+fn huge_socket_timeouts_body(engine: &'static str) {
     let mut srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     let rogue = Arc::new(srv.attach());
@@ -294,7 +294,7 @@ fn huge_socket_timeouts(engine: &str) {
 /// it must not re-fire on the socket's readability (one poller per socket
 /// and poll; the socket armed for POLLPRI only), and it still completes
 /// when urgent data arrives.
-fn poll_pri_same_socket(engine: &str) {
+fn poll_pri_same_socket_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     let rogue = Arc::new(srv.attach());
@@ -343,7 +343,7 @@ fn poll_pri_same_socket(engine: &str) {
 /// A socket armed once (a recv parked and answered) is exported: the
 /// engine forgets it, so the descriptor number the server reuses next (a
 /// new host's control socket) can be watched, and that host is answered.
-fn export_then_new_host(engine: &str) {
+fn export_then_new_host_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let (a, a_ctl) = client_with_control(&srv);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -395,7 +395,7 @@ fn export_then_new_host(engine: &str) {
 
 /// A host that keeps draining its doorbell: with one doorbell per worker
 /// it would swallow the adoption of new hosts; each host now has its own.
-fn doorbell_drainer(engine: &str) {
+fn doorbell_drainer_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let rogue = RawHost::attach(&srv.socket).unwrap();
     let bell = rogue.doorbell.as_raw_fd();
@@ -403,7 +403,8 @@ fn doorbell_drainer(engine: &str) {
     let st = stop.clone();
     let drainer = std::thread::spawn(move || {
         let mut b = [0u8; 8];
-        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !st.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until {
             // SAFETY: 8 bytes into a valid buffer (non-blocking eventfd).
             unsafe { libc::read(bell, b.as_mut_ptr() as *mut libc::c_void, 8) };
         }
@@ -434,7 +435,7 @@ fn doorbell_drainer(engine: &str) {
 
 /// FileOpen of /proc/self/status (a regular file on procfs) is refused with
 /// EOPNOTSUPP; a regular file on the test's own file system is kept.
-fn sendfile_refuses_proc(engine: &str) {
+fn sendfile_refuses_proc_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     let h = RawHost::attach(&srv.socket).unwrap();
@@ -480,7 +481,7 @@ fn sendfile_refuses_proc(engine: &str) {
 // ---- 17. the attach handshake; export gives back admission counts ------------------------
 
 /// Ten connections that never send their Hello do not delay an attach.
-fn silent_connections(engine: &str) {
+fn silent_connections_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let mut silent = Vec::new();
     for _ in 0..10 {
@@ -532,7 +533,7 @@ fn silent_connections(engine: &str) {
 
 /// An exported accepted connection gives its `--max-conns-per-addr` count
 /// back: the next connection from the same address is admitted.
-fn export_releases_admission(engine: &str) {
+fn export_releases_admission_body(engine: &'static str) {
     let srv = server(
         engine,
         &["--max-conns-per-addr", "1", "--eager-accept", "off"],
@@ -551,6 +552,9 @@ fn export_releases_admission(engine: &str) {
         }
     );
     drop(fds);
+    // Non-blocking: without the count given back the second connection
+    // is reset at the server, and an accept would wait for good.
+    a.set_nonblocking(l, true).unwrap();
     let _k2 = TcpStream::connect(addr).unwrap();
     let mut fds = [PollFd {
         sock: l,
@@ -564,6 +568,29 @@ fn export_releases_admission(engine: &str) {
     );
     a.accept(l, 0).expect("accept the second connection");
 }
+
+/// Each test runs under a deadline: on code without the fixes an attack
+/// may hang a call for good, and the test must fail, not hang.
+macro_rules! bounded {
+    ($($name:ident => $body:ident),* $(,)?) => {$(
+        fn $name(engine: &str) {
+            let engine: &'static str = Box::leak(engine.to_string().into_boxed_str());
+            within(Duration::from_secs(30), stringify!($name), move || $body(engine));
+        }
+    )*};
+}
+
+bounded!(
+    control_flood_unread_replies => control_flood_unread_replies_body,
+    lingering_close => lingering_close_body,
+    huge_socket_timeouts => huge_socket_timeouts_body,
+    poll_pri_same_socket => poll_pri_same_socket_body,
+    export_then_new_host => export_then_new_host_body,
+    doorbell_drainer => doorbell_drainer_body,
+    sendfile_refuses_proc => sendfile_refuses_proc_body,
+    silent_connections => silent_connections_body,
+    export_releases_admission => export_releases_admission_body,
+);
 
 engine_tests!(
     control_flood_unread_replies,
