@@ -114,6 +114,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most connections waiting for their `Hello` at once; the oldest is
 /// dropped for a new one beyond that.
 const MAX_PENDING: usize = 256;
+/// Most of them from one uid (other than root): more from it are dropped
+/// at once, so one user's silent connections cannot push out others'.
+const MAX_PENDING_PER_UID: usize = 16;
 /// How long the acceptor leaves the listener alone when the server is out
 /// of descriptors (EMFILE/ENFILE), instead of spinning on accept4.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -121,6 +124,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// A connection accepted and waiting for its first message.
 struct Pending {
     conn: OwnedFd,
+    uid: u32,
     deadline: Instant,
 }
 
@@ -242,13 +246,26 @@ fn accept_all(listener: RawFd, pending: &mut Vec<Pending>) -> Result<(), i32> {
                 _ => Ok(()),
             };
         }
+        // SAFETY: a fresh descriptor we own.
+        let conn = unsafe { OwnedFd::from_raw_fd(cfd) };
+        let Ok(cred) = peer_cred(conn.as_raw_fd()) else {
+            continue;
+        };
+        let waiting = pending.iter().filter(|p| p.uid == cred.uid).count();
+        if cred.uid != 0 && waiting >= MAX_PENDING_PER_UID {
+            debug!(
+                uid = cred.uid,
+                "too many connections of one uid without a hello; dropped"
+            );
+            continue;
+        }
         if pending.len() >= MAX_PENDING {
             debug!("too many connections without a hello; dropping the oldest");
             pending.remove(0);
         }
         pending.push(Pending {
-            // SAFETY: a fresh descriptor we own.
-            conn: unsafe { OwnedFd::from_raw_fd(cfd) },
+            conn,
+            uid: cred.uid,
             deadline: Instant::now() + HELLO_TIMEOUT,
         });
     }
