@@ -338,3 +338,30 @@ pub fn pin_to_cpu(cpu: usize) -> SysResult<()> {
         .map(drop)
     }
 }
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+
+    /// `eventfd_drain` empties the counter, and never waits even when the
+    /// other holder of the eventfd (a host) made it blocking.
+    #[test]
+    fn drain_never_waits() {
+        let fd = eventfd().unwrap();
+        let raw = fd.as_raw_fd();
+        eventfd_ring(raw);
+        eventfd_ring(raw);
+        eventfd_drain(raw);
+        let mut p = libc::pollfd {
+            fd: raw,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0, "still readable");
+        set_blocking(raw).unwrap();
+        let t = std::time::Instant::now();
+        eventfd_drain(raw); // empty and blocking: must return at once
+        assert!(t.elapsed() < std::time::Duration::from_millis(100));
+    }
+}
