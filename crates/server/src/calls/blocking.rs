@@ -558,15 +558,15 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         return; // stale: the socket was closed or re-armed since
     }
     sock.armed_mask = 0;
-    // Only parked polls wait here: if none of them is answered, the
-    // readiness was not theirs (a condition they did not ask for, which
-    // may last): re-armed at the next sweep, not at once, so it cannot
-    // keep the worker busy.
-    let only_polls = sock.readers.is_empty() && sock.writers.is_empty() && !sock.ahead.is_active();
+    // Only parked polls wait here: if the readiness answers none of them
+    // (and reads nothing ahead), it was a condition they did not ask for,
+    // which may last: the socket is re-armed at the next sweep, not at
+    // once, so it cannot keep the worker busy.
+    let only_polls = !sock.pollers.is_empty() && sock.readers.is_empty() && sock.writers.is_empty();
     let polls_before = host.polls.len();
     // Read (accept) ahead first: a pull socket's parked recvs are then
     // answered from its buffer.
-    eager::fill(cx, host, sid32);
+    let published = eager::fill(cx, host, sid32);
     drive(cx, host, sid32, true);
     drive_writers(cx, host, sid32);
     let pollers: Vec<usize> = host
@@ -576,7 +576,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
     for pkey in pollers {
         super::poll::recheck(host, pkey);
     }
-    if only_polls && host.polls.len() == polls_before {
+    if only_polls && !published && host.polls.len() == polls_before {
         if !host.rearm_later.contains(&sid32) {
             host.rearm_later.push(sid32);
         }
