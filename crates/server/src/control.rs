@@ -189,24 +189,15 @@ pub fn serve(
         }
         // First the connections whose Hello arrived (or that hung up)...
         let ready: Vec<bool> = pfds[2..].iter().map(|p| p.revents != 0).collect();
-        let now = Instant::now();
-        let mut kept = Vec::with_capacity(pending.len());
-        for (p, ready) in std::mem::take(&mut pending).into_iter().zip(ready) {
-            if ready {
-                next_id += 1;
-                let worker = &workers[next_worker % workers.len()];
-                match attach(p.conn, next_id, &cfg, &shared, worker) {
-                    Ok(true) => next_worker += 1,
-                    Ok(false) => {}
-                    Err(e) => warn!(error = %e, "attach failed"),
-                }
-            } else if now >= p.deadline {
-                debug!("a connection sent no hello within 1 s; dropped");
-            } else {
-                kept.push(p);
-            }
-        }
-        pending = kept;
+        pending = answer_ready(
+            pending,
+            &ready,
+            &mut next_id,
+            &mut next_worker,
+            &cfg,
+            &shared,
+            &workers,
+        );
         // ...then new connections, as many as are waiting.
         if listening && pfds[1].revents != 0 {
             match accept_all(listener.as_raw_fd(), &mut pending) {
@@ -224,6 +215,38 @@ pub fn serve(
             }
         }
     }
+}
+
+/// Answers the pending connections that are `ready` (their first message
+/// arrived, or they hung up) and drops those past their deadline; returns
+/// the ones still waiting.
+fn answer_ready(
+    pending: Vec<Pending>,
+    ready: &[bool],
+    next_id: &mut u64,
+    next_worker: &mut usize,
+    cfg: &Config,
+    shared: &Shared,
+    workers: &[WorkerHandle],
+) -> Vec<Pending> {
+    let now = Instant::now();
+    let mut kept = Vec::with_capacity(pending.len());
+    for (p, &ready) in pending.into_iter().zip(ready) {
+        if ready {
+            *next_id += 1;
+            let worker = &workers[*next_worker % workers.len()];
+            match attach(p.conn, *next_id, cfg, shared, worker) {
+                Ok(true) => *next_worker += 1,
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "attach failed"),
+            }
+        } else if now >= p.deadline {
+            debug!("a connection sent no hello within 1 s; dropped");
+        } else {
+            kept.push(p);
+        }
+    }
+    kept
 }
 
 /// Accepts every waiting connection into `pending` (non-blocking). An
