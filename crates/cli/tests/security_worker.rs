@@ -217,27 +217,13 @@ fn control_flood_unread_replies_body(engine: &'static str) {
 fn lingering_close_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
-    let rogue = Arc::new(srv.attach());
     // A peer that accepts and never reads, with a small receive buffer.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     set_rcvbuf(&l, 4096);
-    let addr = l.local_addr().unwrap();
-    let s = rogue.tcp_connect(addr).unwrap();
-    let (_peer, _) = l.accept().unwrap();
-    // Fill the send buffer (and the peer's receive buffer).
-    let chunk = vec![7u8; 65536];
-    let mut sent = 0usize;
-    loop {
-        match rogue.send(s, &chunk, libc::MSG_DONTWAIT) {
-            Ok(n) => sent += n,
-            Err(e) if errno_of(&e) == libc::EAGAIN => break,
-            Err(e) => panic!("send: {e}"),
-        }
-        assert!(sent < 64 << 20, "the send buffer never filled");
-    }
-    rogue
-        .setsockopt(s, libc::SOL_SOCKET, libc::SO_LINGER, &linger(1, 30))
-        .unwrap();
+
+    // 1. Close of the lingering socket.
+    let rogue = Arc::new(srv.attach());
+    let (s, _peer) = lingering_socket(&rogue, &l);
     let r = rogue.clone();
     let closer = std::thread::spawn(move || r.close(s));
     std::thread::sleep(Duration::from_millis(100));
@@ -248,6 +234,34 @@ fn lingering_close_body(engine: &'static str) {
     });
     res.expect("close");
     assert_served(&good, "after the lingering close");
+
+    // 2. A host that detaches with a lingering socket: its sockets are
+    //    closed by the worker too.
+    let rogue2 = srv.attach();
+    let (_s2, _peer2) = lingering_socket(&rogue2, &l);
+    rogue2.detach();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_served(&good, "detach with a lingering socket");
+}
+
+/// A socket of `c` connected to `l` (whose peer never reads) with its send
+/// buffer full and SO_LINGER {1, 30}: closing it would wait 30 s.
+fn lingering_socket(c: &Client, l: &TcpListener) -> (u32, TcpStream) {
+    let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    let chunk = vec![7u8; 65536];
+    let mut sent = 0usize;
+    loop {
+        match c.send(s, &chunk, libc::MSG_DONTWAIT) {
+            Ok(n) => sent += n,
+            Err(e) if errno_of(&e) == libc::EAGAIN => break,
+            Err(e) => panic!("send: {e}"),
+        }
+        assert!(sent < 64 << 20, "the send buffer never filled");
+    }
+    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_LINGER, &linger(1, 30))
+        .unwrap();
+    (s, peer)
 }
 
 // ---- 9. host-chosen deadlines never overflow; a panic dooms one host ------------------
