@@ -335,6 +335,14 @@ fn poll_pri_same_socket_body(engine: &'static str) {
         "POLLPRI on a readable socket answered"
     );
     assert_served(&good, "parked POLLPRI poll of 4096 entries");
+    // And the worker is not kept busy meanwhile (it was at 100%).
+    let before = cpu_ticks(srv.pid());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(srv.pid()) - before;
+    assert!(
+        used < clock_ticks_per_sec() / 2,
+        "the server used {used} ticks of CPU in 1 s with one parked poll"
+    );
     // Urgent data: the poll completes with POLLPRI.
     // SAFETY: one byte from a valid buffer.
     unsafe {
