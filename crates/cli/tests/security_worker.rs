@@ -505,35 +505,7 @@ fn sendfile_refuses_proc_body(engine: &'static str) {
 /// Ten connections that never send their Hello do not delay an attach.
 fn silent_connections_body(engine: &'static str) {
     let srv = server(engine, &[]);
-    let mut silent = Vec::new();
-    for _ in 0..10 {
-        // SAFETY: plain socket call.
-        let fd =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_un is plain data.
-        let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in sa
-            .sun_path
-            .iter_mut()
-            .zip(srv.socket.as_os_str().as_encoded_bytes())
-        {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: a valid sockaddr_un of its size.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
-        silent.push(fd);
-    }
+    let silent: Vec<OwnedFd> = (0..10).map(|_| silent_connection(&srv.socket)).collect();
     std::thread::sleep(Duration::from_millis(50));
     let path = srv.socket.clone();
     let t = Instant::now();
@@ -551,6 +523,86 @@ fn silent_connections_body(engine: &'static str) {
         t.elapsed()
     );
     drop(silent);
+}
+
+/// A connection to the control socket that never says anything.
+fn silent_connection(path: &Path) -> OwnedFd {
+    // SAFETY: plain socket call.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_un is plain data.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa
+        .sun_path
+        .iter_mut()
+        .zip(path.as_os_str().as_encoded_bytes())
+    {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a valid sockaddr_un of its size.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &sa as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// The server out of descriptors (its limit lowered with prlimit, then
+/// filled with silent connections): the acceptor backs off and logs once
+/// instead of spinning on accept4, and attaches work again once the
+/// silent connections time out.
+fn out_of_descriptors_body(engine: &'static str) {
+    // SAFETY: geteuid has no side effects.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: needs root to lower the server's descriptor limit");
+        return;
+    }
+    let srv = server(engine, &[]);
+    let pid = srv.pid() as libc::pid_t;
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64;
+    let rl = libc::rlimit {
+        rlim_cur: open + 6,
+        rlim_max: open + 6,
+    };
+    // SAFETY: prlimit on the server we started, with a valid rlimit.
+    let r = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &rl, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let silent: Vec<OwnedFd> = (0..20).map(|_| silent_connection(&srv.socket)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = cpu_ticks(srv.pid());
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu_ticks(srv.pid()) - before;
+    assert!(
+        used < clock_ticks_per_sec() / 4,
+        "the server used {used} ticks of CPU in 0.5 s while out of descriptors"
+    );
+    drop(silent);
+    // The silent connections it holds time out (1 s): attaches work again.
+    std::thread::sleep(Duration::from_millis(1200));
+    let path = srv.socket.clone();
+    within(
+        Duration::from_secs(5),
+        "attach after running out of descriptors",
+        move || {
+            let c = Client::attach(&path).unwrap();
+            c.nop().unwrap();
+        },
+    );
+    let log = srv.log_text();
+    assert_eq!(
+        log.matches("out of descriptors").count(),
+        1,
+        "logged once per episode:\n{log}"
+    );
 }
 
 /// An exported accepted connection gives its `--max-conns-per-addr` count
@@ -612,6 +664,7 @@ bounded!(
     sendfile_refuses_proc => sendfile_refuses_proc_body,
     silent_connections => silent_connections_body,
     export_releases_admission => export_releases_admission_body,
+    out_of_descriptors => out_of_descriptors_body,
 );
 
 engine_tests!(
@@ -624,6 +677,7 @@ engine_tests!(
     sendfile_refuses_proc,
     silent_connections,
     export_releases_admission,
+    out_of_descriptors,
 );
 
 // ---- per-uid host limit -------------------------------------------------------------------
