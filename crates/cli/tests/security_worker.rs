@@ -335,12 +335,14 @@ fn poll_pri_same_socket_body(engine: &'static str) {
         "POLLPRI on a readable socket answered"
     );
     assert_served(&good, "parked POLLPRI poll of 4096 entries");
-    // And the worker is not kept busy meanwhile (it was at 100%).
+    // And the worker is not kept busy meanwhile (it was at 100%; the bound
+    // is 20%: a spinning thread on a loaded machine still gets more, and
+    // io_uring looks again every 10 ms, see `Engine::urgent_needs_pollin`).
     let before = cpu_ticks(srv.pid());
     std::thread::sleep(Duration::from_secs(1));
     let used = cpu_ticks(srv.pid()) - before;
     assert!(
-        used < clock_ticks_per_sec() / 2,
+        used < clock_ticks_per_sec() / 5,
         "the server used {used} ticks of CPU in 1 s with one parked poll"
     );
     // Urgent data: the poll completes with POLLPRI.
@@ -581,8 +583,10 @@ fn out_of_descriptors_body(engine: &'static str) {
     let before = cpu_ticks(srv.pid());
     std::thread::sleep(Duration::from_millis(500));
     let used = cpu_ticks(srv.pid()) - before;
+    // At most 10% of a CPU: a spinning thread gets more even on a loaded
+    // machine.
     assert!(
-        used < clock_ticks_per_sec() / 4,
+        used < clock_ticks_per_sec() / 20,
         "the server used {used} ticks of CPU in 0.5 s while out of descriptors"
     );
     drop(silent);
