@@ -65,6 +65,10 @@ pub struct ServerArgs {
     /// Admission control: most hosts attached at once (more are refused with EUSERS)
     #[arg(long, default_value_t = 64)]
     pub max_hosts: usize,
+    /// Admission control: most hosts one user (uid) may have attached at
+    /// once; more are refused with EUSERS (0: unlimited)
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub max_hosts_per_uid: usize,
     /// Admission control: most sockets per host (more are refused with EMFILE)
     #[arg(long, default_value_t = 65536)]
     pub max_sockets_per_host: usize,
@@ -334,6 +338,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
         EngineArg::Epoll => EngineKind::Epoll,
     };
     cfg.max_hosts = args.max_hosts;
+    cfg.max_hosts_per_uid = args.max_hosts_per_uid;
     cfg.max_sockets_per_host = args.max_sockets_per_host;
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;

@@ -3,12 +3,12 @@
 //! The acceptor thread accepts a connection, reads the host's credentials
 //! (SO_PEERCRED) and its `Hello`, applies admission control, creates the
 //! host's channel region (a memfd) and answers with a `Welcome` carrying the
-//! region and the worker's doorbell eventfd (SCM_RIGHTS). The connection is
+//! region and the host's own doorbell eventfd (SCM_RIGHTS). The connection is
 //! then handed to a worker, which watches it for the host's hang-up.
 //! A `StatQuery` instead of a `Hello` is answered here (`stats::answer`).
 
 use crate::host::NewHost;
-use crate::sys::{self, ListenerWake};
+use crate::sys;
 use crate::worker::Inbox;
 use crate::{Config, Shared};
 use std::io;
@@ -17,14 +17,16 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tcps_proto::handshake::{Hello, StatQuery, Welcome, HELLO_LEN};
 use tcps_proto::layout::SERVER_DEDICATED_CORES;
 use tcps_proto::{Region, MAGIC, VERSION};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A worker as the acceptor sees it: where to put hosts and how to wake it.
 pub struct WorkerHandle {
     pub inbox: Arc<Inbox>,
+    /// Rung when a host waits in `inbox`; the worker's own (no host holds it).
     pub doorbell: Arc<OwnedFd>,
 }
 
@@ -314,7 +316,30 @@ fn about_path(path: &Path, what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}{hint}", path.display()))
 }
 
+/// How long a connection may take to send its `Hello` (or `StatQuery`).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most connections waiting for their `Hello` at once; the oldest is
+/// dropped for a new one beyond that.
+const MAX_PENDING: usize = 256;
+/// Most of them from one uid (other than root): more from it are dropped
+/// at once, so one user's silent connections cannot push out others'.
+const MAX_PENDING_PER_UID: usize = 16;
+/// How long the acceptor leaves the listener alone when the server is out
+/// of descriptors (EMFILE/ENFILE), instead of spinning on accept4.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A connection accepted and waiting for its first message.
+struct Pending {
+    conn: OwnedFd,
+    uid: u32,
+    deadline: Instant,
+}
+
 /// Accepts hosts until the shutdown eventfd becomes readable.
+///
+/// Never waits for one connection while others are ready: accepted
+/// connections wait in a poll set (each with its own deadline) until their
+/// `Hello` arrives, so silent connections delay nobody.
 pub fn serve(
     listener: OwnedFd,
     shutdown_fd: RawFd,
@@ -324,35 +349,205 @@ pub fn serve(
 ) {
     let mut next_worker = 0usize;
     let mut next_id = 0u64;
+    let mut pending: Vec<Pending> = Vec::new();
+    // While out of descriptors: when to try accept4 again, and whether
+    // that was logged (once per episode).
+    let mut accept_paused_until: Option<Instant> = None;
+    let mut out_of_fds_logged = false;
+    // accept_all takes connections until EAGAIN.
+    if let Err(e) = sys::set_nonblocking(listener.as_raw_fd()) {
+        warn!(errno = e, "cannot make the control socket non-blocking");
+    }
     loop {
-        let wake = sys::wait_listener(listener.as_raw_fd(), shutdown_fd, 1000);
-        if shared.stopping.load(Ordering::Relaxed) || wake == ListenerWake::Shutdown {
+        let now = Instant::now();
+        if accept_paused_until.is_some_and(|t| now >= t) {
+            accept_paused_until = None;
+        }
+        let listening = accept_paused_until.is_none();
+        let mut pfds = Vec::with_capacity(2 + pending.len());
+        for fd in [shutdown_fd, listener.as_raw_fd()] {
+            pfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if !listening {
+            pfds[1].fd = -1; // poll ignores it
+        }
+        pfds.extend(pending.iter().map(|p| libc::pollfd {
+            fd: p.conn.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let mut wake = pending
+            .iter()
+            .map(|p| p.deadline)
+            .chain(accept_paused_until)
+            .min()
+            .map_or(1000, |d| {
+                d.saturating_duration_since(now).as_millis() as i32 + 1
+            });
+        wake = wake.clamp(0, 1000);
+        // SAFETY: pfds is a valid, writable array of its length.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wake) };
+        if shared.stopping.load(Ordering::Relaxed) || pfds[0].revents != 0 {
             return;
         }
-        if wake == ListenerWake::Nothing {
-            continue;
+        // First the connections whose Hello arrived (or that hung up)...
+        let ready: Vec<bool> = pfds[2..].iter().map(|p| p.revents != 0).collect();
+        pending = answer_ready(
+            pending,
+            &ready,
+            &mut next_id,
+            &mut next_worker,
+            &cfg,
+            &shared,
+            &workers,
+        );
+        // ...then new connections, as many as are waiting.
+        if listening && pfds[1].revents != 0 {
+            match accept_all(listener.as_raw_fd(), &mut pending) {
+                Ok(()) => out_of_fds_logged = false,
+                Err(e) => {
+                    accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    if !out_of_fds_logged {
+                        out_of_fds_logged = true;
+                        warn!(
+                            errno = e,
+                            "out of descriptors: cannot accept hosts; retrying every 100 ms"
+                        );
+                    }
+                }
+            }
         }
+    }
+}
+
+/// Answers the pending connections that are `ready` (their first message
+/// arrived, or they hung up) and drops those past their deadline; returns
+/// the ones still waiting.
+fn answer_ready(
+    pending: Vec<Pending>,
+    ready: &[bool],
+    next_id: &mut u64,
+    next_worker: &mut usize,
+    cfg: &Config,
+    shared: &Shared,
+    workers: &[WorkerHandle],
+) -> Vec<Pending> {
+    let now = Instant::now();
+    let mut kept = Vec::with_capacity(pending.len());
+    for (p, &ready) in pending.into_iter().zip(ready) {
+        if ready {
+            *next_id += 1;
+            let worker = &workers[*next_worker % workers.len()];
+            match attach(p.conn, *next_id, cfg, shared, worker) {
+                Ok(true) => *next_worker += 1,
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "attach failed"),
+            }
+        } else if now >= p.deadline {
+            debug!("a connection sent no hello within 1 s; dropped");
+        } else {
+            kept.push(p);
+        }
+    }
+    kept
+}
+
+/// Accepts every waiting connection into `pending` (non-blocking). An
+/// error is EMFILE/ENFILE (or another failure that would repeat at once).
+fn accept_all(listener: RawFd, pending: &mut Vec<Pending>) -> Result<(), i32> {
+    loop {
         // SAFETY: accepting on our listener; peer address not wanted.
         let cfd = unsafe {
             libc::accept4(
-                listener.as_raw_fd(),
+                listener,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
             )
         };
         if cfd < 0 {
-            continue;
+            return match sys::errno() {
+                libc::EAGAIN | libc::EINTR | libc::ECONNABORTED => Ok(()),
+                e @ (libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => Err(e),
+                _ => Ok(()),
+            };
         }
         // SAFETY: a fresh descriptor we own.
         let conn = unsafe { OwnedFd::from_raw_fd(cfd) };
-        next_id += 1;
-        let worker = &workers[next_worker % workers.len()];
-        match attach(conn, next_id, &cfg, &shared, worker) {
-            Ok(()) => next_worker += 1,
-            Err(e) => warn!(error = %e, "attach failed"),
+        let Ok(cred) = peer_cred(conn.as_raw_fd()) else {
+            continue;
+        };
+        let waiting = pending.iter().filter(|p| p.uid == cred.uid).count();
+        if cred.uid != 0 && waiting >= MAX_PENDING_PER_UID {
+            debug!(
+                uid = cred.uid,
+                "too many connections of one uid without a hello; dropped"
+            );
+            continue;
+        }
+        if pending.len() >= MAX_PENDING {
+            debug!("too many connections without a hello; dropping the oldest");
+            pending.remove(0);
+        }
+        pending.push(Pending {
+            conn,
+            uid: cred.uid,
+            deadline: Instant::now() + HELLO_TIMEOUT,
+        });
+    }
+}
+
+/// A host left (detached, cut off, or dropped): its slot and its uid's
+/// slot are free again.
+pub fn host_gone(shared: &Shared, uid: u32) {
+    shared.hosts.fetch_sub(1, Ordering::AcqRel);
+    let mut per_uid = shared
+        .hosts_per_uid
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = per_uid.get_mut(&uid) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            per_uid.remove(&uid);
         }
     }
+}
+
+/// Takes a slot for a host of `uid`: `Err(message)` when the server or
+/// the uid is full (`--max-hosts`, `--max-hosts-per-uid`; uid 0 is not
+/// limited per uid: root can stop the server anyway).
+fn admit_host(cfg: &Config, shared: &Shared, uid: u32, pid: i32) -> Result<(), String> {
+    let attached = shared.hosts.fetch_add(1, Ordering::AcqRel);
+    if attached >= cfg.max_hosts {
+        shared.hosts.fetch_sub(1, Ordering::AcqRel);
+        return Err(format!(
+            "tcps: server full: {attached} hosts attached (--max-hosts {}); pid {pid} refused",
+            cfg.max_hosts
+        ));
+    }
+    let mut per_uid = shared
+        .hosts_per_uid
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let n = per_uid.entry(uid).or_insert(0);
+    if uid != 0 && cfg.max_hosts_per_uid != 0 && *n >= cfg.max_hosts_per_uid {
+        let had = *n;
+        if had == 0 {
+            per_uid.remove(&uid);
+        }
+        drop(per_uid);
+        shared.hosts.fetch_sub(1, Ordering::AcqRel);
+        return Err(format!(
+            "tcps: uid {uid} has {had} hosts attached (--max-hosts-per-uid {}); pid {pid} refused",
+            cfg.max_hosts_per_uid
+        ));
+    }
+    *n += 1;
+    Ok(())
 }
 
 fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
@@ -387,24 +582,33 @@ fn refuse(fd: RawFd, errno: i32, message: String) -> io::Result<()> {
     send_welcome(fd, &Welcome::refused(errno, message), &[])
 }
 
+/// Answers the first message of a connection (its `Hello`, readable now):
+/// attaches the host (`Ok(true)`) or answers a `StatQuery` or a refusal.
 fn attach(
     conn: OwnedFd,
     id: u64,
     cfg: &Config,
     shared: &Shared,
     worker: &WorkerHandle,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     let fd = conn.as_raw_fd();
     let cred = peer_cred(fd)?;
-    // A host that connects and says nothing must not stall the acceptor.
-    let _ = crate::sys::set_timeout_secs(fd, libc::SO_RCVTIMEO, 1);
     let mut buf = [0u8; HELLO_LEN + 1];
-    // SAFETY: reading into a valid local buffer.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    // SAFETY: reading into a valid local buffer; never waits.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
     // `tcps stat`: not an attach, so before admission control.
     if let Some(q) = StatQuery::decode(&buf[..n.max(0) as usize]) {
+        // Its reply is sent within a budget, on a blocking socket.
+        let _ = sys::set_blocking(fd);
         crate::stats::answer(fd, cred.uid, q, shared);
-        return Ok(());
+        return Ok(false);
     }
     let hello = if n >= 0 {
         Hello::decode(&buf[..n as usize])
@@ -412,37 +616,31 @@ fn attach(
         None
     };
     let Some(hello) = hello.filter(|h| h.magic == MAGIC) else {
-        return refuse(
+        refuse(
             fd,
             libc::EPROTO,
             format!(
                 "tcps: pid {} sent no valid hello; is it a tcps host?",
                 cred.pid
             ),
-        );
+        )?;
+        return Ok(false);
     };
     if hello.version != VERSION {
-        return refuse(
+        refuse(
             fd,
             libc::EPROTO,
             format!(
                 "tcps: protocol version mismatch: server v{VERSION}, host library v{}",
                 hello.version
             ),
-        );
+        )?;
+        return Ok(false);
     }
-    let attached = shared.hosts.fetch_add(1, Ordering::AcqRel);
-    if attached >= cfg.max_hosts {
-        shared.hosts.fetch_sub(1, Ordering::AcqRel);
+    if let Err(message) = admit_host(cfg, shared, cred.uid, cred.pid) {
         shared.refused_hosts.fetch_add(1, Ordering::Relaxed);
-        return refuse(
-            fd,
-            libc::EUSERS,
-            format!(
-                "tcps: server full: {attached} hosts attached (--max-hosts {}); pid {} refused",
-                cfg.max_hosts, cred.pid
-            ),
-        );
+        refuse(fd, libc::EUSERS, message)?;
+        return Ok(false);
     }
     let result = (|| -> io::Result<NewHost> {
         let size = cfg.layout.region_size();
@@ -455,10 +653,14 @@ fn attach(
                 .server_flags
                 .store(SERVER_DEDICATED_CORES, Ordering::Release);
         }
+        // Its own doorbell: no other host can drain (or ring) it.
+        let doorbell = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
+        // The Welcome fits an empty socket buffer: a non-blocking send
+        // does not fail for want of room.
         send_welcome(
             fd,
             &Welcome::accepted(size as u64),
-            &[memfd.as_raw_fd(), worker.doorbell.as_raw_fd()],
+            &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
         )?;
         Ok(NewHost {
             id,
@@ -466,6 +668,7 @@ fn attach(
             uid: cred.uid,
             region,
             control: conn,
+            doorbell,
         })
     })();
     match result {
@@ -475,10 +678,10 @@ fn attach(
                 inbox.push(host);
             }
             sys::eventfd_ring(worker.doorbell.as_raw_fd());
-            Ok(())
+            Ok(true)
         }
         Err(e) => {
-            shared.hosts.fetch_sub(1, Ordering::AcqRel);
+            host_gone(shared, cred.uid);
             Err(e)
         }
     }

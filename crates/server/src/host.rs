@@ -16,6 +16,15 @@ pub struct NewHost {
     pub uid: u32,
     pub region: Region,
     pub control: OwnedFd,
+    /// The host's own doorbell eventfd (a copy went out in its Welcome).
+    pub doorbell: OwnedFd,
+}
+
+/// A control reply the host's socket could not take yet (it does not read
+/// its replies): sent when the socket is writable again.
+pub struct Outgoing {
+    pub bytes: [u8; tcps_proto::handshake::CONTROL_MSG_LEN],
+    pub fd: Option<OwnedFd>,
 }
 
 pub struct Host {
@@ -27,6 +36,11 @@ pub struct Host {
     pub layout: Layout,
     pub cursors: Vec<ServerCursor>,
     pub control: OwnedFd,
+    /// Its doorbell: only this host rings it (`Token::HostBell`).
+    pub doorbell: OwnedFd,
+    /// Control replies waiting for room in the control socket (bounded:
+    /// `worker::OUTBOX_MAX`).
+    pub outbox: VecDeque<Outgoing>,
     pub sockets: Slab<Sock>,
     pub polls: Slab<ParkedPoll>,
     /// Entries of the parked polls (budget: `poll::MAX_PARKED_POLL_ENTRIES_PER_HOST`).
@@ -56,6 +70,9 @@ pub struct Host {
     pub ahead_paused: Vec<u32>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
     pub pull: crate::calls::eager::PullAccount,
+    /// Sockets to re-arm at the next sweep: their last readiness answered
+    /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
+    pub rearm_later: Vec<u32>,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -91,6 +108,8 @@ impl Host {
             layout,
             region: h.region,
             control: h.control,
+            doorbell: h.doorbell,
+            outbox: VecDeque::new(),
             sockets: Slab::default(),
             polls: Slab::default(),
             poll_entries_parked: 0,
@@ -105,6 +124,7 @@ impl Host {
             cooling: Vec::new(),
             ahead_paused: Vec::new(),
             pull: crate::calls::eager::PullAccount::new(crate::DEFAULT_MAX_PULL_BYTES_PER_HOST),
+            rearm_later: Vec::new(),
         }
     }
 
@@ -151,7 +171,8 @@ pub struct Sock {
     pub readers: VecDeque<Parked>,
     /// Parked send/connect calls, in order.
     pub writers: VecDeque<Parked>,
-    /// Parked polls that include this socket: (poll key, events wanted).
+    /// Parked polls that include this socket: (poll key, events wanted),
+    /// one entry per poll (the events of its entries for this socket ORed).
     pub pollers: Vec<(usize, i16)>,
     /// Directions currently armed in the engine (0: none).
     pub armed_mask: u32,
@@ -168,6 +189,15 @@ pub struct Sock {
     pub closing: bool,
     /// A listener: its live accepted connections (--max-conns-per-listener).
     pub live_accepted: u32,
+    /// SO_LINGER may be on, so its close may block: close checks it (see
+    /// `calls::close_fd`). True for sockets whose options the server did
+    /// not all see (created or set by the host) and once the host sets
+    /// SO_LINGER through the server; an accepted connection has its
+    /// listener's linger (the kernel copies it).
+    pub may_linger: bool,
+    /// A listener: whether its SO_LINGER is on with a time (what accepted
+    /// connections inherit), once looked up; `None`: look it up.
+    pub listener_lingers: Option<bool>,
     /// An accepted connection: what it counts against until it closes.
     pub admitted: crate::admission::Admitted,
     /// Process-ahead policy (server defaults, `SOL_TCPS` options, or the
@@ -193,6 +223,8 @@ impl Sock {
             queue: None,
             closing: false,
             live_accepted: 0,
+            may_linger: true,
+            listener_lingers: None,
             admitted: Default::default(),
             policy: crate::EagerPolicy::default(),
             ahead: crate::calls::eager::Ahead::None,
@@ -220,22 +252,28 @@ impl Sock {
         if !self.writers.is_empty() {
             m |= libc::POLLOUT as u32;
         }
+        // A poll is woken only by what would answer it: the kernel
+        // conditions it asked for (POLLERR and POLLHUP are always
+        // reported). Arming for more (POLLIN for a POLLPRI poll, say)
+        // would fire again and again while the poll stays unanswered.
         for &(_, ev) in &self.pollers {
-            if ahead {
-                // Readiness for POLLIN comes from the ring / buffer.
-                if ev & libc::POLLOUT != 0 {
-                    m |= libc::POLLOUT as u32;
-                }
-                continue;
+            // Reading ahead, readiness for POLLIN comes from the ring or
+            // buffer, not from the kernel.
+            if !ahead && ev & (libc::POLLIN | libc::POLLRDNORM) != 0 {
+                m |= libc::POLLIN as u32;
             }
-            if ev & (libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP) != 0 {
-                m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
+            if !ahead && ev & libc::POLLRDHUP != 0 {
+                m |= libc::POLLRDHUP as u32;
             }
-            if ev & libc::POLLOUT != 0 {
+            if ev & libc::POLLPRI != 0 {
+                m |= libc::POLLPRI as u32;
+            }
+            if ev & (libc::POLLOUT | libc::POLLWRNORM) != 0 {
                 m |= libc::POLLOUT as u32;
             }
-            // A poll for errors only still needs to hear about hang-ups.
-            m |= libc::POLLRDHUP as u32;
+            // A poll for errors only still hears about errors and hang-ups
+            // (always reported), and so does every other.
+            m |= (libc::POLLERR | libc::POLLHUP) as u32;
         }
         m
     }

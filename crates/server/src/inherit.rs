@@ -286,16 +286,20 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
 }
 
 /// `ControlMsg::Export`: removes socket `id` from `host` and returns the
-/// kernel socket for the host. EBUSY while calls are parked on it or the
-/// engine watches it, or while it holds an asynchronous send queue or an
-/// admission count (`--max-conns-*`); the host then leaves it offloaded.
-pub fn export(host: &mut Host, id: u32) -> (ControlMsg, Option<OwnedFd>) {
+/// kernel socket for the host. EBUSY while calls or polls are parked on it
+/// or its ring or pull buffer holds what the host has not taken; the host
+/// then leaves it offloaded. Otherwise what a close would release is
+/// released (engine registration, admission count, send queue).
+pub fn export(
+    host: &mut Host,
+    cx: &mut crate::calls::Ctx<'_>,
+    id: u32,
+) -> (ControlMsg, Option<OwnedFd>) {
     let reply = |errno| ControlMsg::Reply { handle: id, errno };
     let Some(s) = host.socket(id) else {
         return (reply(libc::EBADF), None);
     };
-    if !s.readers.is_empty() || !s.writers.is_empty() || !s.pollers.is_empty() || s.armed_mask != 0
-    {
+    if !s.readers.is_empty() || !s.writers.is_empty() || !s.pollers.is_empty() {
         return (reply(libc::EBUSY), None);
     }
     // A ring or pull buffer holding bytes (connections) the host has not
@@ -303,15 +307,15 @@ pub fn export(host: &mut Host, id: u32) -> (ControlMsg, Option<OwnedFd>) {
     if !crate::calls::eager::release_for_export(host, id) {
         return (reply(libc::EBUSY), None);
     }
-    match host.sockets.remove(id as usize) {
-        Some(s) => {
+    match crate::calls::take_for_export(cx, host, id) {
+        Some(fd) => {
             info!(
                 host = host.id,
                 pid = host.pid,
                 id,
                 "exec: socket handed back to the host's kernel"
             );
-            (reply(0), Some(s.fd))
+            (reply(0), Some(fd))
         }
         None => (reply(libc::EBADF), None),
     }

@@ -11,6 +11,7 @@
 mod admission;
 mod adopt;
 mod calls;
+mod closer;
 mod control;
 pub mod engine;
 mod host;
@@ -62,6 +63,9 @@ pub struct Config {
     pub spin: Duration,
     pub engine: EngineKind,
     pub max_hosts: usize,
+    /// Most hosts one uid may have attached at once (0: unlimited), so one
+    /// user cannot take every `max_hosts` slot.
+    pub max_hosts_per_uid: usize,
     pub max_sockets_per_host: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
@@ -164,6 +168,7 @@ impl Default for Config {
             spin: Duration::from_micros(50),
             engine: EngineKind::Uring,
             max_hosts: 64,
+            max_hosts_per_uid: 16,
             max_sockets_per_host: 65536,
             layout: Layout::default(),
             max_conns_per_listener: 0,
@@ -186,6 +191,8 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// Hosts attached (admission control counts against --max-hosts).
     pub hosts: AtomicUsize,
+    /// Hosts attached per uid (`--max-hosts-per-uid`).
+    pub hosts_per_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
     pub refused_hosts: AtomicU64,
     /// Live accepted connections per client address (--max-conns-per-addr).
     pub conns_per_addr: admission::AddrCounts,

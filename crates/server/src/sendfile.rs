@@ -9,14 +9,45 @@
 //! the kernel: it may send less than asked, or answer EAGAIN; the host
 //! library waits for POLLOUT and asks again for a blocking socket.
 //!
-//! Files must be regular files. The worker reads them synchronously: a file
-//! on a slow or hung file system (NFS, FUSE) stalls this worker — a limit
-//! of this design, documented in docs/PRELOAD.md.
+//! Files must be regular files on a local file system ([`LOCAL_FS`]). The
+//! worker reads them synchronously, and closes them: a file on a network
+//! or user-space file system (NFS, CIFS, FUSE, 9p) can make either wait
+//! for as long as that server chooses, and a file on /proc or /sys runs
+//! kernel code of its own on every read. Those are refused at `FileOpen`
+//! (EOPNOTSUPP, logged; the host's sendfile fails with it).
 
 use crate::calls::Res;
 use crate::host::Host;
 use std::os::fd::{AsRawFd, OwnedFd};
-use tracing::debug;
+use tracing::{debug, warn};
+
+/// File systems (statfs `f_type`) whose regular files the worker may read
+/// and close: local, block- or memory-backed, where a read of cached or
+/// local data does not wait on another machine or process. ext2/3/4 share
+/// one magic; overlayfs (containers) passes reads to its local layers;
+/// squashfs and erofs are read-only images. Anything else is refused.
+const LOCAL_FS: &[(i64, &str)] = &[
+    (0xEF53, "ext2/3/4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683E, "btrfs"),
+    (0x0102_1994, "tmpfs"),
+    (0x8584_58F6, "ramfs"),
+    (0x794C_7630, "overlayfs"),
+    (0xF2F5_2010, "f2fs"),
+    (0x7371_7368, "squashfs"),
+    (0xE0F5_E1E2, "erofs"),
+];
+
+/// The statfs type of the file system holding `fd`.
+fn fs_type(fd: i32) -> Result<i64, i32> {
+    // SAFETY: statfs is plain data; zero is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs into a statfs we own, on a descriptor we own.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return Err(last_errno());
+    }
+    Ok(st.f_type as i64)
+}
 
 /// Largest range one request may ask for.
 pub const MAX_COUNT: u32 = 1 << 30;
@@ -40,6 +71,19 @@ pub fn open(host: &mut Host, handle: u32, fds: Vec<OwnedFd>) -> Result<(), i32> 
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EINVAL);
+    }
+    let fs = fs_type(file.as_raw_fd())?;
+    if !LOCAL_FS.iter().any(|&(magic, _)| magic == fs) {
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            fs_type = format_args!("{fs:#x}"),
+            "sendfile: file refused: not on a local file system the worker may read without waiting"
+        );
+        // Closed here, before it is kept: on such a file system even the
+        // close might wait. (fstat/fstatfs answered: the file system
+        // responds.)
+        return Err(libc::EOPNOTSUPP);
     }
     if host.files.len() >= MAX_FILES && !host.files.contains_key(&handle) {
         return Err(libc::EMFILE);

@@ -165,6 +165,20 @@ pub fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> SysResult
     Ok(len as usize)
 }
 
+/// Whether a socket's SO_LINGER is on with a positive time (its close may
+/// wait); true when it cannot be read (be careful).
+pub fn lingers(fd: RawFd) -> bool {
+    let mut b = [0u8; std::mem::size_of::<libc::linger>()];
+    match getsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &mut b) {
+        Ok(_) => {
+            let on = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            let secs = i32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
+            on != 0 && secs > 0
+        }
+        Err(_) => true,
+    }
+}
+
 pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
     let mut b = [0u8; 4];
     getsockopt(fd, level, name, &mut b)?;
@@ -233,11 +247,48 @@ pub fn eventfd_ring(fd: RawFd) {
     unsafe { libc::write(fd, one.as_ptr() as *const libc::c_void, 8) };
 }
 
-/// Resets an eventfd's counter.
+/// Resets an eventfd's counter, never blocking: a host's doorbell is
+/// shared with the host, which could clear O_NONBLOCK on it (the flag is
+/// the open file's) and drain it first; RWF_NOWAIT asks this one read not
+/// to wait whatever the file's flags (kernels without it for eventfd
+/// answer EOPNOTSUPP: then a poll first, and a plain read only if ready).
 pub fn eventfd_drain(fd: RawFd) {
     let mut b = [0u8; 8];
-    // SAFETY: reading 8 bytes into a valid buffer; EAGAIN means already zero.
-    unsafe { libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, 8) };
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: one iovec over a valid 8-byte buffer; offset -1: no seek.
+    let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
+    if r >= 0 || errno() != libc::EOPNOTSUPP {
+        return;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLIN != 0 {
+        // SAFETY: reading 8 bytes into a valid buffer.
+        unsafe { libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, 8) };
+    }
+}
+
+/// Clears O_NONBLOCK on a descriptor the server alone holds.
+pub fn set_blocking(fd: RawFd) -> SysResult<()> {
+    // SAFETY: plain fcntl calls on a descriptor we own.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) }).map(drop)
+}
+
+/// Sets O_NONBLOCK on a descriptor the server alone holds.
+pub fn set_nonblocking(fd: RawFd) -> SysResult<()> {
+    // SAFETY: plain fcntl calls on a descriptor we own.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
 }
 
 /// A memfd of `size` bytes, sealed so its size can never change again: the
@@ -268,5 +319,32 @@ pub fn pin_to_cpu(cpu: usize) -> SysResult<()> {
             &set,
         ))
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+
+    /// `eventfd_drain` empties the counter, and never waits even when the
+    /// other holder of the eventfd (a host) made it blocking.
+    #[test]
+    fn drain_never_waits() {
+        let fd = eventfd().unwrap();
+        let raw = fd.as_raw_fd();
+        eventfd_ring(raw);
+        eventfd_ring(raw);
+        eventfd_drain(raw);
+        let mut p = libc::pollfd {
+            fd: raw,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0, "still readable");
+        set_blocking(raw).unwrap();
+        let t = std::time::Instant::now();
+        eventfd_drain(raw); // empty and blocking: must return at once
+        assert!(t.elapsed() < std::time::Duration::from_millis(100));
     }
 }

@@ -19,14 +19,21 @@ pub enum Token {
     Control {
         host: usize,
     },
+    /// The worker's own adoption bell (no host holds it): new hosts wait
+    /// in its inbox.
     Doorbell,
     Shutdown,
+    /// A host's own doorbell eventfd (handed over in its Welcome).
+    HostBell {
+        host: usize,
+    },
 }
 
 const KIND_SOCKET: u64 = 1;
 const KIND_CONTROL: u64 = 2;
 const KIND_DOORBELL: u64 = 3;
 const KIND_SHUTDOWN: u64 = 4;
+const KIND_HOST_BELL: u64 = 5;
 
 pub const MAX_HOSTS_PER_WORKER: usize = 1 << 16;
 pub const MAX_SOCKETS_PER_HOST: usize = 1 << 24;
@@ -50,6 +57,7 @@ impl Token {
             Token::Control { host } => KIND_CONTROL << 60 | (host as u64 & 0xffff) << 44,
             Token::Doorbell => KIND_DOORBELL << 60,
             Token::Shutdown => KIND_SHUTDOWN << 60,
+            Token::HostBell { host } => KIND_HOST_BELL << 60 | (host as u64 & 0xffff) << 44,
         }
     }
 
@@ -65,6 +73,7 @@ impl Token {
             KIND_CONTROL => Token::Control { host },
             KIND_DOORBELL => Token::Doorbell,
             KIND_SHUTDOWN => Token::Shutdown,
+            KIND_HOST_BELL => Token::HostBell { host },
             _ => return None,
         })
     }
@@ -90,6 +99,7 @@ mod tests {
                 seq: 0,
             },
             Token::Control { host: 7 },
+            Token::HostBell { host: 9 },
             Token::Doorbell,
             Token::Shutdown,
         ] {

@@ -10,7 +10,7 @@
 
 use crate::calls::{self, Ctx, Timers};
 use crate::engine::{self, Engine, Event};
-use crate::host::{Host, NewHost};
+use crate::host::{Host, NewHost, Outgoing};
 use crate::registry::Budget;
 use crate::slab::Slab;
 use crate::sys;
@@ -22,31 +22,29 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-/// Executes one registration message of a host and answers it. An error is
-/// a control socket that cannot carry the reply (the host is cut off).
+/// Executes one registration message of a host and queues its reply
+/// (`send_reply`). An error is a host cut off (its outbox overflowed).
 fn on_control_msg(
-    cfg: &Config,
     host: &mut Host,
+    cx: &mut Ctx<'_>,
     m: ControlMsg,
     mut fds: Vec<OwnedFd>,
-) -> std::io::Result<()> {
+) -> Result<(), String> {
     if crate::adopt::handles(&m) {
-        let (reply, fd) = crate::adopt::on_control(cfg, host, m, fds);
-        let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
-        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &fds);
+        let (reply, fd) = crate::adopt::on_control(cx.cfg, host, m, fds);
+        return send_reply(host, reply, fd);
     }
     if let ControlMsg::Export { handle } = m {
-        let (reply, fd) = crate::inherit::export(host, handle);
-        let fds: Vec<_> = fd.iter().map(|f| f.as_raw_fd()).collect();
-        return fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &fds);
+        let (reply, fd) = crate::inherit::export(host, cx, handle);
+        return send_reply(host, reply, fd);
     }
     let (handle, res) = match m {
         ControlMsg::Register { handle, len } => {
             let res = if fds.len() == 1 {
                 let fd = fds.remove(0);
-                let res = host.registry.register(handle, fd, len, Budget::of(cfg));
+                let res = host.registry.register(handle, fd, len, Budget::of(cx.cfg));
                 if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
                     if host.note_budget_refusal() {
                         warn!(
@@ -72,7 +70,7 @@ fn on_control_msg(
         ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
         ControlMsg::Fork { handle } => (
             handle,
-            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cfg)),
+            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg)),
         ),
         ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
         ControlMsg::Reply { handle, .. } | ControlMsg::Adopted { handle, .. } => {
@@ -90,7 +88,109 @@ fn on_control_msg(
         handle,
         errno: res.err().unwrap_or(0),
     };
-    fdpass::send_with_fds(host.control.as_raw_fd(), &reply.encode(), &[])
+    send_reply(host, reply, None)
+}
+
+/// Most control replies a host may leave unread beyond what its socket
+/// buffer holds; one more and it is cut off (it floods without reading).
+pub const OUTBOX_MAX: usize = 64;
+/// Most control messages taken from one host per engine event, so a host
+/// that floods its control socket cannot monopolize the worker (the rest
+/// waits for the next event).
+const CONTROL_MSGS_PER_EVENT: usize = 32;
+
+/// Sends a control reply without blocking (the server's end of the control
+/// socket is non-blocking): at once if nothing waits before it, else it
+/// joins the host's outbox, flushed when the socket is writable.
+fn send_reply(host: &mut Host, reply: ControlMsg, fd: Option<OwnedFd>) -> Result<(), String> {
+    host.outbox.push_back(Outgoing {
+        bytes: reply.encode(),
+        fd,
+    });
+    flush_outbox(host)?;
+    if host.outbox.len() > OUTBOX_MAX {
+        return Err(format!(
+            "left {} control replies unread (outbox limit {OUTBOX_MAX})",
+            host.outbox.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Sends queued control replies until the socket would block.
+fn flush_outbox(host: &mut Host) -> Result<(), String> {
+    while let Some(out) = host.outbox.front() {
+        let fds: Vec<RawFd> = out.fd.iter().map(|f| f.as_raw_fd()).collect();
+        match fdpass::send_with_fds(host.control.as_raw_fd(), &out.bytes, &fds) {
+            Ok(()) => {
+                host.outbox.pop_front();
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(()),
+            Err(e) => return Err(format!("control socket: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Runs `f`; a panic in it becomes its message. (The host's state may be
+/// half-updated then: the caller dooms the host, so nothing reads it again
+/// but the detach, which only closes and releases.)
+fn catch_panic<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| panic_message(p.as_ref()))
+}
+
+/// Runs one piece of a host's work (its requests, an event or timer of
+/// its sockets, its control messages). A panic in it dooms that host only:
+/// logged as an internal error, the host is detached, and the worker goes
+/// on serving the others. `None` when it panicked.
+fn guarded<R>(host: &mut Host, what: &str, f: impl FnOnce(&mut Host) -> R) -> Option<R> {
+    match catch_panic(|| f(&mut *host)) {
+        Ok(r) => Some(r),
+        Err(msg) => {
+            error!(host = host.id, pid = host.pid, what, panic = %msg, "internal error while serving a host; cutting it off");
+            host.doomed = Some(format!("internal error ({what}): {msg}"));
+            None
+        }
+    }
+}
+
+/// Flushes a host's outbox and takes up to `CONTROL_MSGS_PER_EVENT` of its
+/// control messages. `Some(why)`: the host is to be cut off.
+fn read_control(host: &mut Host, cx: &mut Ctx<'_>) -> Option<String> {
+    if let Err(why) = flush_outbox(host) {
+        return Some(why);
+    }
+    let fd = host.control.as_raw_fd();
+    for _ in 0..CONTROL_MSGS_PER_EVENT {
+        let mut b = [0u8; CONTROL_MSG_LEN + 1];
+        match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return None,
+            Err(e) => return Some(format!("control socket: {e}")),
+            Ok((0, _)) => return Some("detached".to_string()),
+            Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
+                Some(m) => {
+                    if let Err(why) = on_control_msg(host, cx, m, fds) {
+                        return Some(why);
+                    }
+                }
+                None => return Some("sent garbage on the control socket".to_string()),
+            },
+        }
+    }
+    // More may wait: the re-armed socket reports them on the next pass,
+    // after the other hosts had their turn.
+    None
 }
 
 /// Hosts handed over by the acceptor, waiting to be adopted by a worker.
@@ -269,6 +369,9 @@ impl Worker {
                 continue;
             }
             for ch in 0..host.channels_in_use() {
+                if host.doomed.is_some() {
+                    break; // a request broke its ring or panicked
+                }
                 for _ in 0..BATCH_PER_CHANNEL {
                     let Some(chan) = host.region.channel(ch) else {
                         break;
@@ -281,8 +384,11 @@ impl Worker {
                             break;
                         }
                     };
-                    calls::dispatch(&mut cx, host, ch, req);
                     handled += 1;
+                    if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none()
+                    {
+                        break;
+                    }
                 }
             }
         }
@@ -311,10 +417,11 @@ impl Worker {
                 continue;
             }
             if !host.hot.is_empty() || !host.cooling.is_empty() {
-                work += calls::poll_queues(&mut cx, host, now);
+                work += guarded(host, "send queues", |h| calls::poll_queues(&mut cx, h, now))
+                    .unwrap_or(0);
             }
-            if sweep {
-                work += calls::sweep(&mut cx, host, now);
+            if sweep && host.doomed.is_none() {
+                work += guarded(host, "sweep", |h| calls::sweep(&mut cx, h, now)).unwrap_or(0);
             }
         }
         work
@@ -344,10 +451,25 @@ impl Worker {
                 seq,
             }) => {
                 if let Some((host, mut cx)) = self.host_and_cx(hkey) {
-                    calls::on_socket_ready(&mut cx, host, sock, gen, seq);
+                    guarded(host, "socket event", |h| {
+                        calls::on_socket_ready(&mut cx, h, sock, gen, seq)
+                    });
                 }
             }
             Some(Token::Control { host: hkey }) => self.on_control(hkey),
+            Some(Token::HostBell { host: hkey }) => {
+                // The host rang: its requests are taken by the next scan.
+                // Only this host holds this eventfd, so draining it (or not)
+                // concerns no other host.
+                if let Some(host) = self.hosts.get(hkey) {
+                    let fd = host.doorbell.as_raw_fd();
+                    sys::eventfd_drain(fd);
+                    let token = Token::HostBell { host: hkey }.encode();
+                    if let Err(e) = self.engine.arm(fd, token, libc::POLLIN as u32) {
+                        warn!(host = host.id, error = %e, "cannot watch a host's doorbell");
+                    }
+                }
+            }
             Some(Token::Doorbell) => {
                 sys::eventfd_drain(self.doorbell.as_raw_fd());
                 self.adopt_hosts();
@@ -362,39 +484,30 @@ impl Worker {
         }
     }
 
-    /// The host's control socket is readable: a registration message, or
-    /// it hung up (or broke protocol).
+    /// The host's control socket is readable (a registration message, or
+    /// it hung up or broke protocol) or writable again (its outbox).
     fn on_control(&mut self, hkey: usize) {
-        let Some(host) = self.hosts.get_mut(hkey) else {
+        let Some((host, mut cx)) = self.host_and_cx(hkey) else {
             return;
         };
         let fd = host.control.as_raw_fd();
-        let verdict = loop {
-            let mut b = [0u8; CONTROL_MSG_LEN + 1];
-            match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break None,
-                Err(e) => break Some(format!("control socket: {e}")),
-                Ok((0, _)) => break Some("detached".to_string()),
-                Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
-                    Some(m) => {
-                        if let Err(e) = on_control_msg(&self.cfg, host, m, fds) {
-                            break Some(format!("control socket: {e}"));
-                        }
-                    }
-                    None => break Some("sent garbage on the control socket".to_string()),
-                },
-            }
-        };
+        let verdict = guarded(host, "control message", |h| read_control(h, &mut cx))
+            .unwrap_or_else(|| Some("internal error".to_string()));
         match verdict {
             None => {
-                let _ = self.engine.arm(
-                    fd,
-                    Token::Control { host: hkey }.encode(),
-                    libc::POLLIN as u32,
-                );
+                // Writable is wanted only while replies wait.
+                let mut mask = libc::POLLIN as u32;
+                if !host.outbox.is_empty() {
+                    mask |= libc::POLLOUT as u32;
+                }
+                let _ = cx
+                    .engine
+                    .arm(fd, Token::Control { host: hkey }.encode(), mask);
             }
             Some(why) => {
-                host.doomed = Some(why);
+                if host.doomed.is_none() {
+                    host.doomed = Some(why);
+                }
                 self.reap_doomed();
             }
         }
@@ -408,20 +521,29 @@ impl Worker {
         for nh in new {
             if self.hosts.len() >= MAX_HOSTS_PER_WORKER {
                 warn!("worker full; dropping host");
-                self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+                crate::control::host_gone(&self.shared, nh.uid);
                 continue;
             }
             let mut host = Host::new(nh);
             host.pull = crate::calls::eager::PullAccount::new(self.cfg.max_pull_bytes_per_host);
             let control = host.control.as_raw_fd();
+            let bell = host.doorbell.as_raw_fd();
+            // Replies never block the worker (see `send_reply`).
+            if let Err(e) = sys::set_nonblocking(control) {
+                warn!(
+                    errno = e,
+                    "cannot make a host's control socket non-blocking"
+                );
+            }
             let (id, pid) = (host.id, host.pid);
             let hkey = self.hosts.insert(host);
-            if let Err(e) = self.engine.arm(
-                control,
-                Token::Control { host: hkey }.encode(),
-                libc::POLLIN as u32,
-            ) {
-                warn!(error = %e, "cannot watch host control socket");
+            for (fd, token) in [
+                (control, Token::Control { host: hkey }),
+                (bell, Token::HostBell { host: hkey }),
+            ] {
+                if let Err(e) = self.engine.arm(fd, token.encode(), libc::POLLIN as u32) {
+                    warn!(error = %e, "cannot watch a host's control socket or doorbell");
+                }
             }
             if let Some(h) = self.hosts.get(hkey) {
                 self.shared.stats.publish(std::iter::once(h));
@@ -438,7 +560,9 @@ impl Worker {
             }
             self.timers.pop();
             if let Some((host, mut cx)) = self.host_and_cx(hkey) {
-                calls::on_timer(&mut cx, host, serial, key);
+                if host.doomed.is_none() {
+                    guarded(host, "timer", |h| calls::on_timer(&mut cx, h, serial, key));
+                }
                 fired += 1;
             }
         }
@@ -460,8 +584,9 @@ impl Worker {
             let sockets = host.sockets.len();
             calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
             self.engine.forget(host.control.as_raw_fd(), 0);
+            self.engine.forget(host.doorbell.as_raw_fd(), 0);
             self.shared.stats.detach(&host);
-            self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+            crate::control::host_gone(&self.shared, host.uid);
             if why == "detached" {
                 info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
             } else {
@@ -503,6 +628,10 @@ impl Worker {
                 wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
             }
         }
+        // Sockets to re-arm at the next sweep: wake for it.
+        if self.hosts.iter().any(|(_, h)| !h.rearm_later.is_empty()) {
+            wake_at = Some(wake_at.map_or(self.next_sweep, |w| w.min(self.next_sweep)));
+        }
         // Counters changed since the last publication: publish them on time.
         if self.stats_dirty {
             wake_at = Some(wake_at.map_or(self.next_publish, |w| w.min(self.next_publish)));
@@ -539,10 +668,27 @@ impl Worker {
                 }
                 calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
                 self.shared.stats.detach(&host);
-                self.shared.hosts.fetch_sub(1, Ordering::Relaxed);
+                crate::control::host_gone(&self.shared, host.uid);
             }
         }
         let _ = self.shutdown_fd;
         info!(worker = self.index, "worker stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::catch_panic;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_panic_becomes_its_message() {
+        assert_eq!(catch_panic(|| 7), Ok(7));
+        // The overflow of finding 9, as it panicked the worker.
+        let far = Duration::from_secs(i64::MAX as u64);
+        let msg = catch_panic(|| Instant::now() + far).unwrap_err();
+        assert!(msg.contains("overflow"), "{msg}");
+        let msg = catch_panic(|| -> () { panic!("host {} broke it", 3) }).unwrap_err();
+        assert_eq!(msg, "host 3 broke it");
     }
 }

@@ -10,7 +10,7 @@
 
 use super::asyncq;
 use super::eager::{self, PullEnd, PullTake};
-use super::{arena_bytes, check_quota, complete, insert_socket, write_arena, Ctx, Res, TimerKey};
+use super::{arena_bytes, check_quota, complete, insert_accepted, write_arena, Ctx, Res, TimerKey};
 use crate::admission;
 use crate::engine::Engine;
 use crate::host::{Host, Parked, Sock};
@@ -203,9 +203,10 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
     } else {
         sock.snd_timeout
     };
-    if let Some(t) = timeout {
+    // A deadline past what an Instant holds is no deadline (forever).
+    if let Some(when) = timeout.and_then(|t| Instant::now().checked_add(t)) {
         cx.timers.push(Reverse((
-            Instant::now() + t,
+            when,
             hkey,
             p.serial,
             TimerKey::Call { sock: sid },
@@ -221,7 +222,12 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
 
 /// Arms the socket for what its parked calls wait on, unless already armed.
 pub(super) fn rearm(engine: &mut dyn Engine, hkey: usize, sid: u32, sock: &mut Sock) {
-    let want = sock.wanted_mask();
+    let mut want = sock.wanted_mask();
+    if want & libc::POLLPRI as u32 != 0 && engine.urgent_needs_pollin() {
+        // A readable socket then fires without answering a POLLPRI poll:
+        // `on_socket_ready` re-arms such a socket only every sweep.
+        want |= libc::POLLIN as u32;
+    }
     if want == 0 || sock.armed_mask & want == want {
         return;
     }
@@ -373,7 +379,8 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
                         admission::reset(nfd);
                         continue;
                     };
-                    let id = match insert_socket(cx, host, nfd, flags & libc::SOCK_NONBLOCK != 0) {
+                    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+                    let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
                         Ok(id) => id,
                         Err(e) => {
                             admission::release(host, &cx.shared.conns_per_addr, &admitted);
@@ -556,9 +563,15 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         return; // stale: the socket was closed or re-armed since
     }
     sock.armed_mask = 0;
+    // Only parked polls wait here: if the readiness answers none of them
+    // (and reads nothing ahead), it was a condition they did not ask for,
+    // which may last: the socket is re-armed at the next sweep, not at
+    // once, so it cannot keep the worker busy.
+    let only_polls = !sock.pollers.is_empty() && sock.readers.is_empty() && sock.writers.is_empty();
+    let polls_before = host.polls.len();
     // Read (accept) ahead first: a pull socket's parked recvs are then
     // answered from its buffer.
-    eager::fill(cx, host, sid32);
+    let published = eager::fill(cx, host, sid32);
     drive(cx, host, sid32, true);
     drive_writers(cx, host, sid32);
     let pollers: Vec<usize> = host
@@ -568,10 +581,29 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
     for pkey in pollers {
         super::poll::recheck(host, pkey);
     }
+    if only_polls && !published && host.polls.len() == polls_before {
+        if !host.rearm_later.contains(&sid32) {
+            host.rearm_later.push(sid32);
+        }
+        return;
+    }
     let hkey = cx.hkey;
     if let Some(sock) = host.any_socket_mut(sid32) {
         rearm(cx.engine, hkey, sid32, sock);
     }
+}
+
+/// Re-arms the sockets whose last readiness answered none of their polls
+/// (see `on_socket_ready`); called every sweep.
+pub(super) fn rearm_deferred(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
+    let hkey = cx.hkey;
+    let later = std::mem::take(&mut host.rearm_later);
+    for &sid in &later {
+        if let Some(sock) = host.any_socket_mut(sid) {
+            rearm(cx.engine, hkey, sid, sock);
+        }
+    }
+    later.len()
 }
 
 /// SO_RCVTIMEO / SO_SNDTIMEO expired for a parked call: it returns what it

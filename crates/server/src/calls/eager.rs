@@ -13,7 +13,7 @@
 //! is clamped to `[consumed, tail]` with [`recvq::used`] before use.
 
 use super::blocking::rearm;
-use super::{asyncq, check_quota, insert_socket, Ctx, Res};
+use super::{asyncq, check_quota, insert_accepted, Ctx, Res};
 use crate::host::Host;
 use crate::sys;
 use crate::{EagerPolicy, EagerRecv};
@@ -882,7 +882,7 @@ fn accept_loop(
             crate::admission::reset(nfd);
             continue;
         };
-        let id = match insert_socket(cx, host, nfd, false) {
+        let id = match insert_accepted(cx, host, lid, nfd, false) {
             Ok(id) => id,
             Err(e) => {
                 crate::admission::release(host, &cx.shared.conns_per_addr, &admitted);

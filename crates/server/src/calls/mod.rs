@@ -175,7 +175,10 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
             level,
             name,
             value,
-        } => setsockopt(host, ch, sock, level, name, value),
+        } => {
+            note_linger(host, sock, level, name);
+            setsockopt(host, ch, sock, level, name, value)
+        }
         Call::GetSockOpt {
             sock,
             level,
@@ -218,6 +221,29 @@ pub(crate) fn check_quota(cx: &Ctx<'_>, host: &mut Host) -> Result<(), i32> {
         return Err(libc::EMFILE);
     }
     Ok(())
+}
+
+/// Inserts a connection accepted on `listener`: its close checks SO_LINGER
+/// only if the listener's (which it inherited) was on, looked up once per
+/// listener, not per connection.
+pub(crate) fn insert_accepted(
+    cx: &Ctx<'_>,
+    host: &mut Host,
+    listener: u32,
+    fd: OwnedFd,
+    nonblocking: bool,
+) -> Result<u32, i32> {
+    let lingers = match host.sockets.get_mut(listener as usize) {
+        Some(l) => *l
+            .listener_lingers
+            .get_or_insert_with(|| sys::lingers(l.fd.as_raw_fd())),
+        None => true,
+    };
+    let id = insert_socket(cx, host, fd, nonblocking)?;
+    if let Some(s) = host.sockets.get_mut(id as usize) {
+        s.may_linger = lingers;
+    }
+    Ok(id)
 }
 
 pub(crate) fn insert_socket(
@@ -323,13 +349,17 @@ fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: Are
     Ok((0, 0))
 }
 
+/// Longest SO_RCVTIMEO / SO_SNDTIMEO kept; longer is forever (`None`), as
+/// the kernel treats a timeout beyond its longest wait.
+const MAX_SOCKET_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// A `struct timeval` option value as a timeout (`None`: wait forever).
 fn timeval(v: &[u8]) -> Option<Duration> {
     let sec = i64::from_ne_bytes(v.get(0..8)?.try_into().ok()?);
     let usec = i64::from_ne_bytes(v.get(8..16)?.try_into().ok()?);
     let d = Duration::from_secs(sec.max(0) as u64)
-        + Duration::from_micros(usec.clamp(0, 999_999) as u64);
-    (!d.is_zero()).then_some(d)
+        .saturating_add(Duration::from_micros(usec.clamp(0, 999_999) as u64));
+    (!d.is_zero() && d <= MAX_SOCKET_TIMEOUT).then_some(d)
 }
 
 fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRange) -> Res {
@@ -387,6 +417,17 @@ fn fcntl(host: &mut Host, sock: u32, cmd: i32, arg: i64) -> Res {
     }
 }
 
+/// SO_LINGER set through the server: the socket's close checks it (and a
+/// listener's accepted connections look it up again).
+fn note_linger(host: &mut Host, sock: u32, level: i32, name: i32) {
+    if level == libc::SOL_SOCKET && name == libc::SO_LINGER {
+        if let Some(s) = host.socket_mut(sock) {
+            s.may_linger = true;
+            s.listener_lingers = None;
+        }
+    }
+}
+
 fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
     host.socket(sock).ok_or(libc::EBADF)?;
     // The host reads no more: unbind its ring (or stop pulling) now.
@@ -426,7 +467,7 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     for p in s.readers.iter().chain(s.writers.iter()) {
         blocking::finish(host, p, Err(libc::EBADF));
     }
-    drop(s.fd);
+    crate::closer::close_socket(s.fd, s.may_linger);
     if let Some(q) = s.queue {
         asyncq::unbind(host, q);
     }
@@ -435,10 +476,26 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     }
 }
 
+/// `ControlMsg::Export`: takes socket `sock` out of the host's table and
+/// releases what `finalize_close` releases (its engine registration, its
+/// admission count, its send queue), without closing it: the kernel socket
+/// is returned for the host. The caller checked nothing is parked on it.
+pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Option<OwnedFd> {
+    let s = host.sockets.remove(sock as usize)?;
+    // Also a disarmed epoll registration stays until removed: a later
+    // descriptor with the same number could never be armed.
+    cx.engine.forget(s.fd.as_raw_fd(), 0);
+    crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
+    if let Some(q) = s.queue {
+        asyncq::unbind(host, q);
+    }
+    Some(s.fd)
+}
+
 /// The backstop every 10 ms: takes what any bound send queue holds, and
 /// resumes paused receive/accept rings that have room.
 pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
-    asyncq::sweep(cx, host, now) + eager::sweep(cx, host)
+    asyncq::sweep(cx, host, now) + eager::sweep(cx, host) + blocking::rearm_deferred(cx, host)
 }
 
 /// Closes every socket of a host that is going away. Parked calls are not
@@ -448,6 +505,7 @@ pub fn close_all(engine: &mut dyn Engine, shared: &crate::Shared, host: &mut Hos
         if let Some(s) = host.sockets.remove(k) {
             engine.forget(s.fd.as_raw_fd(), 0);
             crate::admission::release(host, &shared.conns_per_addr, &s.admitted);
+            crate::closer::close_socket(s.fd, s.may_linger);
         }
     }
 }

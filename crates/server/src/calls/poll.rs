@@ -119,8 +119,10 @@ pub(super) fn start(
     host.poll_entries_parked = parked;
     *cx.next_serial += 1;
     let serial = *cx.next_serial;
-    let deadline =
-        (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    // Negative: forever; a deadline past what an Instant holds, too.
+    let deadline = u64::try_from(timeout_ms)
+        .ok()
+        .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
     let mut socks: Vec<u32> = entries.iter().map(|e| e.sock).collect();
     socks.sort_unstable();
     socks.dedup();
@@ -138,9 +140,13 @@ pub(super) fn start(
     host.stats.parked += 1;
     announce_parked(host, ch, user_data);
     let hkey = cx.hkey;
+    // One poller per socket and poll, however many entries name it.
     for e in &entries {
         if let Some(sock) = host.socket_mut(e.sock) {
-            sock.pollers.push((pkey, e.events));
+            match sock.pollers.iter_mut().find(|(k, _)| *k == pkey) {
+                Some((_, events)) => *events |= e.events,
+                None => sock.pollers.push((pkey, e.events)),
+            }
         }
     }
     for sid in socks {

@@ -44,6 +44,11 @@ pub trait Engine: Send {
     /// (`None`: until an event).
     fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Event>) -> io::Result<()>;
     fn name(&self) -> &'static str;
+    /// Whether urgent (MSG_OOB) data only wakes a wait that includes
+    /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
+    fn urgent_needs_pollin(&self) -> bool {
+        false
+    }
 }
 
 /// Creates the engine asked for. Where io_uring is unavailable (an old

@@ -115,4 +115,63 @@ impl Engine for UringEngine {
     fn name(&self) -> &'static str {
         "io_uring"
     }
+
+    fn urgent_needs_pollin(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Engine, EpollEngine};
+    use super::UringEngine;
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    /// What `Engine::urgent_needs_pollin` says: urgent (MSG_OOB) data wakes
+    /// an io_uring poll for POLLIN|POLLPRI but not one for POLLPRI alone;
+    /// epoll reports POLLPRI alone.
+    #[test]
+    fn urgent_data_wakes_as_documented() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let engines: [Box<dyn Engine>; 2] = [
+            Box::new(UringEngine::new().unwrap()),
+            Box::new(EpollEngine::new().unwrap()),
+        ];
+        for mut eng in engines {
+            let mut mask = libc::POLLPRI as u32;
+            if eng.urgent_needs_pollin() {
+                mask |= libc::POLLIN as u32;
+            }
+            eng.arm(a.as_raw_fd(), 7, mask).unwrap();
+            let mut out = Vec::new();
+            eng.wait(Some(Duration::from_millis(20)), &mut out).unwrap();
+            assert!(out.is_empty(), "{}: {out:?}", eng.name());
+            // SAFETY: one byte from a valid buffer.
+            unsafe {
+                libc::send(
+                    b.as_raw_fd(),
+                    b"!".as_ptr() as *const libc::c_void,
+                    1,
+                    libc::MSG_OOB,
+                )
+            };
+            eng.wait(Some(Duration::from_millis(1000)), &mut out)
+                .unwrap();
+            assert_eq!(out.len(), 1, "{}: urgent data not reported", eng.name());
+            let mut x = [0u8; 1];
+            // SAFETY: one byte into a valid buffer.
+            unsafe {
+                libc::recv(
+                    a.as_raw_fd(),
+                    x.as_mut_ptr() as *mut libc::c_void,
+                    1,
+                    libc::MSG_OOB,
+                )
+            };
+            eng.forget(a.as_raw_fd(), 7);
+        }
+    }
 }
