@@ -282,9 +282,18 @@ fn wait_for_stop_signal(wake: &OwnedFd) -> &'static str {
         if pending & (1 << libc::SIGINT) != 0 {
             return "SIGINT";
         }
+        // The eventfd is non-blocking: wait for it (or a signal: EINTR)
+        // before draining it, or this loop would spin.
+        let mut p = libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no timeout (a signal interrupts it).
+        unsafe { libc::poll(&mut p, 1, -1) };
         let mut buf = [0u8; 8];
-        // SAFETY: reading 8 bytes from our eventfd into a local buffer; an
-        // EINTR (a signal) simply loops.
+        // SAFETY: reading 8 bytes from our eventfd into a local buffer;
+        // EAGAIN (nothing rung) simply loops.
         unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8) };
     }
 }
