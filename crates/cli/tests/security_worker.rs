@@ -59,8 +59,12 @@ fn server(engine: &str, extra: &[&str]) -> Server {
 // ---- raw control messages ---------------------------------------------------------
 
 /// Descriptors of this process that are SEQPACKET sockets connected to `path`.
+/// The server binds its socket as `PATH.new` and renames it once it accepts,
+/// so the peer's bound name is that one.
 fn control_sockets(path: &Path) -> HashSet<RawFd> {
-    let want = path.as_os_str().as_encoded_bytes();
+    let mut bound = path.as_os_str().to_owned();
+    bound.push(".new");
+    let want = bound.as_encoded_bytes();
     let mut out = HashSet::new();
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return out;
@@ -212,43 +216,85 @@ fn control_flood_unread_replies_body(engine: &'static str) {
 
 // ---- 8. a lingering close never blocks the worker ---------------------------------------
 
-/// SO_LINGER {1, 30} on a socket with unsent data and a silent peer, then
-/// Close: the close does not hold the worker for 30 s.
+/// SO_LINGER {1, 3} on a socket with unsent data and a silent peer, then
+/// Close: the close does not hold the worker for 3 s.
 fn lingering_close_body(engine: &'static str) {
     let srv = server(engine, &[]);
     let good = Arc::new(srv.attach());
     // A peer that accepts and never reads, with a small receive buffer.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     set_rcvbuf(&l, 4096);
+    // Both kinds of socket: one the host made (it holds a descriptor of its
+    // own, and its own close lingers, as under the kernel) and one the
+    // server accepted (SO_LINGER set through the server; the server's close
+    // is the last one).
+    for made_by_host in [true, false] {
+        let what = if made_by_host {
+            "host-made"
+        } else {
+            "accepted"
+        };
+        // 1. Close of the lingering socket.
+        let rogue = Arc::new(srv.attach());
+        let (s, _peer) = lingering_socket(&rogue, &l, made_by_host);
+        let r = rogue.clone();
+        let closer = std::thread::spawn(move || r.close(s));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_served(&good, &format!("lingering close of a {what} socket"));
+        // The host's close is answered too (the wait happens elsewhere, or
+        // in the host's own close of its descriptor: at most the linger).
+        let res = within(Duration::from_secs(5), "the lingering close", move || {
+            closer.join().unwrap()
+        });
+        res.expect("close");
+        assert_served(&good, "after the lingering close");
 
-    // 1. Close of the lingering socket.
-    let rogue = Arc::new(srv.attach());
-    let (s, _peer) = lingering_socket(&rogue, &l);
-    let r = rogue.clone();
-    let closer = std::thread::spawn(move || r.close(s));
-    std::thread::sleep(Duration::from_millis(100));
-    assert_served(&good, "lingering close");
-    // The host's close is answered too (the wait happens elsewhere).
-    let res = within(Duration::from_secs(5), "the lingering close", move || {
-        closer.join().unwrap()
-    });
-    res.expect("close");
-    assert_served(&good, "after the lingering close");
-
-    // 2. A host that detaches with a lingering socket: its sockets are
-    //    closed by the worker too.
-    let rogue2 = srv.attach();
-    let (_s2, _peer2) = lingering_socket(&rogue2, &l);
-    rogue2.detach();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_served(&good, "detach with a lingering socket");
+        // 2. A host that detaches with a lingering socket: its sockets are
+        //    closed by the worker too.
+        let rogue2 = srv.attach();
+        let (_s2, _peer2) = lingering_socket(&rogue2, &l, made_by_host);
+        rogue2.detach();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_served(&good, &format!("detach with a lingering {what} socket"));
+    }
 }
 
-/// A socket of `c` connected to `l` (whose peer never reads) with its send
-/// buffer full and SO_LINGER {1, 30}: closing it would wait 30 s.
-fn lingering_socket(c: &Client, l: &TcpListener) -> (u32, TcpStream) {
-    let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
-    let (peer, _) = l.accept().unwrap();
+/// A connection of `c` whose peer never reads, with its send buffer full
+/// and SO_LINGER {1, 3}: closing it would wait 3 s. Made by the host and
+/// connected to `l`, or accepted by the server on a tcps listener from a
+/// kernel client with a small receive buffer.
+/// A kernel client with a 4 KiB receive buffer (set before connecting, so
+/// the window stays small), connected to `addr`.
+fn socket2_small_rcvbuf_connect(addr: std::net::SocketAddr) -> TcpStream {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket");
+    // SAFETY: a fresh descriptor we own.
+    let sock = unsafe { TcpStream::from_raw_fd(fd) };
+    set_rcvbuf(&sock, 4096);
+    let b = tcps_proto::addr::encode(&addr);
+    // SAFETY: b holds a sockaddr of its length.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            b.as_ptr() as *const libc::sockaddr,
+            b.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+    sock
+}
+
+fn lingering_socket(c: &Client, l: &TcpListener, made_by_host: bool) -> (u32, TcpStream) {
+    let (s, peer) = if made_by_host {
+        let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
+        (s, l.accept().unwrap().0)
+    } else {
+        let tl = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+        let sock = socket2_small_rcvbuf_connect(c.getsockname(tl).unwrap());
+        let (s, _) = c.accept(tl, 0).unwrap();
+        (s, sock)
+    };
     let chunk = vec![7u8; 65536];
     let mut sent = 0usize;
     loop {
@@ -259,7 +305,9 @@ fn lingering_socket(c: &Client, l: &TcpListener) -> (u32, TcpStream) {
         }
         assert!(sent < 64 << 20, "the send buffer never filled");
     }
-    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_LINGER, &linger(1, 30))
+    // A short linger: the host closes its own copy of a socket it made,
+    // and that close lingers in the host as under the kernel.
+    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_LINGER, &linger(1, 3))
         .unwrap();
     (s, peer)
 }
