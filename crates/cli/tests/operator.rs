@@ -1177,3 +1177,43 @@ fn summary_line_also_without_tcp_sockets() {
         "one summary line (no sockets) expected: {lines:?}"
     );
 }
+
+/// Issue 16 item 8: `TCPS_LOG=debug` logs every decision, kernel sockets
+/// included (a UDP socket and a Unix socket go to the kernel, and say so),
+/// as docs/PRELOAD.md documents.
+#[test]
+fn debug_log_names_kernel_sockets_too() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let lib = preload::preload_lib();
+    let prog = "import socket\n\
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()\n\
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()\n\
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()\n";
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            srv.socket.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            prog,
+        ],
+        &[
+            ("TCPS_PRELOAD_LIB", lib.to_str().unwrap()),
+            ("TCPS_LOG", "debug"),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let kernel: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("kernel (not a TCP socket)"))
+        .collect();
+    assert!(
+        kernel.iter().any(|l| l.contains("(domain 2, type 0x80002"))
+            && kernel.iter().any(|l| l.contains("(domain 1, type 0x80001")),
+        "the UDP and Unix sockets' decisions are not logged:\n{err}"
+    );
+    assert!(err.contains("offloaded as tcps socket"), "{err}");
+}

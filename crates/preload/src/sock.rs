@@ -68,6 +68,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
             crate::control::note_socket(fd);
         } else {
             COUNTERS.kernel_other.fetch_add(1, Ordering::Relaxed);
+            debug!("socket(domain {domain}, type {ty:#x}, protocol {protocol}) = fd {fd}: kernel (not a TCP socket)");
         }
         return fd;
     }
