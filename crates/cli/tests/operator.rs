@@ -1217,3 +1217,41 @@ fn debug_log_names_kernel_sockets_too() {
     );
     assert!(err.contains("offloaded as tcps socket"), "{err}");
 }
+
+/// Issue 16 item 6, for programs linked with the host library: an attach
+/// the control socket's mode refuses says so (and how to be let in), not
+/// "is `tcps server` running?".
+#[test]
+fn attach_denied_says_why() {
+    if !is_root() {
+        panic!("this test drops to uid 65534 and must run as root");
+    }
+    let srv = Server::start("epoll", &["--poll", "adaptive"]); // default mode 0660
+    let dir = TempDir::new("op-denied");
+    let exe = common::world_executable_self(dir.path());
+    let mut cmd = common::child_command_exe(&exe, "child_attach_denied", "attach-denied");
+    cmd.env("TCPS_IT_SOCKET", &srv.socket).uid(65534).gid(65534);
+    let (st, out, err) = common::run_child(cmd, Duration::from_secs(20));
+    assert!(st.success(), "child failed: {st}\n{out}\n{err}");
+    assert_eq!(
+        common::marks(&out, "errno"),
+        vec![libc::EACCES.to_string()],
+        "{out}"
+    );
+    let msg = common::marks(&out, "msg").join("\n");
+    assert!(
+        msg.contains("does not let this user in") && !msg.contains("is `tcps server` running"),
+        "attach message: {msg}"
+    );
+}
+
+/// Child of `attach_denied_says_why`, as uid 65534.
+#[test]
+fn child_attach_denied() {
+    let Some(()) = common::child_role("attach-denied") else {
+        return;
+    };
+    let r = tcps::Client::attach(common::env("TCPS_IT_SOCKET"));
+    common::mark("errno", r.err().and_then(|e| e.raw_os_error()).unwrap_or(0));
+    common::mark("msg", tcps::last_attach_error().replace('\n', " "));
+}

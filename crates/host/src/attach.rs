@@ -87,10 +87,18 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
             libc::ENOENT | libc::ECONNREFUSED => libc::ECONNREFUSED,
             other => other,
         };
+        // Permission denied means a server is there but its socket's mode
+        // and group keep this user out: say that, not "is it running?".
+        let hint = if errno == libc::EACCES || errno == libc::EPERM {
+            "(the server's control socket does not let this user in: ask for its group, \
+             `tcps server --socket-group`, or use another server with --socket/TCPS_SOCKET)"
+        } else {
+            "(is `tcps server` running?)"
+        };
         Failure::new(
             errno,
             format!(
-                "tcps: cannot reach a TCP server at {}: {} (is `tcps server` running?)",
+                "tcps: cannot reach a TCP server at {}: {} {hint}",
                 path.display(),
                 describe(&e)
             ),
