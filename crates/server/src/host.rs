@@ -175,6 +175,9 @@ pub struct Sock {
     pub policy: crate::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
     pub ahead: crate::calls::eager::Ahead,
+    /// The host holds this open file description too (adopted or
+    /// duplicated): blocking calls on it are guarded (`guard`).
+    pub host_held: Option<crate::guard::HostHeld>,
 }
 
 impl Sock {
@@ -196,6 +199,7 @@ impl Sock {
             admitted: Default::default(),
             policy: crate::EagerPolicy::default(),
             ahead: crate::calls::eager::Ahead::None,
+            host_held: None,
         }
     }
 

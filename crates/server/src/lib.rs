@@ -13,6 +13,7 @@ mod adopt;
 mod calls;
 mod control;
 pub mod engine;
+mod guard;
 mod host;
 mod inherit;
 mod metrics;
