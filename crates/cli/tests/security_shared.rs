@@ -111,6 +111,48 @@ fn blocking_accept_on_demand(engine: &str) {
     blocking_accept(engine, "off");
 }
 
+/// The host clears O_NONBLOCK again before each of many non-blocking
+/// accepts on an empty listener: each costs the worker at most a tick, and
+/// after a few such strikes the host is detached; another host is answered
+/// throughout.
+fn repeated_blocking_accepts_detach(engine: &str) {
+    let srv = start(engine, "off");
+    let attacker = srv.attach();
+    let (l, _) = tcps_listener(&attacker);
+    attacker.set_nonblocking(l, true).unwrap();
+    let fd = own_fd(&attacker, l);
+    let outcome = within(
+        Duration::from_secs(10),
+        "repeated blocking accepts",
+        move || {
+            let t0 = Instant::now();
+            for i in 0..100 {
+                clear_nonblock(fd);
+                match attacker.accept(l, 0) {
+                    Err(e) if errno_of(&e) == libc::EAGAIN => {}
+                    other => return (i, format!("{other:?}"), t0.elapsed()),
+                }
+            }
+            (100, "still EAGAIN".to_string(), t0.elapsed())
+        },
+    );
+    let (tries, last, took) = outcome;
+    assert!(
+        (1..=20).contains(&tries) && tries < 100,
+        "the host was not detached after {tries} blocking accepts (last: {last})"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "{tries} accepts took {took:?}"
+    );
+    victim_is_answered(&srv, Duration::from_millis(300), "after the detach");
+    assert!(
+        srv.log_text().contains("keeps clearing O_NONBLOCK"),
+        "{}",
+        srv.log_text()
+    );
+}
+
 /// The host makes its socket blocking and connects it to a listener whose
 /// accept queue is full (the SYN is dropped, a blocking connect would wait
 /// for minutes): the server's connect must not sleep.
@@ -276,6 +318,7 @@ fn child_nobody_listener() {
 engine_tests!(
     blocking_accept_ahead,
     blocking_accept_on_demand,
+    repeated_blocking_accepts_detach,
     blocking_connect,
     blocking_sendfile,
     accepted_connection_is_the_hosts_ahead,

@@ -27,6 +27,7 @@
 //! happens under the borrowed fsuid: the guard is dropped at the end of
 //! the batch, also on an early return.
 
+use crate::host::Host;
 use std::cell::Cell;
 use std::sync::OnceLock;
 use tracing::{debug, warn};
@@ -228,19 +229,37 @@ impl Drop for Guard {
     }
 }
 
-/// A guarded call on `fd` returned EINTR: the host had cleared O_NONBLOCK on
-/// the description. Sets it again (the host must flip it once more to stall
-/// the next call) and logs it.
-pub fn interrupted(host_id: u64, fd: libc::c_int) {
+/// Strikes after which a host is detached (`interrupted`): a host that
+/// keeps clearing O_NONBLOCK costs the worker at most this many ticks.
+pub const MAX_BLOCKING_STRIKES: u32 = 8;
+
+/// A guarded call on `fd`, a description `host` shares, returned EINTR. If
+/// the host had cleared O_NONBLOCK (the library never does), sets it again
+/// and counts a strike: each cost the worker up to a tick, so after
+/// [`MAX_BLOCKING_STRIKES`] the host is detached. (A tick that merely
+/// landed during a call that was not sleeping leaves the flag set.)
+pub fn interrupted(host: &mut Host, fd: libc::c_int) {
     // SAFETY: F_GETFL/F_SETFL on a descriptor the caller owns.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if fl >= 0 && fl & libc::O_NONBLOCK == 0 {
-        // SAFETY: as above.
-        unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
-        debug!(
-            host = host_id,
-            "a call on a shared socket was interrupted: the host cleared O_NONBLOCK"
+    if fl < 0 || fl & libc::O_NONBLOCK != 0 {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+    host.blocking_strikes += 1;
+    debug!(
+        host = host.id,
+        strikes = host.blocking_strikes,
+        "a call on a shared socket slept: the host cleared O_NONBLOCK"
+    );
+    if host.blocking_strikes >= MAX_BLOCKING_STRIKES && host.doomed.is_none() {
+        warn!(
+            host = host.id,
+            pid = host.pid,
+            uid = host.uid,
+            "detaching host: it keeps clearing O_NONBLOCK on sockets it shares with the server"
         );
+        host.doomed = Some("cleared O_NONBLOCK on shared sockets".into());
     }
 }
 

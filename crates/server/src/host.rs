@@ -39,6 +39,9 @@ pub struct Host {
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
+    /// Guarded calls that found O_NONBLOCK cleared on a description the
+    /// host shares (`guard::interrupted`); too many detach the host.
+    pub blocking_strikes: u32,
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
     /// Files the host opened for `Op::SendFile` (`ControlMsg::FileOpen`).
@@ -98,6 +101,7 @@ impl Host {
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
+            blocking_strikes: 0,
             registry: Registry::default(),
             files: Default::default(),
             queues: vec![QueueState::default(); layout.send_queues as usize],

@@ -322,7 +322,7 @@ fn would_block_after(p: &Parked) -> Step {
     }
 }
 
-fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
+fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
     let Some(s) = host.socket(sid) else {
         return Step::Done(Err(libc::EBADF));
     };
@@ -333,9 +333,13 @@ fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
             addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
         }));
     }
+    let fd = s.fd.as_raw_fd();
     let guard = guard::Guard::call(s.host_held);
-    let r = sys::connect(s.fd.as_raw_fd(), &RawAddr::from_bytes(&bytes));
+    let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
     drop(guard);
+    if r == Err(libc::EINTR) {
+        guard::interrupted(host, fd);
+    }
     // EINTR: the guard cut short a connect the host made blocking; the
     // connection goes on in the background, as after EINPROGRESS.
     match r {
@@ -406,7 +410,7 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
                 }
                 Err(libc::EINTR) => {
                     // The guard cut short an accept the host made blocking.
-                    guard::interrupted(host.id, fd);
+                    guard::interrupted(host, fd);
                     return would_block(p);
                 }
                 Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),

@@ -867,7 +867,7 @@ fn accept_loop(
             Err(libc::EINTR) => {
                 // The guard cut short an accept the host made blocking:
                 // again at the next readiness.
-                crate::guard::interrupted(host.id, fd);
+                crate::guard::interrupted(host, fd);
                 break;
             }
             Err(libc::EAGAIN) => break,
