@@ -12,10 +12,13 @@
 //! POSIX timer sends this thread a real-time signal every [`TICK_NS`]; its
 //! handler does nothing and is installed without SA_RESTART, so a call that
 //! went to sleep returns EINTR within a tick, and the caller treats that as
-//! EAGAIN (accept, sendfile) or EINPROGRESS (connect). The timer targets the
-//! worker thread by its id (SIGEV_THREAD_ID): no other thread sees the
-//! signal. Arming and disarming are one `timer_settime` each, once per
-//! accept batch (not per accept).
+//! EAGAIN (accept, sendfile) or EINPROGRESS (connect). The timer repeats
+//! (a tick that lands while the thread runs in user space does nothing, and
+//! a call that starts sleeping after it is still cut short by the next). It
+//! targets the worker thread by its id (SIGEV_THREAD_ID): no other thread
+//! sees the signal. Arming and disarming are one `timer_settime` each, once
+//! per accept batch (not per accept). A host caught clearing O_NONBLOCK is
+//! detached after a few strikes ([`interrupted`]).
 //!
 //! **Ownership.** accept(2) gives the new socket the accepting thread's
 //! fsuid (the socket inode's uid, which the kernel copies into `sk_uid`,
@@ -23,9 +26,10 @@
 //! uidrange`, `/proc/net/tcp` and reuseport see. A connection accepted on a
 //! host's listener belongs to the host, so around an accept batch the
 //! worker thread takes the listener owner's fsuid (setfsuid(2) is per
-//! thread in the kernel) and puts its own back afterwards. Nothing else
-//! happens under the borrowed fsuid: the guard is dropped at the end of
-//! the batch, also on an early return.
+//! thread in the kernel) and puts its own back afterwards. Only the batch
+//! (accepting and setting up connections: no file is opened) runs under
+//! the borrowed fsuid: the guard is dropped at its end, also on an early
+//! return.
 
 use crate::host::Host;
 use std::cell::Cell;
