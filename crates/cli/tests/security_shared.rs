@@ -138,7 +138,7 @@ fn repeated_blocking_accepts_detach(engine: &str) {
     );
     let (tries, last, took) = outcome;
     assert!(
-        (1..=20).contains(&tries) && tries < 100,
+        tries <= 12,
         "the host was not detached after {tries} blocking accepts (last: {last})"
     );
     assert!(
