@@ -478,6 +478,14 @@ impl Client {
         })
     }
 
+    /// Hands the server the open regular file `fd` (this process keeps its
+    /// copy) for [`Client::sendfile`], named `file` from now on
+    /// (`ControlMsg::FileOpen`).
+    pub fn file_open(&self, file: u32, fd: std::os::fd::RawFd) -> io::Result<()> {
+        let msg = tcps_proto::handshake::ControlMsg::FileOpen { handle: file };
+        self.conn.control().call(&msg, &[fd]).map(drop)
+    }
+
     /// sendfile(2) at the server: up to `len` bytes of file `file` (handed
     /// over beforehand with `ControlMsg::FileOpen` on the control socket)
     /// from `offset`, sent on `s` by the server without the bytes passing

@@ -11,6 +11,7 @@
 //! (`sockopt_policy`), it asks for a duplicate of its own socket and does
 //! it itself, again under its own credentials.
 
+use crate::guard::HostHeld;
 use crate::host::{Host, Sock};
 use crate::token::{GEN_MASK, MAX_SOCKETS_PER_HOST};
 use crate::Config;
@@ -96,25 +97,32 @@ fn adopt(
     // file description, shared with the host's copy, which the host
     // library never blocks on.
     set_nonblocking(fd.as_raw_fd())?;
+    // The host keeps its copy: it can clear O_NONBLOCK again at any time,
+    // so blocking calls on it are guarded, and connections accepted on it
+    // are its owner's (`guard`).
+    let held = HostHeld::of(fd.as_raw_fd());
     host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
     let id = host
         .sockets
         .insert(Sock::new(fd, host.next_gen, nonblocking));
     if let Some(s) = host.sockets.get_mut(id) {
         s.policy = cfg.eager;
+        s.host_held = held;
     }
     Ok(id as u32)
 }
 
 /// A duplicate of the kernel socket of `host`'s own socket `sock`: the host
 /// can only name sockets in its own table.
-fn dup(host: &Host, sock: u32) -> Result<OwnedFd, i32> {
-    let s = host.socket(sock).ok_or(libc::EBADF)?;
+fn dup(host: &mut Host, sock: u32) -> Result<OwnedFd, i32> {
+    let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
     // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result is checked.
     let fd = unsafe { libc::fcntl(s.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
         return Err(last_errno());
     }
+    // From now on the host shares the description (`guard`).
+    s.host_held = HostHeld::of(fd);
     // SAFETY: a fresh descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -53,6 +53,9 @@ pub struct Host {
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
+    /// Guarded calls that found O_NONBLOCK cleared on a description the
+    /// host shares (`guard::interrupted`); too many detach the host.
+    pub blocking_strikes: u32,
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
     /// Files the host opened for `Op::SendFile` (`ControlMsg::FileOpen`).
@@ -117,6 +120,7 @@ impl Host {
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
+            blocking_strikes: 0,
             registry: Registry::default(),
             files: Default::default(),
             queues: vec![QueueState::default(); layout.send_queues as usize],
@@ -205,6 +209,9 @@ pub struct Sock {
     pub policy: crate::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
     pub ahead: crate::calls::eager::Ahead,
+    /// The host holds this open file description too (adopted or
+    /// duplicated): blocking calls on it are guarded (`guard`).
+    pub host_held: Option<crate::guard::HostHeld>,
 }
 
 impl Sock {
@@ -228,6 +235,7 @@ impl Sock {
             admitted: Default::default(),
             policy: crate::EagerPolicy::default(),
             ahead: crate::calls::eager::Ahead::None,
+            host_held: None,
         }
     }
 

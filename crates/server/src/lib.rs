@@ -14,6 +14,7 @@ mod calls;
 mod closer;
 mod control;
 pub mod engine;
+mod guard;
 mod host;
 mod inherit;
 mod metrics;

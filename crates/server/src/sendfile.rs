@@ -109,10 +109,18 @@ pub fn call(host: &mut Host, sock: u32, file: u32, offset: u64, count: u32) -> R
         return Err(libc::EAGAIN);
     }
     let mut off = offset as libc::off_t;
+    let sfd = s.fd.as_raw_fd();
+    let guard = crate::guard::Guard::call(s.host_held);
     // SAFETY: sendfile between two descriptors we hold; `off` is ours.
-    let n = unsafe { libc::sendfile(s.fd.as_raw_fd(), f, &mut off, count as usize) };
+    let n = unsafe { libc::sendfile(sfd, f, &mut off, count as usize) };
+    let e = last_errno();
+    drop(guard);
     if n < 0 {
-        let e = last_errno();
+        if e == libc::EINTR {
+            // The guard cut short a sendfile the host made blocking.
+            crate::guard::interrupted(host, sfd);
+            return Err(libc::EAGAIN);
+        }
         debug!(host = host.id, sock, errno = e, "sendfile failed");
         return Err(e);
     }

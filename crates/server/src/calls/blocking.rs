@@ -13,6 +13,7 @@ use super::eager::{self, PullEnd, PullTake};
 use super::{arena_bytes, check_quota, complete, insert_accepted, write_arena, Ctx, Res, TimerKey};
 use crate::admission;
 use crate::engine::Engine;
+use crate::guard;
 use crate::host::{Host, Parked, Sock};
 use crate::sys::{self, RawAddr};
 use crate::token::Token;
@@ -327,7 +328,7 @@ fn would_block_after(p: &Parked) -> Step {
     }
 }
 
-fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
+fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
     let Some(s) = host.socket(sid) else {
         return Step::Done(Err(libc::EBADF));
     };
@@ -338,10 +339,19 @@ fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
             addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
         }));
     }
-    match sys::connect(s.fd.as_raw_fd(), &RawAddr::from_bytes(&bytes)) {
+    let fd = s.fd.as_raw_fd();
+    let guard = guard::Guard::call(s.host_held);
+    let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
+    drop(guard);
+    if r == Err(libc::EINTR) {
+        guard::interrupted(host, fd);
+    }
+    // EINTR: the guard cut short a connect the host made blocking; the
+    // connection goes on in the background, as after EINPROGRESS.
+    match r {
         Ok(()) => Step::Done(Ok((0, 0))),
-        Err(libc::EINPROGRESS) if p.nonblocking => Step::Done(Err(libc::EINPROGRESS)),
-        Err(libc::EINPROGRESS) => {
+        Err(libc::EINPROGRESS | libc::EINTR) if p.nonblocking => Step::Done(Err(libc::EINPROGRESS)),
+        Err(libc::EINPROGRESS | libc::EINTR) => {
             p.progress = 1;
             Step::Again
         }
@@ -351,9 +361,16 @@ fn start_connect(host: &Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
 
 /// Tries a parked (or new) accept, recv, send or connect once more.
 fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
-    let Some(fd) = host.sockets.get(sid as usize).map(|s| s.fd.as_raw_fd()) else {
+    let Some((fd, held)) = host
+        .sockets
+        .get(sid as usize)
+        .map(|s| (s.fd.as_raw_fd(), s.host_held))
+    else {
         return Step::Done(Err(libc::EBADF));
     };
+    // An accept: until it returns, accept4 cannot sleep, and it accepts as
+    // the listener's owner (`guard`).
+    let _guard = matches!(p.call, Call::Accept { .. }).then(|| guard::Guard::accept(held));
     if let Some(job) = &p.job {
         if let Some(e) = asyncq::job_error(host, job) {
             return Step::Done(Err(e));
@@ -398,9 +415,12 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
                     // was set up with the accept (SETUP_*).
                     return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
                 }
-                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) | Err(libc::EINTR) => {
-                    return would_block(p)
+                Err(libc::EINTR) => {
+                    // The guard cut short an accept the host made blocking.
+                    guard::interrupted(host, fd);
+                    return would_block(p);
                 }
+                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),
                 Err(e) => return Step::Done(Err(e)),
             }
         },

@@ -794,10 +794,14 @@ fn accept_ahead(cx: &mut Ctx<'_>, host: &mut Host, lid: u32) -> bool {
     };
     let fd = l.fd.as_raw_fd();
     let policy = l.policy;
+    let held = l.host_held;
     let Ahead::Accept(mut st) = std::mem::take(&mut l.ahead) else {
         return false;
     };
     let published = if st.demanded && !st.paused {
+        // The whole batch: accept4 cannot sleep, and accepts as the
+        // listener's owner (`guard`).
+        let _guard = crate::guard::Guard::accept(held);
         accept_loop(cx, host, lid, fd, policy, &mut st)
     } else {
         false
@@ -859,7 +863,13 @@ fn accept_loop(
         }
         let (nfd, peer) = match sys::accept(fd) {
             Ok(v) => v,
-            Err(libc::ECONNABORTED) | Err(libc::EINTR) => continue,
+            Err(libc::ECONNABORTED) => continue,
+            Err(libc::EINTR) => {
+                // The guard cut short an accept the host made blocking:
+                // again at the next readiness.
+                crate::guard::interrupted(host, fd);
+                break;
+            }
             Err(libc::EAGAIN) => break,
             Err(e) => {
                 debug!(

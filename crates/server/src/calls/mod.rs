@@ -91,6 +91,11 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
 
 /// Executes (or parks) one request a host published on channel `ch`.
 pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
+    if host.doomed.is_some() {
+        // Being detached (e.g. `guard::interrupted`): not one call more,
+        // also from the rest of the worker's batch for this host.
+        return;
+    }
     let call = match Call::decode(&req, host.layout.arena_size) {
         Ok(c) => c,
         Err(why) => {
