@@ -1033,6 +1033,14 @@ fn log_format_json_and_log_level() {
     assert_eq!(start["fields"]["cpus"], "0", "{start}");
     assert_eq!(start["fields"]["engine"], "io_uring", "{start}");
     assert_eq!(start["fields"]["poll"], "block", "{start}");
+    // Every line's fields as the operator types them, no Rust Debug dumps.
+    for v in lines.iter().filter(|v| v["message"] == "worker running") {
+        assert_eq!(v["fields"]["poll"], "block", "{v}");
+    }
+    assert!(
+        !log.contains("Block") && !log.contains("Privileges"),
+        "a Rust Debug dump in the log:\n{log}"
+    );
     assert!(
         lines
             .iter()

@@ -348,7 +348,7 @@ fn engine_name(kind: EngineKind) -> &'static str {
 }
 
 /// The poll mode as `--poll` spells it.
-fn poll_name(poll: PollMode) -> &'static str {
+pub(crate) fn poll_name(poll: PollMode) -> &'static str {
     match poll {
         PollMode::Busy => "busy",
         PollMode::Adaptive => "adaptive",

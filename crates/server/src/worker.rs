@@ -277,7 +277,12 @@ impl Worker {
                 warn!(cpu, errno = e, "could not pin worker");
             }
         }
-        info!(worker = self.index, engine = self.engine.name(), poll = ?self.cfg.poll, "worker running");
+        info!(
+            worker = self.index,
+            engine = self.engine.name(),
+            poll = crate::poll_name(self.cfg.poll),
+            "worker running"
+        );
         let mut last_work = Instant::now();
         let mut next_engine_poll = Instant::now();
         while !self.shared.stopping.load(Ordering::Relaxed) {
