@@ -106,7 +106,7 @@ fn config_file(engine: &str) {
     let srv = Server::start(engine, &["--config", cfg_s]);
     let log = srv.log_text();
     assert!(
-        log.contains("poll=Block"),
+        log.contains("poll=\"block\""),
         "config poll = block not applied:\n{log}"
     );
     assert!(
