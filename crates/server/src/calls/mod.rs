@@ -327,16 +327,7 @@ fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: Are
         String::new()
     };
     if let Err(why) = crate::sockopt_policy::may_set(level, name, &value, &allowed_cc) {
-        debug!(
-            host = host.id,
-            pid = host.pid,
-            uid = host.uid,
-            level,
-            name,
-            why,
-            "setsockopt refused"
-        );
-        return Err(libc::EPERM);
+        return Err(refused(host, "setsockopt", level, name, why));
     }
     sys::setsockopt(fd, level, name, &value)?;
     // The kernel socket is non-blocking, so it would ignore these: the
@@ -352,6 +343,21 @@ fn setsockopt(host: &mut Host, ch: u32, sock: u32, level: i32, name: i32, v: Are
         }
     }
     Ok((0, 0))
+}
+
+/// Logs an option the allow-list refused (debug: a host can ask often);
+/// the errno, EPERM.
+fn refused(host: &Host, call: &str, level: i32, name: i32, why: &str) -> i32 {
+    debug!(
+        host = host.id,
+        pid = host.pid,
+        uid = host.uid,
+        level,
+        name,
+        why,
+        "{call} refused"
+    );
+    libc::EPERM
 }
 
 /// Longest SO_RCVTIMEO / SO_SNDTIMEO kept; longer is forever (`None`), as
@@ -378,16 +384,7 @@ fn getsockopt(host: &Host, ch: u32, sock: u32, level: i32, name: i32, v: ArenaRa
         return Ok((0, 4));
     }
     if let Err(why) = crate::sockopt_policy::may_get(level, name) {
-        debug!(
-            host = host.id,
-            pid = host.pid,
-            uid = host.uid,
-            level,
-            name,
-            why,
-            "getsockopt refused"
-        );
-        return Err(libc::EPERM);
+        return Err(refused(host, "getsockopt", level, name, why));
     }
     let mut buf = vec![0u8; v.len as usize];
     let len = sys::getsockopt(fd, level, name, &mut buf)?;
