@@ -119,7 +119,11 @@ pub extern "C" fn at_exit() {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "pid={} exe={exe} {line}", std::process::id());
+            // One write(2) per line: processes (nginx's master and workers)
+            // append to the same file, and `writeln!` on a File writes each
+            // piece of its format separately, so their pieces interleaved.
+            let record = format!("pid={} exe={exe} {line}\n", std::process::id());
+            let _ = f.write_all(record.as_bytes());
         }
     }
 }
