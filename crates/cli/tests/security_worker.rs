@@ -375,7 +375,10 @@ fn poll_pri_same_socket_body(engine: &'static str) {
             4096
         ];
         let n = r.poll(&mut fds, -1);
-        let pri = fds.iter().filter(|f| f.revents & libc::POLLPRI != 0).count();
+        let pri = fds
+            .iter()
+            .filter(|f| f.revents & libc::POLLPRI != 0)
+            .count();
         (n, pri)
     });
     std::thread::sleep(Duration::from_millis(300));
@@ -412,7 +415,10 @@ fn poll_pri_same_socket_body(engine: &'static str) {
     // looked at after that may not show it (seen: 2502 of 4096). What
     // matters is that the urgent data completes the poll, with POLLPRI.
     let n = n.expect("poll");
-    assert!(n >= 1 && pri == n, "poll returned {n}, {pri} entries with POLLPRI");
+    assert!(
+        n >= 1 && pri == n,
+        "poll returned {n}, {pri} entries with POLLPRI"
+    );
 }
 
 // ---- 11. export forgets the socket; per-host doorbells --------------------------------
