@@ -22,23 +22,6 @@ pub(crate) struct Control {
     lock: Mutex<()>,
 }
 
-/// The handle a message or its answer names (answers match on it).
-fn handle_of(m: &ControlMsg) -> u32 {
-    match *m {
-        ControlMsg::Register { handle, .. }
-        | ControlMsg::Deregister { handle }
-        | ControlMsg::Fork { handle }
-        | ControlMsg::Inherit { handle }
-        | ControlMsg::Export { handle }
-        | ControlMsg::FileOpen { handle }
-        | ControlMsg::FileClose { handle }
-        | ControlMsg::SocketAdopt { handle, .. }
-        | ControlMsg::SocketDup { handle }
-        | ControlMsg::Reply { handle, .. }
-        | ControlMsg::Adopted { handle, .. } => handle,
-    }
-}
-
 impl Control {
     pub fn new(fd: OwnedFd) -> Control {
         Control {
@@ -97,7 +80,7 @@ impl Control {
             if !is_answer {
                 return Err(errno(libc::EPROTO));
             }
-            if handle_of(&reply) == handle_of(msg) {
+            if reply.handle() == msg.handle() {
                 return Ok((reply, got));
             }
         }

@@ -199,8 +199,25 @@ const CTL_SOCKET_DUP: u32 = 10;
 const CTL_ADOPTED: u32 = 11;
 
 impl ControlMsg {
+    /// The handle the message names; an answer (`Reply`, `Adopted`) names
+    /// the handle of the message it answers.
+    pub fn handle(&self) -> u32 {
+        self.parts().1
+    }
+
     pub fn encode(&self) -> [u8; CONTROL_MSG_LEN] {
-        let (kind, handle, arg) = match *self {
+        let (kind, handle, arg) = self.parts();
+        let mut b = [0u8; CONTROL_MSG_LEN];
+        b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
+        b[4..8].copy_from_slice(&kind.to_le_bytes());
+        b[8..12].copy_from_slice(&handle.to_le_bytes());
+        b[16..24].copy_from_slice(&arg.to_le_bytes());
+        b
+    }
+
+    /// (kind, handle, argument): the fields of the wire form.
+    fn parts(&self) -> (u32, u32, u64) {
+        match *self {
             ControlMsg::Register { handle, len } => (CTL_REGISTER, handle, len),
             ControlMsg::Deregister { handle } => (CTL_DEREGISTER, handle, 0),
             ControlMsg::Reply { handle, errno } => (CTL_REPLY, handle, errno as u32 as u64),
@@ -215,13 +232,7 @@ impl ControlMsg {
             } => (CTL_SOCKET_ADOPT, handle, u64::from(nonblocking)),
             ControlMsg::SocketDup { handle } => (CTL_SOCKET_DUP, handle, 0),
             ControlMsg::Adopted { handle, sock } => (CTL_ADOPTED, handle, u64::from(sock)),
-        };
-        let mut b = [0u8; CONTROL_MSG_LEN];
-        b[0..4].copy_from_slice(&(MAGIC as u32).to_le_bytes());
-        b[4..8].copy_from_slice(&kind.to_le_bytes());
-        b[8..12].copy_from_slice(&handle.to_le_bytes());
-        b[16..24].copy_from_slice(&arg.to_le_bytes());
-        b
+        }
     }
 
     pub fn decode(b: &[u8]) -> Option<ControlMsg> {

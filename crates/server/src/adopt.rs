@@ -12,12 +12,12 @@
 //! it itself, again under its own credentials.
 
 use crate::guard::HostHeld;
-use crate::host::{Host, Sock};
-use crate::token::{GEN_MASK, MAX_SOCKETS_PER_HOST};
+use crate::host::Host;
+use crate::sys;
 use crate::Config;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use tcps_proto::handshake::ControlMsg;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// Whether `m` is answered by [`on_control`].
 pub fn handles(m: &ControlMsg) -> bool {
@@ -55,19 +55,13 @@ pub fn on_control(
             Ok(fd) => (ControlMsg::Reply { handle, errno: 0 }, Some(fd)),
             Err(errno) => (ControlMsg::Reply { handle, errno }, None),
         },
-        other => {
-            let handle = match other {
-                ControlMsg::Register { handle, .. } => handle,
-                _ => 0,
-            };
-            (
-                ControlMsg::Reply {
-                    handle,
-                    errno: libc::EINVAL,
-                },
-                None,
-            )
-        }
+        other => (
+            ControlMsg::Reply {
+                handle: other.handle(),
+                errno: libc::EINVAL,
+            },
+            None,
+        ),
     }
 }
 
@@ -83,33 +77,21 @@ fn adopt(
     }
     let fd = fds.remove(0);
     check_tcp_socket(fd.as_raw_fd())?;
-    if host.sockets.len() >= cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
-        host.stats.refused_sockets += 1;
-        warn!(
-            host = host.id,
-            pid = host.pid,
-            limit = cfg.max_sockets_per_host,
-            "socket refused: per-host quota reached (--max-sockets-per-host)"
-        );
-        return Err(libc::EMFILE);
-    }
+    // Refused before its description is touched.
+    crate::calls::check_quota(cfg, host)?;
     // The server never blocks on a socket. O_NONBLOCK lives in the open
     // file description, shared with the host's copy, which the host
     // library never blocks on.
-    set_nonblocking(fd.as_raw_fd())?;
+    sys::set_nonblocking(fd.as_raw_fd())?;
     // The host keeps its copy: it can clear O_NONBLOCK again at any time,
     // so blocking calls on it are guarded, and connections accepted on it
     // are its owner's (`guard`).
     let held = HostHeld::of(fd.as_raw_fd());
-    host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
-    let id = host
-        .sockets
-        .insert(Sock::new(fd, host.next_gen, nonblocking));
-    if let Some(s) = host.sockets.get_mut(id) {
-        s.policy = cfg.eager;
+    let id = crate::calls::insert_socket(cfg, host, fd, nonblocking)?;
+    if let Some(s) = host.socket_mut(id) {
         s.host_held = held;
     }
-    Ok(id as u32)
+    Ok(id)
 }
 
 /// A duplicate of the kernel socket of `host`'s own socket `sock`: the host
@@ -119,37 +101,12 @@ fn dup(host: &mut Host, sock: u32) -> Result<OwnedFd, i32> {
     // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result is checked.
     let fd = unsafe { libc::fcntl(s.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(last_errno());
+        return Err(sys::errno());
     }
     // From now on the host shares the description (`guard`).
     s.host_held = HostHeld::of(fd);
     // SAFETY: a fresh descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-fn sockopt_int(fd: RawFd, name: i32) -> Result<i32, i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` is a writable int whose size is in `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            &mut v as *mut libc::c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(last_errno());
-    }
-    Ok(v)
 }
 
 /// Is `fd` an AF_INET/AF_INET6 SOCK_STREAM TCP socket? ENOTSOCK for a non
@@ -159,30 +116,20 @@ pub fn check_tcp_socket(fd: RawFd) -> Result<(), i32> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above; fd is a descriptor we own.
     if unsafe { libc::fstat(fd, &mut st) } < 0 {
-        return Err(last_errno());
+        return Err(sys::errno());
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err(libc::ENOTSOCK);
     }
-    let domain = sockopt_int(fd, libc::SO_DOMAIN)?;
+    let domain = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
         return Err(libc::EAFNOSUPPORT);
     }
-    if sockopt_int(fd, libc::SO_TYPE)? != libc::SOCK_STREAM {
+    if sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)? != libc::SOCK_STREAM {
         return Err(libc::ESOCKTNOSUPPORT);
     }
-    if sockopt_int(fd, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP {
+    if sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP {
         return Err(libc::EPROTONOSUPPORT);
-    }
-    Ok(())
-}
-
-fn set_nonblocking(fd: RawFd) -> Result<(), i32> {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    // SAFETY: as above.
-    if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
-        return Err(last_errno());
     }
     Ok(())
 }

@@ -123,12 +123,14 @@ pub fn activated_listener() -> io::Result<Option<(OwnedFd, std::path::PathBuf)>>
             format!("the socket systemd passed (fd 3) {what}; use ListenSequentialPacket= in tcps.socket"),
         )
     };
-    if sockopt_int(fd, libc::SO_TYPE)? != libc::SOCK_SEQPACKET
-        || sockopt_int(fd, libc::SO_DOMAIN)? != libc::AF_UNIX
+    let sockopt_int =
+        |opt| sys::getsockopt_int(fd, libc::SOL_SOCKET, opt).map_err(io::Error::from_raw_os_error);
+    if sockopt_int(libc::SO_TYPE)? != libc::SOCK_SEQPACKET
+        || sockopt_int(libc::SO_DOMAIN)? != libc::AF_UNIX
     {
         return Err(wrong("is not a Unix SOCK_SEQPACKET socket"));
     }
-    if sockopt_int(fd, libc::SO_ACCEPTCONN)? == 0 {
+    if sockopt_int(libc::SO_ACCEPTCONN)? == 0 {
         return Err(wrong("is not listening"));
     }
     // SAFETY: fd 3 was handed to this process to own (sd_listen_fds(3)).
@@ -136,25 +138,6 @@ pub fn activated_listener() -> io::Result<Option<(OwnedFd, std::path::PathBuf)>>
     // SAFETY: setting FD_CLOEXEC on our own descriptor.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     Ok(Some((owned, local_path(fd))))
-}
-
-fn sockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: v is a writable int with its size in len.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(v)
 }
 
 /// The path a Unix socket is bound to ("" if none or abstract).

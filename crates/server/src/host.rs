@@ -101,7 +101,9 @@ pub struct QueueState {
 }
 
 impl Host {
-    pub fn new(h: NewHost) -> Host {
+    /// A newly attached host; `max_pull_bytes` is its pull-buffer budget
+    /// (`--max-pull-bytes-per-host`).
+    pub fn new(h: NewHost, max_pull_bytes: usize) -> Host {
         let layout = *h.region.layout();
         Host {
             id: h.id,
@@ -127,7 +129,7 @@ impl Host {
             hot: Vec::new(),
             cooling: Vec::new(),
             ahead_paused: Vec::new(),
-            pull: crate::calls::eager::PullAccount::new(crate::DEFAULT_MAX_PULL_BYTES_PER_HOST),
+            pull: crate::calls::eager::PullAccount::new(max_pull_bytes),
             rearm_later: Vec::new(),
         }
     }

@@ -292,10 +292,7 @@ fn wait_for_stop_signal(wake: &OwnedFd) -> &'static str {
         };
         // SAFETY: one valid pollfd; no timeout (a signal interrupts it).
         unsafe { libc::poll(&mut p, 1, -1) };
-        let mut buf = [0u8; 8];
-        // SAFETY: reading 8 bytes from our eventfd into a local buffer;
-        // EAGAIN (nothing rung) simply loops.
-        unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8) };
+        sys::eventfd_drain(wake.as_raw_fd());
     }
 }
 

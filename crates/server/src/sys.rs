@@ -283,7 +283,8 @@ pub fn set_blocking(fd: RawFd) -> SysResult<()> {
     check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) }).map(drop)
 }
 
-/// Sets O_NONBLOCK on a descriptor the server alone holds.
+/// Sets O_NONBLOCK on a descriptor (its open file description: shared with
+/// the host for a socket it made, see `guard`).
 pub fn set_nonblocking(fd: RawFd) -> SysResult<()> {
     // SAFETY: plain fcntl calls on a descriptor we own.
     let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;

@@ -30,7 +30,7 @@ fn on_control_msg(
     host: &mut Host,
     cx: &mut Ctx<'_>,
     m: ControlMsg,
-    mut fds: Vec<OwnedFd>,
+    fds: Vec<OwnedFd>,
 ) -> Result<(), String> {
     if crate::adopt::handles(&m) {
         let (reply, fd) = crate::adopt::on_control(cx.cfg, host, m, fds);
@@ -40,48 +40,21 @@ fn on_control_msg(
         let (reply, fd) = crate::inherit::export(host, cx, handle);
         return send_reply(host, reply, fd);
     }
-    let (handle, res) = match m {
-        ControlMsg::Register { handle, len } => {
-            let res = if fds.len() == 1 {
-                let fd = fds.remove(0);
-                let res = host.registry.register(handle, fd, len, Budget::of(cx.cfg));
-                if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
-                    if host.note_budget_refusal() {
-                        warn!(
-                            host = host.id,
-                            pid = host.pid,
-                            uid = host.uid,
-                            len,
-                            registrations = host.registry.count(),
-                            mapped = host.registry.mapped(),
-                            errno = e,
-                            refusals = host.budget_refusals,
-                            "registration refused: the host is at its budget \
-                             (--max-registrations-per-host, --max-registered-bytes-per-host)"
-                        );
-                    }
-                }
-                res
-            } else {
-                Err(libc::EINVAL)
-            };
-            (handle, res)
+    let handle = m.handle();
+    let res = match m {
+        ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
+        ControlMsg::Deregister { handle } => host.registry.deregister(handle),
+        ControlMsg::Fork { handle } => {
+            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg))
         }
-        ControlMsg::Deregister { handle } => (handle, host.registry.deregister(handle)),
-        ControlMsg::Fork { handle } => (
-            handle,
-            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg)),
-        ),
-        ControlMsg::Inherit { handle } => (handle, crate::inherit::claim(host, handle)),
-        ControlMsg::Reply { handle, .. } | ControlMsg::Adopted { handle, .. } => {
-            (handle, Err(libc::EINVAL))
-        }
+        ControlMsg::Inherit { handle } => crate::inherit::claim(host, handle),
+        ControlMsg::Reply { .. } | ControlMsg::Adopted { .. } => Err(libc::EINVAL),
         // Answered above.
-        ControlMsg::Export { handle }
-        | ControlMsg::SocketAdopt { handle, .. }
-        | ControlMsg::SocketDup { handle } => (handle, Err(libc::EINVAL)),
-        ControlMsg::FileOpen { handle } => (handle, crate::sendfile::open(host, handle, fds)),
-        ControlMsg::FileClose { handle } => (handle, crate::sendfile::close(host, handle)),
+        ControlMsg::Export { .. }
+        | ControlMsg::SocketAdopt { .. }
+        | ControlMsg::SocketDup { .. } => Err(libc::EINVAL),
+        ControlMsg::FileOpen { handle } => crate::sendfile::open(host, handle, fds),
+        ControlMsg::FileClose { handle } => crate::sendfile::close(host, handle),
     };
     debug!(host = host.id, ?m, ?res, "registration");
     let reply = ControlMsg::Reply {
@@ -89,6 +62,40 @@ fn on_control_msg(
         errno: res.err().unwrap_or(0),
     };
     send_reply(host, reply, None)
+}
+
+/// Maps the memfd that came with `Register` as registration `handle`,
+/// within the host's budget (a refusal is logged on the 1st, 2nd, 4th, ...).
+fn register(
+    host: &mut Host,
+    cfg: &crate::Config,
+    handle: u32,
+    len: u64,
+    mut fds: Vec<OwnedFd>,
+) -> Result<(), i32> {
+    if fds.len() != 1 {
+        return Err(libc::EINVAL);
+    }
+    let res = host
+        .registry
+        .register(handle, fds.remove(0), len, Budget::of(cfg));
+    if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
+        if host.note_budget_refusal() {
+            warn!(
+                host = host.id,
+                pid = host.pid,
+                uid = host.uid,
+                len,
+                registrations = host.registry.count(),
+                mapped = host.registry.mapped(),
+                errno = e,
+                refusals = host.budget_refusals,
+                "registration refused: the host is at its budget \
+                 (--max-registrations-per-host, --max-registered-bytes-per-host)"
+            );
+        }
+    }
+    res
 }
 
 /// Most control replies a host may leave unread beyond what its socket
@@ -529,8 +536,7 @@ impl Worker {
                 crate::control::host_gone(&self.shared, nh.uid);
                 continue;
             }
-            let mut host = Host::new(nh);
-            host.pull = crate::calls::eager::PullAccount::new(self.cfg.max_pull_bytes_per_host);
+            let host = Host::new(nh, self.cfg.max_pull_bytes_per_host);
             let control = host.control.as_raw_fd();
             let bell = host.doorbell.as_raw_fd();
             // Replies never block the worker (see `send_reply`).

@@ -379,7 +379,7 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
     match p.call {
         Call::Accept { addr, flags, .. } => loop {
             // Refuse before accepting: the connection stays in the backlog.
-            if let Err(e) = check_quota(cx, host) {
+            if let Err(e) = check_quota(cx.cfg, host) {
                 return Step::Done(Err(e));
             }
             match sys::accept(fd) {

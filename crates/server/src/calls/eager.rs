@@ -857,7 +857,7 @@ fn accept_loop(
         }
         // Refuse before accepting: the connection stays in the backlog,
         // and the host's accept sees EMFILE.
-        if let Err(e) = check_quota(cx, host) {
+        if let Err(e) = check_quota(cx.cfg, host) {
             publish_error(host, lid, st, e);
             break;
         }

@@ -214,13 +214,13 @@ fn with_fd(host: &Host, sock: u32, f: impl FnOnce(i32) -> sys::SysResult<(i64, u
 }
 
 /// Admission control per host: EMFILE once the host holds its quota of sockets.
-pub(crate) fn check_quota(cx: &Ctx<'_>, host: &mut Host) -> Result<(), i32> {
-    if host.sockets.len() >= cx.cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
+pub(crate) fn check_quota(cfg: &Config, host: &mut Host) -> Result<(), i32> {
+    if host.sockets.len() >= cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
         host.stats.refused_sockets += 1;
         warn!(
             host = host.id,
             pid = host.pid,
-            limit = cx.cfg.max_sockets_per_host,
+            limit = cfg.max_sockets_per_host,
             "socket refused: per-host quota reached (--max-sockets-per-host)"
         );
         return Err(libc::EMFILE);
@@ -244,26 +244,27 @@ pub(crate) fn insert_accepted(
             .get_or_insert_with(|| sys::lingers(l.fd.as_raw_fd())),
         None => true,
     };
-    let id = insert_socket(cx, host, fd, nonblocking)?;
+    let id = insert_socket(cx.cfg, host, fd, nonblocking)?;
     if let Some(s) = host.sockets.get_mut(id as usize) {
         s.may_linger = lingers;
     }
     Ok(id)
 }
 
+/// Gives a kernel socket an id in the host's table (EMFILE at its quota).
 pub(crate) fn insert_socket(
-    cx: &Ctx<'_>,
+    cfg: &Config,
     host: &mut Host,
     fd: OwnedFd,
     nonblocking: bool,
 ) -> Result<u32, i32> {
-    check_quota(cx, host)?;
+    check_quota(cfg, host)?;
     host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
     let id = host
         .sockets
         .insert(Sock::new(fd, host.next_gen, nonblocking));
     if let Some(s) = host.sockets.get_mut(id) {
-        s.policy = cx.cfg.eager;
+        s.policy = cfg.eager;
     }
     Ok(id as u32)
 }
