@@ -117,11 +117,6 @@ fn as_nobody(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     run_bounded(c, Duration::from_secs(10))
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no side effects.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Waits (bounded) until `cond(log)` holds for the server's log.
 fn wait_log(srv: &Server, what: &str, cond: impl Fn(&str) -> bool) {
     let t = Instant::now();
@@ -582,10 +577,7 @@ fn socket_path_errors_name_the_path_and_the_way_out() {
         err.contains(file.to_str().unwrap()) && err.contains("--socket"),
         "expected the path and a hint:\n{err}"
     );
-    if !is_root() {
-        eprintln!("needs root to run as uid 65534; the rest is skipped");
-        return;
-    }
+    common::require_root("it runs tcps as uid 65534");
     let exe = world_executable_tcps(dir.path());
     let out = as_nobody(&exe, &["server", "--engine", "epoll"], &[]);
     let err = text(&out.stderr);
@@ -688,10 +680,7 @@ fn default_socket_keeps_other_users_out() {
     );
     // SAFETY: getegid has no side effects.
     assert_eq!(meta.gid(), unsafe { libc::getegid() });
-    if !is_root() {
-        eprintln!("needs root to run as uid 65534; the rest is skipped");
-        return;
-    }
+    common::require_root("it runs tcps as uid 65534");
     let exe = world_executable_tcps(srv.dir.path());
     let socket = srv.socket.to_str().unwrap();
     let out = as_nobody(
@@ -740,10 +729,7 @@ fn socket_group_lets_its_members_attach() {
         err.contains("no-such-group-tcps") && err.contains("no such group"),
         "{err}"
     );
-    if !is_root() {
-        eprintln!("needs root to chown to another group; skipped");
-        return;
-    }
+    common::require_root("the server chowns its socket to another group");
     let srv = Server::start("epoll", &["--poll", "adaptive", "--socket-group", "65534"]);
     let meta = std::fs::metadata(&srv.socket).unwrap();
     assert_eq!(meta.gid(), 65534, "group of {}", srv.socket.display());
@@ -1231,9 +1217,7 @@ fn debug_log_names_kernel_sockets_too() {
 /// "is `tcps server` running?".
 #[test]
 fn attach_denied_says_why() {
-    if !is_root() {
-        panic!("this test drops to uid 65534 and must run as root");
-    }
+    common::require_root("it drops to uid 65534");
     let srv = Server::start("epoll", &["--poll", "adaptive"]); // default mode 0660
     let dir = TempDir::new("op-denied");
     let exe = common::world_executable_self(dir.path());

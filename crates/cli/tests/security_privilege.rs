@@ -23,11 +23,6 @@ fn open_server(engine: &str) -> Server {
     Server::start(engine, &["--poll", "adaptive", "--socket-mode", "666"])
 }
 
-fn is_root() -> bool {
-    // SAFETY: no side effects.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A port below 1024 that nothing listens on right now.
 fn free_low_port() -> u16 {
     let mut rng = Rng::new(u64::from(std::process::id()) ^ 0x5ec);
@@ -149,10 +144,7 @@ fn sockaddr_in(port: u16) -> Vec<u8> {
 /// through the host library, cannot enable TCP_REPAIR nor bind P, and the
 /// daemon gets every connection.
 fn nobody_cannot_take_a_root_daemons_port(engine: &str) {
-    if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
-    }
+    require_root("it runs attackers as uid 65534 and binds low ports");
     let srv = open_server(engine);
     let daemon = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = daemon.local_addr().unwrap().port();
@@ -339,10 +331,7 @@ fn not_allowed_cc() -> Vec<u8> {
 /// as after `unshare -Ur`) gets nothing more through tcps: no low port, no
 /// SO_MARK.
 fn user_namespace_caps_are_not_believed(engine: &str) {
-    if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
-    }
+    require_root("it runs attackers as uid 65534 and binds low ports");
     let srv = open_server(engine);
     let port = free_low_port();
     let exe = world_executable_self(srv.dir.path());
@@ -417,10 +406,7 @@ fn child_userns() {
 /// itself: the server creates and binds no socket for it, so it cannot
 /// bind a low port with the setuid program's capabilities.
 fn setuid_exec_after_connect_grants_nothing(engine: &str) {
-    if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
-    }
+    require_root("it runs attackers as uid 65534 and binds low ports");
     let Some(setuid) = ["/usr/bin/su", "/bin/su", "/usr/bin/passwd"]
         .into_iter()
         .find(|p| {
@@ -561,10 +547,7 @@ fn attach_over(ctl: OwnedFd) -> RawHost {
 
 /// A host that attached as root and then became `nobody` binds as nobody.
 fn credentials_are_the_current_ones(engine: &str) {
-    if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
-    }
+    require_root("it runs attackers as uid 65534 and binds low ports");
     let srv = open_server(engine);
     let port = free_low_port();
     let exe = world_executable_self(srv.dir.path());
@@ -602,10 +585,7 @@ fn child_setuid_after_attach() {
 /// daemon's, and a tcps listener made by `nobody` is owned by 65534 (so
 /// owner-based firewall rules and reuseport see the real user).
 fn reuseport_and_ownership_are_the_hosts(engine: &str) {
-    if !is_root() {
-        eprintln!("SKIP: needs root");
-        return;
-    }
+    require_root("it runs attackers as uid 65534 and binds low ports");
     let srv = open_server(engine);
     let daemon = reuseport_listener();
     let port = local_port(daemon.as_raw_fd());

@@ -237,11 +237,7 @@ fn blocking_sendfile(engine: &str) {
 /// A listener of uid 65534 accepts a connection from a kernel client: the
 /// accepted socket is 65534's (`/proc/net/tcp`), as with a kernel accept.
 fn accepted_connection_is_the_hosts(engine: &str, eager_accept: &str) {
-    // SAFETY: no side effects.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: needs root to start an unprivileged child");
-        return;
-    }
+    require_root("it starts an unprivileged child");
     let srv = start(engine, eager_accept);
     let exe = world_executable_self(srv.dir.path());
     let mut cmd = child_command_exe(&exe, "child_nobody_listener", "nobody-listener");

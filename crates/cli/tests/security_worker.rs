@@ -620,11 +620,7 @@ fn silent_connection(path: &Path) -> OwnedFd {
 /// instead of spinning on accept4, and attaches work again once the
 /// silent connections time out.
 fn out_of_descriptors_body(engine: &'static str) {
-    // SAFETY: geteuid has no side effects.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: needs root to lower the server's descriptor limit");
-        return;
-    }
+    require_root("it lowers the server's descriptor limit");
     let srv = server(engine, &[]);
     let pid = srv.pid() as libc::pid_t;
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -749,11 +745,7 @@ engine_tests!(
 /// EUSERS (naming the limit) while root still attaches.
 #[test]
 fn max_hosts_per_uid() {
-    // SAFETY: geteuid has no side effects.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: needs root to start an unprivileged child");
-        return;
-    }
+    require_root("it starts an unprivileged child");
     let srv = server("epoll", &["--max-hosts-per-uid", "2"]);
     let exe = world_executable_self(srv.dir.path());
     let mut cmd = child_command_exe(&exe, "child_attach_many", "attach-many");

@@ -979,3 +979,12 @@ impl RawHost {
         }
     }
 }
+
+/// For tests that drop to another uid, chown, or lower limits: they run as
+/// root (`scripts/test.sh`, CI), and fail loudly rather than pass without
+/// testing anything when they cannot.
+pub fn require_root(why: &str) {
+    // SAFETY: geteuid has no side effects.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test must run as root: {why}");
+}
