@@ -15,71 +15,22 @@ use std::time::{Duration, Instant};
 use tcps_proto::recvq::*;
 use tcps_proto::{Completion, Op, Request};
 
-struct Raw {
-    h: RawHost,
-    req: u32,
-    cq: u32,
+/// Channel 0 driven by hand ([`RawCalls`]), with the rings read by hand.
+struct Raw(RawCalls);
+
+impl std::ops::Deref for Raw {
+    type Target = RawCalls;
+    fn deref(&self) -> &RawCalls {
+        &self.0
+    }
 }
 
 impl Raw {
     fn new(srv: &Server) -> Raw {
-        let h = RawHost::attach(&srv.socket).unwrap();
-        h.region.header().channels_used.store(1, Ordering::Release);
-        Raw { h, req: 0, cq: 0 }
+        Raw(RawCalls::new(RawHost::attach(&srv.socket).unwrap()))
     }
 
-    fn post(&mut self, mut r: Request) {
-        let ch = self.h.region.channel(0).unwrap();
-        r.user_data = u64::from(self.req) + 1;
-        ch.write_request(self.req, &r);
-        self.req += 1;
-        ch.ctl().req_tail.store(self.req, Ordering::Release);
-        fence(Ordering::SeqCst);
-        self.h.ring();
-    }
-
-    fn call(&mut self, r: Request) -> Completion {
-        self.post(r);
-        let ch = self.h.region.channel(0).unwrap();
-        let t = Instant::now();
-        while ch.ctl().cq_tail.load(Ordering::Acquire) <= self.cq {
-            assert!(t.elapsed() < Duration::from_secs(5), "no completion");
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let c = ch.read_completion(self.cq);
-        self.cq += 1;
-        ch.ctl().cq_head.store(self.cq, Ordering::Release);
-        c
-    }
-
-    fn arena(&self, off: u32, b: &[u8]) {
-        assert!(self.h.region.channel(0).unwrap().copy_to_arena(off, b));
-    }
-
-    fn arena_out(&self, off: u32, n: usize) -> Vec<u8> {
-        let mut b = vec![0u8; n];
-        assert!(self
-            .h
-            .region
-            .channel(0)
-            .unwrap()
-            .copy_from_arena(off, &mut b));
-        b
-    }
-
-    fn op(&mut self, op: Op, sock: u32, args: &[u64], buf: (u32, u32)) -> Completion {
-        let mut r = Request {
-            op: op as u16,
-            sock,
-            buf_off: buf.0,
-            buf_len: buf.1,
-            ..Default::default()
-        };
-        r.args[..args.len()].copy_from_slice(args);
-        self.call(r)
-    }
-
-    fn kick(&mut self, sock: u32) {
+    fn kick(&self, sock: u32) {
         self.post(Request {
             op: Op::RecvKick as u16,
             sock,
@@ -106,12 +57,12 @@ impl Raw {
         }
     }
 
-    fn setsockopt_int(&mut self, sock: u32, level: i32, name: i32, v: i32) -> Completion {
+    fn setsockopt_int(&self, sock: u32, level: i32, name: i32, v: i32) -> Completion {
         self.arena(512, &v.to_ne_bytes());
         self.op(Op::SetSockOpt, sock, &[level as u64, name as u64], (512, 4))
     }
 
-    fn getsockopt_int(&mut self, sock: u32, level: i32, name: i32) -> Result<i32, i32> {
+    fn getsockopt_int(&self, sock: u32, level: i32, name: i32) -> Result<i32, i32> {
         let c = self.op(Op::GetSockOpt, sock, &[level as u64, name as u64], (512, 4));
         if c.result < 0 {
             return Err(c.errno);
@@ -131,7 +82,7 @@ fn sockaddr_loopback() -> Vec<u8> {
 /// A listener: the host makes and binds its kernel socket itself and hands
 /// it over (protocol v5: the server creates and binds no socket for a
 /// local host); the server listens on it.
-fn listener(raw: &mut Raw) -> (u32, u16, Completion) {
+fn listener(raw: &Raw) -> (u32, u16, Completion) {
     let a = sockaddr_loopback();
     // SAFETY: plain syscalls; `a` is a sockaddr_in of its length.
     let fd = unsafe {
@@ -168,8 +119,8 @@ fn process_ahead(engine: &str) {
             "on",
         ],
     );
-    let mut raw = Raw::new(&srv);
-    let (l, port, lc) = listener(&mut raw);
+    let raw = Raw::new(&srv);
+    let (l, port, lc) = listener(&raw);
     assert_eq!(lc.aux, RECV_MODE_RING, "listen binds the accept ring");
     let ctl = raw.ring(l).ctl();
     assert_eq!(ctl.owner.load(Ordering::Acquire), l + 1);
@@ -356,8 +307,8 @@ fn pull(engine: &str) {
             "on",
         ],
     );
-    let mut raw = Raw::new(&srv);
-    let (l, port, lc) = listener(&mut raw);
+    let raw = Raw::new(&srv);
+    let (l, port, lc) = listener(&raw);
     assert_eq!(lc.aux, RECV_MODE_NONE);
     let mut c1 = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let c = raw.op(Op::Accept, l, &[0], (0, 128));

@@ -21,29 +21,30 @@
 mod common;
 
 use common::*;
-use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
-use tcps_proto::{Completion, Op, Request};
+use tcps_proto::{Op, Request};
 
 // ---- a raw host on channel 0 ------------------------------------------------
 
-struct Raw {
-    h: RawHost,
-    /// Requests posted and completions taken on channel 0.
-    req: Cell<u32>,
-    cq: Cell<u32>,
+/// Channel 0 driven by hand ([`RawCalls`]), plus control messages.
+struct Raw(RawCalls);
+
+impl std::ops::Deref for Raw {
+    type Target = RawCalls;
+    fn deref(&self) -> &RawCalls {
+        &self.0
+    }
 }
 
 impl Raw {
     fn new(srv: &Server) -> Raw {
         let h = RawHost::attach(&srv.socket).unwrap();
-        h.region.header().channels_used.store(1, Ordering::Release);
         let t = libc::timeval {
             tv_sec: 5,
             tv_usec: 0,
@@ -58,70 +59,7 @@ impl Raw {
                 std::mem::size_of::<libc::timeval>() as libc::socklen_t,
             )
         };
-        Raw {
-            h,
-            req: Cell::new(0),
-            cq: Cell::new(0),
-        }
-    }
-
-    /// Publishes a request, first waiting (bounded) until the server took
-    /// enough of the ring that the slot is free.
-    fn post(&self, mut r: Request) {
-        let ch = self.h.region.channel(0).unwrap();
-        let entries = self.h.region.layout().ring_entries;
-        let t = Instant::now();
-        let req = self.req.get();
-        while req.wrapping_sub(ch.ctl().req_head.load(Ordering::Acquire)) >= entries - 1 {
-            assert!(t.elapsed() < Duration::from_secs(5), "request ring stuck");
-            self.h.ring();
-            std::thread::yield_now();
-        }
-        r.user_data = u64::from(req) + 1;
-        ch.write_request(req, &r);
-        self.req.set(req + 1);
-        ch.ctl().req_tail.store(req + 1, Ordering::Release);
-        fence(Ordering::SeqCst);
-        self.h.ring();
-    }
-
-    fn call(&self, r: Request) -> Completion {
-        self.post(r);
-        self.next_completion(Duration::from_secs(5))
-            .expect("no completion within 5 s")
-    }
-
-    /// The next completion on channel 0, if one arrives within `limit`.
-    fn next_completion(&self, limit: Duration) -> Option<Completion> {
-        let ch = self.h.region.channel(0).unwrap();
-        let t = Instant::now();
-        let cq = self.cq.get();
-        while ch.ctl().cq_tail.load(Ordering::Acquire) <= cq {
-            if t.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let c = ch.read_completion(cq);
-        self.cq.set(cq + 1);
-        ch.ctl().cq_head.store(cq + 1, Ordering::Release);
-        Some(c)
-    }
-
-    fn arena(&self, off: u32, b: &[u8]) {
-        assert!(self.h.region.channel(0).unwrap().copy_to_arena(off, b));
-    }
-
-    fn op(&self, op: Op, sock: u32, args: &[u64], buf: (u32, u32)) -> Completion {
-        let mut r = Request {
-            op: op as u16,
-            sock,
-            buf_off: buf.0,
-            buf_len: buf.1,
-            ..Default::default()
-        };
-        r.args[..args.len()].copy_from_slice(args);
-        self.call(r)
+        Raw(RawCalls::new(h))
     }
 
     /// A TCP socket made here (as a host makes its sockets, under its own
@@ -423,7 +361,7 @@ fn send_queue_overrun_is_final(engine: &str) {
     // Let the server take what was posted.
     let w = Instant::now();
     let ch = raw.h.region.channel(0).unwrap();
-    while ch.ctl().req_head.load(Ordering::Acquire) != raw.req.get()
+    while ch.ctl().req_head.load(Ordering::Acquire) != raw.posted()
         && w.elapsed() < Duration::from_secs(5)
     {
         raw.h.ring();
@@ -590,7 +528,7 @@ fn parked_poll_entries_are_budgeted() {
         set.extend_from_slice(&0i16.to_ne_bytes());
     }
     raw.arena(0, &set);
-    let first = raw.req.get();
+    let first = raw.posted();
     for _ in 0..17 {
         let mut r = Request {
             op: Op::Poll as u16,

@@ -12,10 +12,9 @@ use common::*;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 use tcps::Client;
-use tcps_proto::{Completion, Op, Request};
+use tcps_proto::{Completion, Op};
 
 /// A server that `nobody` may attach to (another change makes 0660 the
 /// default mode of the control socket).
@@ -67,49 +66,30 @@ fn one_mark(out: &str, key: &str) -> String {
 
 // ---- a raw-protocol host ---------------------------------------------------
 
-struct Raw {
-    h: RawHost,
-    req: u32,
-    cq: u32,
+/// Channel 0 driven by hand ([`RawCalls`]).
+struct Raw(RawCalls);
+
+impl std::ops::Deref for Raw {
+    type Target = RawCalls;
+    fn deref(&self) -> &RawCalls {
+        &self.0
+    }
 }
 
 impl Raw {
     fn new(h: RawHost) -> Raw {
-        h.region.header().channels_used.store(1, Ordering::Release);
-        Raw { h, req: 0, cq: 0 }
+        Raw(RawCalls::new(h))
     }
 
-    fn call(&mut self, op: Op, sock: u32, args: &[u64], input: &[u8]) -> Completion {
-        let ch = self.h.region.channel(0).unwrap();
-        assert!(ch.copy_to_arena(0, input));
-        let mut r = Request {
-            op: op as u16,
-            sock,
-            buf_off: 0,
-            buf_len: input.len() as u32,
-            user_data: u64::from(self.req) + 1,
-            ..Default::default()
-        };
-        r.args[..args.len()].copy_from_slice(args);
-        ch.write_request(self.req, &r);
-        self.req += 1;
-        ch.ctl().req_tail.store(self.req, Ordering::Release);
-        fence(Ordering::SeqCst);
-        self.h.ring();
-        let t = Instant::now();
-        while ch.ctl().cq_tail.load(Ordering::Acquire) <= self.cq {
-            assert!(t.elapsed() < Duration::from_secs(5), "no completion");
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let c = ch.read_completion(self.cq);
-        self.cq += 1;
-        ch.ctl().cq_head.store(self.cq, Ordering::Release);
-        c
+    /// `op` with `input` at the start of the arena as its range.
+    fn op_with(&self, op: Op, sock: u32, args: &[u64], input: &[u8]) -> Completion {
+        self.arena(0, input);
+        self.op(op, sock, args, (0, input.len() as u32))
     }
 
     /// The errno of a raw setsockopt (0: it succeeded).
-    fn setsockopt(&mut self, sock: u32, level: i32, name: i32, value: &[u8]) -> i32 {
-        let c = self.call(Op::SetSockOpt, sock, &[level as u64, name as u64], value);
+    fn setsockopt(&self, sock: u32, level: i32, name: i32, value: &[u8]) -> i32 {
+        let c = self.op_with(Op::SetSockOpt, sock, &[level as u64, name as u64], value);
         if c.result < 0 {
             c.errno
         } else {
@@ -118,7 +98,7 @@ impl Raw {
     }
 
     /// A TCP socket of this process, handed to the server: its id there.
-    fn own_socket(&mut self, domain: i32) -> u32 {
+    fn own_socket(&self, domain: i32) -> u32 {
         // SAFETY: plain syscall.
         let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
         assert!(fd >= 0);
@@ -196,7 +176,7 @@ fn child_port_takeover() {
 /// binds no socket for a local host.
 fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
     let srv = open_server(engine);
-    let mut raw = Raw::new(RawHost::attach(&srv.socket).unwrap());
+    let raw = Raw::new(RawHost::attach(&srv.socket).unwrap());
     let s4 = raw.own_socket(libc::AF_INET);
     let s6 = raw.own_socket(libc::AF_INET6);
     let one = 1i32.to_ne_bytes();
@@ -287,7 +267,7 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
         0
     );
     // No socket and no bind for a local host.
-    let c = raw.call(
+    let c = raw.op_with(
         Op::Socket,
         0,
         &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
@@ -298,7 +278,7 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
         (-1, "EPERM".into()),
         "Op::Socket"
     );
-    let c = raw.call(Op::Bind, s4, &[], &sockaddr_in(0));
+    let c = raw.op_with(Op::Bind, s4, &[], &sockaddr_in(0));
     assert_eq!(
         (c.result, errno_name(c.errno)),
         (-1, "EPERM".into()),
@@ -494,8 +474,8 @@ fn child_setuid_exec() {
     }
     mark("peer-euid", 0);
     // Complete the attach over the socket the child connected.
-    let mut raw = Raw::new(attach_over(ctl));
-    let c = raw.call(
+    let raw = Raw::new(attach_over(ctl));
+    let c = raw.op_with(
         Op::Socket,
         0,
         &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
@@ -504,7 +484,7 @@ fn child_setuid_exec() {
     let server_bind = if c.result < 0 {
         c.errno
     } else {
-        let b = raw.call(Op::Bind, c.result as u32, &[], &sockaddr_in(port));
+        let b = raw.op_with(Op::Bind, c.result as u32, &[], &sockaddr_in(port));
         if b.result < 0 {
             b.errno
         } else {
@@ -665,7 +645,7 @@ fn child_reuseport() {
 /// EFAULT/EINVAL oracle), and SO_GET_FILTER is refused.
 fn pointer_options_are_refused(engine: &str) {
     let srv = open_server(engine);
-    let mut raw = Raw::new(RawHost::attach(&srv.socket).unwrap());
+    let raw = Raw::new(RawHost::attach(&srv.socket).unwrap());
     let s = raw.own_socket(libc::AF_INET);
     // struct sock_fprog { u16 len; (pad); struct sock_filter *filter; }
     let fprog = |len: u16, ptr: u64| {
@@ -682,7 +662,7 @@ fn pointer_options_are_refused(engine: &str) {
         .map(|v| errno_name(raw.setsockopt(s, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, v)))
         .collect();
     assert_eq!(answers, vec!["EPERM"; 3], "SO_ATTACH_FILTER answers");
-    let c = raw.call(
+    let c = raw.op_with(
         Op::GetSockOpt,
         s,
         &[libc::SOL_SOCKET as u64, libc::SO_GET_FILTER as u64],
@@ -694,7 +674,7 @@ fn pointer_options_are_refused(engine: &str) {
         "SO_GET_FILTER"
     );
     // A pointer-free read still works.
-    let c = raw.call(
+    let c = raw.op_with(
         Op::GetSockOpt,
         s,
         &[libc::SOL_SOCKET as u64, libc::SO_TYPE as u64],

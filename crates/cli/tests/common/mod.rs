@@ -988,3 +988,109 @@ pub fn require_root(why: &str) {
     let euid = unsafe { libc::geteuid() };
     assert_eq!(euid, 0, "this test must run as root: {why}");
 }
+
+/// Channel 0 of a [`RawHost`] driven one request at a time, in order: the
+/// raw-protocol tests' synchronous calls (requests and completions by hand,
+/// no host library).
+pub struct RawCalls {
+    pub h: RawHost,
+    /// Requests posted and completions taken on channel 0.
+    req: std::cell::Cell<u32>,
+    cq: std::cell::Cell<u32>,
+}
+
+impl RawCalls {
+    pub fn new(h: RawHost) -> RawCalls {
+        h.region.header().channels_used.store(1, Ordering::Release);
+        RawCalls {
+            h,
+            req: Default::default(),
+            cq: Default::default(),
+        }
+    }
+
+    /// Requests posted so far (the next one's slot).
+    pub fn posted(&self) -> u32 {
+        self.req.get()
+    }
+
+    /// Publishes a request (its `user_data`: its number + 1), first waiting
+    /// (bounded) until the server took enough of the ring that the slot is free.
+    pub fn post(&self, mut r: tcps_proto::Request) {
+        let ch = self.h.region.channel(0).unwrap();
+        let entries = self.h.region.layout().ring_entries;
+        let t = Instant::now();
+        let req = self.req.get();
+        while req.wrapping_sub(ch.ctl().req_head.load(Ordering::Acquire)) >= entries - 1 {
+            assert!(t.elapsed() < Duration::from_secs(5), "request ring stuck");
+            self.h.ring();
+            std::thread::yield_now();
+        }
+        r.user_data = u64::from(req) + 1;
+        ch.write_request(req, &r);
+        self.req.set(req + 1);
+        ch.ctl().req_tail.store(req + 1, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.h.ring();
+    }
+
+    /// The next completion on channel 0, if one arrives within `limit`.
+    pub fn next_completion(&self, limit: Duration) -> Option<tcps_proto::Completion> {
+        let ch = self.h.region.channel(0).unwrap();
+        let t = Instant::now();
+        let cq = self.cq.get();
+        while ch.ctl().cq_tail.load(Ordering::Acquire) <= cq {
+            if t.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let c = ch.read_completion(cq);
+        self.cq.set(cq + 1);
+        ch.ctl().cq_head.store(cq + 1, Ordering::Release);
+        Some(c)
+    }
+
+    /// Posts `r` and returns its completion (within 5 s).
+    pub fn call(&self, r: tcps_proto::Request) -> tcps_proto::Completion {
+        self.post(r);
+        self.next_completion(Duration::from_secs(5))
+            .expect("no completion within 5 s")
+    }
+
+    /// `op` on `sock` with `args`, its arena range `buf` (offset, length).
+    pub fn op(
+        &self,
+        op: tcps_proto::Op,
+        sock: u32,
+        args: &[u64],
+        buf: (u32, u32),
+    ) -> tcps_proto::Completion {
+        let mut r = tcps_proto::Request {
+            op: op as u16,
+            sock,
+            buf_off: buf.0,
+            buf_len: buf.1,
+            ..Default::default()
+        };
+        r.args[..args.len()].copy_from_slice(args);
+        self.call(r)
+    }
+
+    /// Writes `b` into channel 0's arena at `off`.
+    pub fn arena(&self, off: u32, b: &[u8]) {
+        assert!(self.h.region.channel(0).unwrap().copy_to_arena(off, b));
+    }
+
+    /// `n` bytes of channel 0's arena at `off`.
+    pub fn arena_out(&self, off: u32, n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        assert!(self
+            .h
+            .region
+            .channel(0)
+            .unwrap()
+            .copy_from_arena(off, &mut b));
+        b
+    }
+}
