@@ -60,7 +60,7 @@ impl<'a> AcceptRingProducer<'a> {
     /// Publishes the records before `tail` (one store for a batch) and wakes
     /// a sleeping host thread.
     pub fn publish(&self, tail: u32) {
-        recv::publish(self.ctl(), tail, None)
+        recv::publish(self.ctl(), tail, None);
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`
