@@ -1,7 +1,6 @@
 //! The `tcps` command.
 
 mod bench;
-mod bench_ttcp;
 mod bench_web;
 mod demo;
 mod docs_cmd;
