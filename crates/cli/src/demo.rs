@@ -376,13 +376,14 @@ struct Ctx<'a> {
     index: &'a [u8],
 }
 
-/// Starts the web server (`net` = "tcps" or "kernel"), drives it with wrk,
-/// stops it.
-fn run_variant(
+/// Starts the web server (`net` = `variant`, "tcps" or "kernel") and waits
+/// until it listens and serves the index correctly; `server`, the TCP
+/// server, must stay alive meanwhile.
+fn start_webserver(
     ctx: &Ctx,
     variant: &'static str,
     mut server: Option<&mut Proc>,
-) -> Result<Row, Error> {
+) -> Result<Proc, Error> {
     let a = ctx.args;
     let threads = a.webserver_threads.unwrap_or(a.connections.max(4));
     let log = ctx.tmp.join(format!("webserver-{variant}.log"));
@@ -428,22 +429,13 @@ fn run_variant(
     })?;
     check_response(a.port, ctx.index)
         .map_err(|e| format!("the web server (--net {variant}) misbehaves: {e}"))?;
+    Ok(web)
+}
 
-    eprintln!(
-        "driving the web server through {} for {} s ({} connections)…",
-        if variant == "tcps" {
-            "tcps"
-        } else {
-            "kernel sockets"
-        },
-        a.duration,
-        a.connections
-    );
-    let host0 = cpu_us(web.pid())?;
-    let server0 = match server.as_deref() {
-        Some(s) => Some(cpu_us(s.pid())?),
-        None => None,
-    };
+/// Runs wrk against the index for `--duration` seconds and waits for it;
+/// returns its exit status and the file of its output.
+fn run_wrk(ctx: &Ctx, variant: &str) -> Result<(std::process::ExitStatus, PathBuf), Error> {
+    let a = ctx.args;
     let url = format!("http://127.0.0.1:{}/index.html", a.port);
     let wrk_out = ctx.tmp.join(format!("wrk-{variant}.out"));
     let wrk_outf = fs::File::create(&wrk_out)?;
@@ -477,11 +469,34 @@ fn run_variant(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    Ok((status, wrk_out))
+}
+
+/// Starts the web server (`net` = "tcps" or "kernel"), drives it with wrk,
+/// stops it.
+fn run_variant(
+    ctx: &Ctx,
+    variant: &'static str,
+    mut server: Option<&mut Proc>,
+) -> Result<Row, Error> {
+    let a = ctx.args;
+    let mut web = start_webserver(ctx, variant, server.as_deref_mut())?;
+    eprintln!(
+        "driving the web server through {} for {} s ({} connections)…",
+        if variant == "tcps" {
+            "tcps"
+        } else {
+            "kernel sockets"
+        },
+        a.duration,
+        a.connections
+    );
+    let server_cpu_us = |s: Option<&Proc>| s.map(|s| cpu_us(s.pid())).transpose();
+    let host0 = cpu_us(web.pid())?;
+    let server0 = server_cpu_us(server.as_deref())?;
+    let (status, wrk_out) = run_wrk(ctx, variant)?;
     let host1 = cpu_us(web.pid())?;
-    let server1 = match server.as_deref() {
-        Some(s) => Some(cpu_us(s.pid())?),
-        None => None,
-    };
+    let server1 = server_cpu_us(server.as_deref())?;
     let stdout = fs::read_to_string(&wrk_out).unwrap_or_default();
     if !status.success() {
         return Err(format!("wrk failed ({status}):\n{stdout}").into());
