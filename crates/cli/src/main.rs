@@ -4,6 +4,7 @@ mod bench;
 mod bench_web;
 mod demo;
 mod docs_cmd;
+mod harness;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;

@@ -141,11 +141,11 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 /// CPU time (µs) of `pid` and its descendants alive now: the example web
 /// server is one process, nginx a master and its workers.
 pub fn tree_cpu_us(pid: u32) -> Result<f64, Error> {
-    let mut total = crate::demo::cpu_us(pid)?;
+    let mut total = crate::harness::cpu_us(pid)?;
     let mut todo = children_of(pid);
     while let Some(p) = todo.pop() {
         // A child that exited meanwhile is not counted (nor was it before).
-        if let Ok(t) = crate::demo::cpu_us(p) {
+        if let Ok(t) = crate::harness::cpu_us(p) {
             total += t;
         }
         todo.extend(children_of(p));

@@ -15,7 +15,7 @@ use super::servers::Servers;
 use super::types::Error;
 use super::variants::{Net, Variant};
 use super::workload::{self, Workload};
-use crate::demo::{self, Proc};
+use crate::harness::{self, Proc};
 
 /// CPU time read before and after a point: per core, of the web server's
 /// process tree, and of the TCP server.
@@ -30,7 +30,11 @@ impl CpuReading {
         Ok(CpuReading {
             cores: measure::cpu_snapshot()?,
             host_us: measure::tree_cpu_us(s.web.pid())?,
-            server_us: s.tcps.as_ref().map(|t| demo::cpu_us(t.pid())).transpose()?,
+            server_us: s
+                .tcps
+                .as_ref()
+                .map(|t| harness::cpu_us(t.pid()))
+                .transpose()?,
         })
     }
 }
@@ -94,7 +98,7 @@ fn run_wrk(env: &Env, script: &Path, out_path: &Path) -> Result<ExitStatus, Erro
         if let Some(st) = wrk.child.try_wait()? {
             return Ok(st);
         }
-        demo::check_interrupted()?;
+        harness::check_interrupted()?;
         if Instant::now() > deadline {
             return Err("wrk did not finish in time".into());
         }
@@ -146,7 +150,7 @@ pub fn measure(
         return Err(format!("wrk failed ({status}):\n{text}").into());
     }
     servers.web.check_alive()?;
-    let r = demo::parse_wrk(&text)?;
+    let r = harness::parse_wrk(&text)?;
     if r.requests == 0 {
         return Err(format!("no request completed:\n{text}").into());
     }

@@ -17,7 +17,7 @@ use super::servers;
 use super::types::{Error, WebArgs};
 use super::variants::{self, Features, Net, Variant};
 use super::workload::{self, Workload};
-use crate::demo::{self, TempDir};
+use crate::harness::{self, TempDir};
 
 /// Load points of a curve as fractions of Regular's saturation throughput
 /// in the same workload (measured first); `None` = unpaced (wrk as fast as
@@ -89,28 +89,12 @@ fn prepare_site(
     Ok(stats)
 }
 
-/// Ctrl-C and SIGTERM end the run between steps (`demo::check_interrupted`),
-/// with the servers stopped and the namespaces removed.
-fn install_signal_handlers() {
-    // SAFETY: installing a handler that only stores to an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            demo::on_signal as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGTERM,
-            demo::on_signal as *const () as libc::sighandler_t,
-        );
-    }
-}
-
 /// wrk and the other tools are installed, we are root, and the two CPUs
 /// exist and differ. Returns wrk's path and the number of CPUs.
 fn check_prerequisites(args: &WebArgs) -> Result<(PathBuf, usize), Error> {
-    let wrk = demo::which("wrk").ok_or("wrk not found: apt-get install wrk")?;
+    let wrk = harness::which("wrk").ok_or("wrk not found: apt-get install wrk")?;
     for tool in ["ip", "taskset"] {
-        demo::which(tool)
+        harness::which(tool)
             .ok_or_else(|| format!("{tool} not found (packages iproute2, util-linux)"))?;
     }
     // SAFETY: geteuid has no preconditions.
@@ -273,7 +257,7 @@ fn all_curves(
     for w in wl {
         let mut calib = None;
         for v in vars {
-            demo::check_interrupted()?;
+            harness::check_interrupted()?;
             if !v.available {
                 curves.push(Curve::empty(w, v, None));
                 continue;
@@ -294,7 +278,7 @@ fn all_curves(
                     curves.push(c);
                 }
                 Err(e) => {
-                    demo::check_interrupted()?;
+                    harness::check_interrupted()?;
                     eprintln!("  {} · {}: FAILED: {e}", w.id, v.id);
                     curves.push(Curve::empty(w, v, Some(e.to_string())));
                 }
@@ -340,7 +324,7 @@ fn repeat_rounds(
 ) -> Result<(), Error> {
     for round in 1..env.args.repeat {
         for c in curves.iter_mut() {
-            demo::check_interrupted()?;
+            harness::check_interrupted()?;
             if c.saturation_samples.is_empty() || c.error.is_some() {
                 continue;
             }
@@ -353,7 +337,7 @@ fn repeat_rounds(
             match saturation_again(env, w, v, round, prog) {
                 Ok(rps) => c.saturation_samples.push(rps),
                 Err(e) => {
-                    demo::check_interrupted()?;
+                    harness::check_interrupted()?;
                     eprintln!("  {} · {} round {}: FAILED: {e}", w.id, v.id, round + 1);
                     c.error = Some(format!("round {}: {e}", round + 1));
                 }
@@ -369,12 +353,12 @@ fn repeat_rounds(
 }
 
 pub fn run(args: WebArgs) -> Result<(), Error> {
-    install_signal_handlers();
+    harness::install_signal_handlers();
     let started = Instant::now();
     let (wrk, ncpu) = check_prerequisites(&args)?;
     let exe = std::env::current_exe()?;
-    let webserver = demo::find_webserver(&exe)?;
-    let perf = demo::which("perf");
+    let webserver = harness::find_webserver(&exe)?;
+    let perf = harness::which("perf");
     let features = Features::detect(&webserver, &exe);
     let vars = select_variants(&args, &features)?;
     let wl = select_workloads(&args)?;

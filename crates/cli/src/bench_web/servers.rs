@@ -13,7 +13,7 @@ use super::netns::{Netns, SERVER_ADDR};
 use super::types::Error;
 use super::variants::{Net, Variant};
 use super::workload::{self, Workload};
-use crate::demo::{self, Proc};
+use crate::harness::{self, Proc};
 
 /// The servers of one curve: the TCP server (if the variant uses one) and
 /// the web server, with the web server's log (its counters at exit).
@@ -59,7 +59,7 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
             child,
             log,
         };
-        demo::wait_for("the TCP server's socket", Duration::from_secs(10), || {
+        harness::wait_for("the TCP server's socket", Duration::from_secs(10), || {
             p.check_alive()?;
             Ok(sock.exists())
         })?;
@@ -110,7 +110,7 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
         child,
         log: log.clone(),
     };
-    demo::wait_for("the web server to listen", Duration::from_secs(10), || {
+    harness::wait_for("the web server to listen", Duration::from_secs(10), || {
         web.check_alive()?;
         Ok(fs::read_to_string(&log)
             .map(|t| t.contains("listening on"))
@@ -169,7 +169,7 @@ fn start_nginx(
         log: log.to_path_buf(),
     };
     let pid_file = dir.join("nginx.pid");
-    demo::wait_for("nginx to start", Duration::from_secs(10), || {
+    harness::wait_for("nginx to start", Duration::from_secs(10), || {
         web.check_alive()?;
         Ok(pid_file.exists() && !measure::children_of(web.pid()).is_empty())
     })?;
