@@ -108,14 +108,14 @@ fn attach() {
                 log::emit(&format!(
                     "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
                 ));
-                state::settle(Mode::Failed);
+                state::fail_tcp_sockets();
             } else {
                 if std::env::var_os("TCPS_FALLBACK_QUIET").is_none() {
                     warning!("no TCP server ({why}); running on kernel sockets");
                 }
                 debug!("fallback: every TCP socket of this process goes to the kernel");
                 state::at_exit_once();
-                state::settle(Mode::Kernel);
+                state::fall_back_to_kernel();
             }
         }
     }

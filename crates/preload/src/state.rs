@@ -53,14 +53,14 @@ pub fn begin_attach() -> bool {
         .is_ok()
 }
 
-/// Settles the mode after a failed attach: `Mode::Kernel` or `Mode::Failed`.
-pub fn settle(mode: Mode) {
-    let m = match mode {
-        Mode::Kernel => KERNEL,
-        Mode::Failed => FAILED,
-        other => unreachable!("settle({other:?})"),
-    };
-    MODE.store(m, Ordering::Release);
+/// After a failed attach: TCP sockets go to the kernel from now on.
+pub fn fall_back_to_kernel() {
+    MODE.store(KERNEL, Ordering::Release);
+}
+
+/// After a failed attach with `TCPS_FALLBACK=fail`: TCP socket() fails.
+pub fn fail_tcp_sockets() {
+    MODE.store(FAILED, Ordering::Release);
 }
 
 /// The attachment, if this process has one.

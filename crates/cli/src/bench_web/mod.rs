@@ -9,6 +9,13 @@
 //! unpinned in their own network namespace (netns.rs). Regular gets both
 //! cores (what host + TCP server get together) and, as the thesis compared,
 //! the host's core only.
+//!
+//! Modules, bottom up (each uses only those below it): `types` (options,
+//! error); `netns`, `workload`, `variants`, `measure` (/proc and perf);
+//! `env` (what a run fixes), `results` (points, curves); `servers` (start
+//! a curve's servers), `point` (measure one load point); `report`
+//! (results.json, summary.md, plots); `run` (the whole run). This file only
+//! names them.
 
 mod env;
 mod measure;
