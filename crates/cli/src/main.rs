@@ -1,10 +1,10 @@
 //! The `tcps` command.
 
 mod bench;
-mod bench_ttcp;
 mod bench_web;
 mod demo;
 mod docs_cmd;
+mod harness;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;

@@ -394,9 +394,20 @@ fn calls_line(c: &Value) -> String {
     }
 }
 
-/// The human-readable report of answer `v`; with `prev`, counters are the
-/// differences since that earlier answer (`elapsed` before this one).
-pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> String {
+/// The TOTAL row: blank host cells, then `cells`.
+fn total_row(cells: Vec<String>) -> Vec<String> {
+    let mut r = vec![
+        "TOTAL".to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
+    r.extend(cells);
+    r
+}
+
+/// The first lines: the server, its hosts, and whether some are hidden.
+fn server_lines(v: &Value, socket: &Path) -> String {
     let server = &v["server"];
     let mut out = format!(
         "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached\n",
@@ -412,6 +423,12 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
             "({hidden} hosts of other users not shown; TOTAL includes them)\n"
         ));
     }
+    out
+}
+
+/// The COUNTERS table (per host and TOTAL) and the calls by type; with
+/// `prev`, differences since that earlier answer.
+fn counters_section(v: &Value, hosts: &[&Value], prev: Option<(&Value, Duration)>) -> String {
     let prev_host = |id: u64| -> Option<&Value> {
         prev?.0["hosts"]
             .as_array()?
@@ -424,19 +441,14 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
             None => h["counters"].clone(),
         }
     };
-    let hosts: Vec<&Value> = v["hosts"]
-        .as_array()
-        .map(|a| a.iter().collect())
-        .unwrap_or_default();
     let total_c = counters(&v["total"], prev.map(|p| &p.0["total"]));
-
     let title = match prev {
         Some((_, d)) => format!("COUNTERS (last {:.1}s)", d.as_secs_f64()),
         None => "COUNTERS".to_string(),
     };
     let mut rows = Vec::new();
     let mut calls_rows = Vec::new();
-    for h in &hosts {
+    for h in hosts {
         let id = num(h, "id");
         let c = counters(h, prev_host(id));
         let mut r = host_cells(h);
@@ -444,15 +456,8 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         rows.push(r);
         calls_rows.push(format!("  pid {}: {}\n", num(h, "pid"), calls_line(&c)));
     }
-    let mut r = vec![
-        "TOTAL".to_string(),
-        String::new(),
-        String::new(),
-        String::new(),
-    ];
-    r.extend(counter_cells(&total_c));
-    rows.push(r);
-    out.push('\n');
+    rows.push(total_row(counter_cells(&total_c)));
+    let mut out = String::from("\n");
     out.push_str(&table(
         &[
             &title,
@@ -478,22 +483,19 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         out.push_str(&l);
     }
     out.push_str(&format!("  TOTAL: {}\n", calls_line(&total_c)));
+    out
+}
 
+/// The QUEUES NOW table: depths at the time of the answer, never deltas.
+fn queues_section(v: &Value, hosts: &[&Value]) -> String {
     let mut rows = Vec::new();
-    for h in &hosts {
+    for h in hosts {
         let mut r = host_cells(h);
         r.extend(depth_cells(&h["depths"]));
         rows.push(r);
     }
-    let mut r = vec![
-        "TOTAL".to_string(),
-        String::new(),
-        String::new(),
-        String::new(),
-    ];
-    r.extend(depth_cells(&v["total"]["depths"]));
-    rows.push(r);
-    out.push('\n');
+    rows.push(total_row(depth_cells(&v["total"]["depths"])));
+    let mut out = String::from("\n");
     out.push_str(&table(
         &[
             "QUEUES NOW",
@@ -509,6 +511,19 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
         ],
         &rows,
     ));
+    out
+}
+
+/// The human-readable report of answer `v`; with `prev`, counters are the
+/// differences since that earlier answer (`elapsed` before this one).
+pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> String {
+    let hosts: Vec<&Value> = v["hosts"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let mut out = server_lines(v, socket);
+    out.push_str(&counters_section(v, &hosts, prev));
+    out.push_str(&queues_section(v, &hosts));
     out
 }
 

@@ -36,7 +36,7 @@ pub fn exchange_on(
     fds: &[RawFd],
 ) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
     c.control_exchange(&msg, fds)
-        .map_err(|e| crate::errno_of(&e))
+        .map_err(|e| crate::errno::errno_of(&e))
 }
 
 /// As [`exchange_on`], on this process's attachment.

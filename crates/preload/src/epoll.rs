@@ -18,8 +18,9 @@
 //! no new edge, which edge-triggered programs tolerate. EPOLLONESHOT
 //! disables an entry after one report until EPOLL_CTL_MOD.
 
+use crate::errno::fail;
 use crate::log::debug;
-use crate::{fail, fdtable, poll, real, state};
+use crate::{attach, fdtable, poll, real};
 use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -299,7 +300,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
     if max <= 0 || events.is_null() {
         return fail(libc::EINVAL);
     }
-    let Some(c) = state::for_existing() else {
+    let Some(c) = attach::for_existing() else {
         return real::epoll_wait()(epfd, events, max, timeout);
     };
     let max = max as usize;
@@ -319,7 +320,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         if !pfds.is_empty() {
             match c.poll(&mut pfds, 0) {
                 Ok(n) => ready = n,
-                Err(e) => return fail(crate::errno_of(&e)),
+                Err(e) => return fail(crate::errno::errno_of(&e)),
             }
         }
         let mut out = Vec::new();

@@ -6,9 +6,10 @@
 //! the fd table and the server in step: the tcps socket is closed when the
 //! last fd naming it is closed; O_NONBLOCK is mirrored to the server.
 
+use crate::errno::{errno_of, fail};
 use crate::log::debug;
 use crate::sock::on_socket;
-use crate::{epoll, errno_of, fail, fdtable, real, state};
+use crate::{epoll, fdtable, real, state};
 use libc::{c_int, c_ulong, c_void};
 
 /// Drops `fd` from the table (if offloaded) after the kernel closed or
@@ -185,9 +186,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                     return -1;
                 }
                 let res = real::ioctl()(s, req, arg);
-                let saved = crate::last_errno();
+                let saved = crate::errno::last_errno();
                 real::close()(s);
-                crate::set_errno(saved);
+                crate::errno::set_errno(saved);
                 res
             }
             _ => {

@@ -5,9 +5,10 @@
 //! Vectored calls gather into (scatter from) one buffer: the channel takes a
 //! contiguous range anyway, so this is the copy the copying API makes.
 
+use crate::errno::{errno_of, fail};
 use crate::fdtable;
+use crate::real;
 use crate::sock::on_socket;
-use crate::{errno_of, fail, real};
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 /// Largest single receive into a temporary buffer (vectored reads).

@@ -8,15 +8,25 @@
 //! a `tcps::Client` call. See `docs/PRELOAD.md` for what is intercepted, how
 //! epoll, fork and sendfile work, and what is not supported.
 //!
-//! Modules: `state` (the attachment, fallback), `control` (messages on
-//! the control socket), `fdtable` (fd → socket id),
-//! `sock` (socket calls), `io` (data calls), `fdops` (close, dup, fcntl,
-//! ioctl), `poll` (poll/select and the mixed wait), `epoll`, `fork`, `exec`,
-//! `sendfile`, `log` (TCPS_LOG, counters).
+//! Modules, bottom up (each uses only those on its own or lower layers):
+//!
+//! 1. `real` (libc's functions), `errno`, `fdtable` (fd → socket id);
+//! 2. `log` (TCPS_LOG, counters), then `state` (the attachment as held, its
+//!    mode, the fork generation);
+//! 3. `control` (messages on the control socket), then `attach` (making
+//!    the attachment, fallback, a forked child's claim of its parent's
+//!    sockets);
+//! 4. the interposed entry points: `sock` (socket calls) below `io` (data
+//!    calls), `sendfile` and `fdops` (close, dup, fcntl, ioctl); `poll`
+//!    (poll/select and the mixed wait) below `epoll`, below `exec` and
+//!    `fork` (which takes the others' locks across the real fork);
+//! 5. this file: the load-time hook.
 #![allow(clippy::missing_safety_doc)]
 
+mod attach;
 mod control;
 mod epoll;
+mod errno;
 mod exec;
 mod fdops;
 mod fdtable;
@@ -46,23 +56,3 @@ extern "C" fn on_load() {
 #[used]
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
-
-pub(crate) fn last_errno() -> i32 {
-    // SAFETY: errno is thread-local; reading it is always valid.
-    unsafe { *libc::__errno_location() }
-}
-
-pub(crate) fn set_errno(e: i32) {
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = e }
-}
-
-/// Sets errno and returns -1, the libc convention.
-pub(crate) fn fail<T: From<i8>>(e: i32) -> T {
-    set_errno(e);
-    T::from(-1)
-}
-
-pub(crate) fn errno_of(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}

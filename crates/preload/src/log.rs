@@ -101,11 +101,9 @@ pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
         .as_deref()
 }
 
-/// atexit hook: the summary line (info level) and the stats file.
-pub extern "C" fn at_exit() {
-    if !crate::state::summary_wanted() {
-        return;
-    }
+/// The summary line (info level) and the stats file, at exit (the hook is
+/// `state::at_exit`, which knows whether this process wants them).
+pub fn write_exit_summary() {
     let line = summary();
     info!("exit: {line}");
     if let Some(path) = stats_file() {

@@ -10,8 +10,9 @@
 //! *wake pair*) that is part of the parked `tcps_poll`, the caller by
 //! writing the helper's cancel eventfd. Nothing spins.
 
+use crate::errno::fail;
 use crate::log::debug;
-use crate::{fail, fdtable, real, state};
+use crate::{attach, fdtable, real, state};
 use libc::{c_int, nfds_t, pollfd};
 use std::cell::RefCell;
 use std::sync::{Arc, Condvar, Mutex};
@@ -51,7 +52,7 @@ impl Waiter {
         // SAFETY: plain syscall.
         let cancel = unsafe { real::eventfd()(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if cancel < 0 {
-            return Err(crate::last_errno());
+            return Err(crate::errno::last_errno());
         }
         let shared = Arc::new(Shared {
             job: Mutex::new(Job {
@@ -67,7 +68,7 @@ impl Waiter {
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
         debug!("poll helper thread started (wake pair {tx}->{rx})");
         Ok(Waiter {
-            generation: crate::fork::generation(),
+            generation: state::generation(),
             shared,
             cancel,
             rx,
@@ -115,13 +116,13 @@ impl Waiter {
             let mut b = [0u8; 64];
             let _ = c.recv(self.rx, &mut b, libc::MSG_DONTWAIT);
         }
-        r.map(drop).map_err(|e| crate::errno_of(&e))
+        r.map(drop).map_err(|e| crate::errno::errno_of(&e))
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        if self.generation != crate::fork::generation() {
+        if self.generation != state::generation() {
             return; // a forked child's copy: the helper thread is not ours
         }
         lock(&self.shared.job).phase = Phase::Quit;
@@ -162,7 +163,7 @@ fn helper(c: &'static Client, s: Arc<Shared>, cancel: c_int, tx: u32) {
         loop {
             // SAFETY: `fds` is a valid array of pollfds.
             let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, -1) };
-            if n >= 0 || crate::last_errno() != libc::EINTR {
+            if n >= 0 || crate::errno::last_errno() != libc::EINTR {
                 break;
             }
         }
@@ -181,7 +182,7 @@ fn helper(c: &'static Client, s: Arc<Shared>, cancel: c_int, tx: u32) {
 
 /// A connected pair of tcps sockets on the loopback, through the server.
 fn wake_pair(c: &Client) -> Result<(u32, u32), i32> {
-    let e = |e: std::io::Error| crate::errno_of(&e);
+    let e = |e: std::io::Error| crate::errno::errno_of(&e);
     let lst = c
         .tcp_listen("127.0.0.1:0".parse().map_err(|_| libc::EINVAL)?, 1)
         .map_err(e)?;
@@ -246,7 +247,7 @@ pub fn wait_mixed(
         WAITER.with(|w| -> Result<(), i32> {
             let mut w = w.borrow_mut();
             if w.as_ref()
-                .is_some_and(|w| w.generation != crate::fork::generation())
+                .is_some_and(|w| w.generation != state::generation())
             {
                 // Inherited through fork: its thread lives in the parent.
                 std::mem::forget(w.take());
@@ -261,14 +262,14 @@ pub fn wait_mixed(
 }
 
 fn tcps_poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> Result<usize, i32> {
-    c.poll(fds, timeout).map_err(|e| crate::errno_of(&e))
+    c.poll(fds, timeout).map_err(|e| crate::errno::errno_of(&e))
 }
 
 fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
     // SAFETY: `fds` is a valid array of pollfds.
     let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, timeout) };
     if n < 0 {
-        Err(crate::last_errno())
+        Err(crate::errno::last_errno())
     } else {
         Ok(n as usize)
     }
@@ -284,7 +285,7 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
         return real::poll()(fds, n, timeout);
     }
-    let Some(c) = state::for_existing() else {
+    let Some(c) = attach::for_existing() else {
         return fail(libc::EBADF);
     };
     let mut tcps = Vec::new();

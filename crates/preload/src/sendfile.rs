@@ -12,9 +12,10 @@
 //! all of `count` is sent, as the kernel's blocking sendfile does; a
 //! non-blocking one returns what the server sent, or EAGAIN.
 
+use crate::errno::fail;
 use crate::log::{debug, COUNTERS};
 use crate::sock::on_socket;
-use crate::{control, fail, real};
+use crate::{control, real};
 use libc::{c_int, off64_t, size_t, ssize_t};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -49,7 +50,7 @@ fn file_handle(fd: c_int) -> Result<u32, i32> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(crate::last_errno());
+        return Err(crate::errno::last_errno());
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EINVAL);
@@ -62,7 +63,7 @@ fn file_handle(fd: c_int) -> Result<u32, i32> {
         st.st_mtime_nsec,
     );
     let mut g = FILES.lock().unwrap_or_else(|p| p.into_inner());
-    let generation = crate::fork::generation();
+    let generation = crate::state::generation();
     // A forked child's server-side files are not its parent's.
     let files = match g.as_mut() {
         Some(f) if f.generation == generation => f,
@@ -110,7 +111,7 @@ unsafe fn offloaded_sendfile(
     };
     if start < 0 {
         return fail(if offset.is_null() {
-            crate::last_errno()
+            crate::errno::last_errno()
         } else {
             libc::EINVAL
         });
@@ -127,7 +128,7 @@ unsafe fn offloaded_sendfile(
         let chunk = (count - total).min(MAX_CHUNK) as u32;
         match c
             .sendfile(id, file, start as u64 + total as u64, chunk)
-            .map_err(|e| crate::errno_of(&e))
+            .map_err(|e| crate::errno::errno_of(&e))
         {
             Ok(0) => break, // end of file
             Ok(n) => total += n,
@@ -145,7 +146,7 @@ unsafe fn offloaded_sendfile(
                 revents: 0,
             }];
             if let Err(e) = c.poll(&mut p, -1) {
-                err = crate::errno_of(&e);
+                err = crate::errno::errno_of(&e);
                 break;
             }
         } else if nonblocking {

@@ -5,10 +5,11 @@
 //! AF_INET/AF_INET6 SOCK_STREAM sockets are offloaded; everything else goes
 //! to the kernel untouched.
 
+use crate::attach;
+use crate::errno::{errno_of, fail};
 use crate::fdtable;
 use crate::log::{debug, COUNTERS};
-use crate::state;
-use crate::{errno_of, fail, real};
+use crate::real;
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use std::sync::atomic::Ordering;
 
@@ -32,7 +33,7 @@ pub fn placeholder(flags: c_int) -> Result<c_int, i32> {
     // SAFETY: plain syscall.
     let fd = unsafe { real::eventfd()(0, ef) };
     if fd < 0 {
-        return Err(crate::last_errno());
+        return Err(crate::errno::last_errno());
     }
     Ok(fd)
 }
@@ -63,7 +64,7 @@ pub fn adopt(c: &tcps::Client, id: u32, flags: c_int) -> Result<c_int, i32> {
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     if !is_tcp(domain, ty, protocol) {
         let fd = real::socket()(domain, ty, protocol);
-        if domain == libc::AF_UNIX && state::attaching_here() {
+        if domain == libc::AF_UNIX && attach::attaching_here() {
             // The host library's control socket (fork needs it).
             crate::control::note_socket(fd);
         } else {
@@ -72,7 +73,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         }
         return fd;
     }
-    match state::for_new_socket() {
+    match attach::for_new_socket() {
         Ok(c) => {
             let id = match c.socket(domain, ty, protocol) {
                 Ok(id) => id,
@@ -123,14 +124,14 @@ pub unsafe fn put_addr(bytes: &[u8], full: usize, addr: *mut sockaddr, len: *mut
 #[inline]
 pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>> {
     let id = fdtable::lookup(fd)?;
-    Some(state::for_existing().map(|c| (c, id)).ok_or(libc::EBADF))
+    Some(attach::for_existing().map(|c| (c, id)).ok_or(libc::EBADF))
 }
 
 macro_rules! on_socket {
     ($fd:expr, |$c:ident, $id:ident| $body:expr, else $kernel:expr) => {
         match $crate::sock::offloaded($fd) {
             None => $kernel,
-            Some(Err(e)) => $crate::fail(e),
+            Some(Err(e)) => $crate::errno::fail(e),
             Some(Ok(($c, $id))) => $body,
         }
     };
@@ -164,7 +165,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     on_socket!(fd, |c, id| {
         fdtable::note_write(id);
         let r = unit(c.connect_raw(id, addr_bytes(addr, len)));
-        debug!("connect(fd {fd}) = {r} (errno {})", if r < 0 { crate::last_errno() } else { 0 });
+        debug!("connect(fd {fd}) = {r} (errno {})", if r < 0 { crate::errno::last_errno() } else { 0 });
         r
     }, else real::connect()(fd, addr, len))
 }
@@ -244,7 +245,7 @@ pub unsafe extern "C" fn setsockopt(
         let v = if val.is_null() { &[][..] } else { std::slice::from_raw_parts(val as *const u8, len as usize) };
         let r = unit(c.setsockopt(id, level, name, v));
         if r < 0 {
-            debug!("setsockopt(fd {fd}, level {level}, name {name}) refused by the server: errno {}", crate::last_errno());
+            debug!("setsockopt(fd {fd}, level {level}, name {name}) refused by the server: errno {}", crate::errno::last_errno());
         }
         r
     }, else real::setsockopt()(fd, level, name, val, len))

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::Error;
+use super::types::Error;
 
 /// Jiffies of one CPU: (user+nice, system+irq+softirq, idle+iowait, steal).
 #[derive(Clone, Copy, Default, Debug)]
@@ -140,12 +140,12 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 
 /// CPU time (µs) of `pid` and its descendants alive now: the example web
 /// server is one process, nginx a master and its workers.
-pub fn tree_cpu_us(pid: u32) -> Result<f64, crate::bench_web::Error> {
-    let mut total = crate::demo::cpu_us(pid)?;
+pub fn tree_cpu_us(pid: u32) -> Result<f64, Error> {
+    let mut total = crate::harness::cpu_us(pid)?;
     let mut todo = children_of(pid);
     while let Some(p) = todo.pop() {
         // A child that exited meanwhile is not counted (nor was it before).
-        if let Ok(t) = crate::demo::cpu_us(p) {
+        if let Ok(t) = crate::harness::cpu_us(p) {
             total += t;
         }
         todo.extend(children_of(p));
@@ -181,6 +181,19 @@ fn stats_field(log: &str, k: &str) -> Option<f64> {
     let line = log.lines().rev().find(|l| l.contains("tcps_stats"))?;
     line.split(|c: char| c.is_whitespace() || c == ',')
         .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+}
+
+/// Busy share of all CPUs over one second before the run: how loaded the
+/// machine is by others (recorded in the summary).
+pub fn background_load() -> Result<f64, Error> {
+    let a = cpu_snapshot()?;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let b = cpu_snapshot()?;
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let s = cpu_split(&a, &b, &(0..n).collect::<Vec<_>>());
+    Ok(s.user_pct + s.sys_pct + s.steal_pct)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use std::process::{Command, Stdio};
 
-use super::Error;
+use super::types::Error;
 
 pub const SERVER_ADDR: &str = "10.77.0.1";
 pub const CLIENT_ADDR: &str = "10.77.0.2";

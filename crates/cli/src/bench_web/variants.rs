@@ -179,7 +179,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
             false,
             "needs `tcps run` to start unmodified programs through the TCP server (issue 5)",
         )
-    } else if crate::demo::which("nginx").is_none() {
+    } else if crate::harness::which("nginx").is_none() {
         (
             false,
             "`tcps run` exists but nginx is not installed (apt-get install nginx-light)",

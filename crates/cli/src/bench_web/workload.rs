@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::Error;
+use super::types::Error;
 
 /// Thesis Table 6.6, "Synthetic": 128 files of 16 KB (2 MiB: larger than
 /// this machine's 1 MiB L2).

@@ -4,7 +4,7 @@
 //! PE index (throughput per CPU utilisation), for kernel sockets and the
 //! tcps send variants.
 
-use crate::bench::ServerProcess;
+use super::server::ServerProcess;
 use clap::Args;
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -274,7 +274,122 @@ fn transmit(
     Ok(())
 }
 
-pub fn run(a: TtcpArgs) -> Result<(), Box<dyn std::error::Error>> {
+type Error = Box<dyn std::error::Error>;
+
+/// What every transmission of a run uses: the host's attachment, the
+/// receiver process, and the processes whose CPU time is read around it.
+struct Setup {
+    client: Client,
+    recv: Receiver,
+    /// This (the sending, host) process.
+    me: u32,
+    server_pid: u32,
+}
+
+impl Setup {
+    /// One transmission of `total` bytes in writes of `size` with variant
+    /// `v`, timed at the sender and the receiver, CPU read around it.
+    fn one_run(&mut self, v: &str, size: usize, total: usize) -> Result<TtcpRow, Error> {
+        let (me, server_pid) = (self.me, self.server_pid);
+        let (h0, s0) = (cpu_seconds(me)?, cpu_seconds(server_pid)?);
+        let t = Instant::now();
+        transmit(v, &self.client, self.recv.addr, total, size)?;
+        let (n, ns) = self.recv.result()?;
+        let elapsed = t.elapsed().as_secs_f64();
+        let (h1, s1) = (cpu_seconds(me)?, cpu_seconds(server_pid)?);
+        if n != total as u64 {
+            return Err(format!("{v} {size}: the receiver got {n} of {total} bytes").into());
+        }
+        let host = h1 - h0;
+        let srv = if v == "kernel" { 0.0 } else { s1 - s0 };
+        let mbps = n as f64 / (ns.max(1) as f64 / 1e9) / 1e6;
+        let util = (host + srv) / elapsed;
+        Ok(TtcpRow {
+            variant: v.to_string(),
+            size,
+            bytes: n,
+            mb_per_s: mbps,
+            elapsed_s: elapsed,
+            host_cpu_s: host,
+            server_cpu_s: srv,
+            total_cpu_s: host + srv,
+            cpu_utilisation: util,
+            pe_index: if util > 0.0 { mbps / util } else { f64::NAN },
+            throughput_vs_kernel: None,
+            pe_vs_kernel: None,
+        })
+    }
+
+    /// `runs` transmissions; the one of median throughput.
+    fn median_run(
+        &mut self,
+        v: &str,
+        size: usize,
+        total: usize,
+        runs: usize,
+    ) -> Result<TtcpRow, Error> {
+        let mut rows = Vec::new();
+        for _ in 0..runs {
+            rows.push(self.one_run(v, size, total)?);
+        }
+        rows.sort_by(|x, y| x.mb_per_s.total_cmp(&y.mb_per_s));
+        Ok(rows[rows.len() / 2].clone())
+    }
+}
+
+/// Each row against the kernel's at the same size.
+fn add_kernel_ratios(rows: &mut [TtcpRow]) {
+    let kernel: Vec<(usize, f64, f64)> = rows
+        .iter()
+        .filter(|r| r.variant == "kernel")
+        .map(|r| (r.size, r.mb_per_s, r.pe_index))
+        .collect();
+    for r in rows {
+        if let Some(&(_, mb, pe)) = kernel.iter().find(|k| k.0 == r.size) {
+            r.throughput_vs_kernel = Some(r.mb_per_s / mb);
+            r.pe_vs_kernel = Some(r.pe_index / pe);
+        }
+    }
+}
+
+fn print_report(a: &TtcpArgs, report: &TtcpReport) -> Result<(), Error> {
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!(
+        "ttcp: {} bytes per run, median of {} runs, TCP server --poll {} --engine {}{}",
+        a.bytes,
+        a.runs,
+        a.poll,
+        a.engine,
+        a.server_cpus
+            .as_ref()
+            .map_or(String::new(), |c| format!(" --cpus {c}"))
+    );
+    println!(
+        "{:>16} {:>6} {:>8} {:>6} {:>7} {:>7} {:>7} {:>5} {:>7} {:>6}",
+        "variant", "size", "MB/s", "xkern", "host_s", "srv_s", "cpu_s", "util", "PE", "xkern"
+    );
+    for r in &report.results {
+        println!(
+            "{:>16} {:>6} {:>8.0} {:>6.2} {:>7.3} {:>7.3} {:>7.3} {:>5.2} {:>7.0} {:>6.2}",
+            r.variant,
+            r.size,
+            r.mb_per_s,
+            r.throughput_vs_kernel.unwrap_or(f64::NAN),
+            r.host_cpu_s,
+            r.server_cpu_s,
+            r.total_cpu_s,
+            r.cpu_utilisation,
+            r.pe_index,
+            r.pe_vs_kernel.unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
+}
+
+pub fn run(a: TtcpArgs) -> Result<(), Error> {
     if a.sizes.is_empty() || a.sizes.contains(&0) || a.runs == 0 {
         return Err("--sizes must be positive and --runs at least 1".into());
     }
@@ -288,10 +403,12 @@ pub fn run(a: TtcpArgs) -> Result<(), Box<dyn std::error::Error>> {
         extra.extend(["--cpus", c]);
     }
     let server = ServerProcess::start(&extra)?;
-    let server_pid = server.pid();
-    let client = Client::attach(&server.socket)?;
-    let mut recv = Receiver::start()?;
-    let me = std::process::id();
+    let mut setup = Setup {
+        server_pid: server.pid(),
+        client: Client::attach(&server.socket)?,
+        recv: Receiver::start()?,
+        me: std::process::id(),
+    };
     let mut rows: Vec<TtcpRow> = Vec::new();
     for &size in &a.sizes {
         let total = a.bytes / size * size;
@@ -299,38 +416,7 @@ pub fn run(a: TtcpArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("--bytes {} is less than one write of {size}", a.bytes).into());
         }
         for v in &a.variants {
-            let mut runs = Vec::new();
-            for _ in 0..a.runs {
-                let (h0, s0) = (cpu_seconds(me)?, cpu_seconds(server_pid)?);
-                let t = Instant::now();
-                transmit(v, &client, recv.addr, total, size)?;
-                let (n, ns) = recv.result()?;
-                let elapsed = t.elapsed().as_secs_f64();
-                let (h1, s1) = (cpu_seconds(me)?, cpu_seconds(server_pid)?);
-                if n != total as u64 {
-                    return Err(format!("{v} {size}: the receiver got {n} of {total} bytes").into());
-                }
-                let host = h1 - h0;
-                let srv = if v == "kernel" { 0.0 } else { s1 - s0 };
-                let mbps = n as f64 / (ns.max(1) as f64 / 1e9) / 1e6;
-                let util = (host + srv) / elapsed;
-                runs.push(TtcpRow {
-                    variant: v.clone(),
-                    size,
-                    bytes: n,
-                    mb_per_s: mbps,
-                    elapsed_s: elapsed,
-                    host_cpu_s: host,
-                    server_cpu_s: srv,
-                    total_cpu_s: host + srv,
-                    cpu_utilisation: util,
-                    pe_index: if util > 0.0 { mbps / util } else { f64::NAN },
-                    throughput_vs_kernel: None,
-                    pe_vs_kernel: None,
-                });
-            }
-            runs.sort_by(|x, y| x.mb_per_s.total_cmp(&y.mb_per_s));
-            let row = runs[runs.len() / 2].clone();
+            let row = setup.median_run(v, size, total, a.runs)?;
             if !a.json {
                 eprintln!(
                     "{v:>16} {size:>6} B: {:.0} MB/s, host {:.3} s, server {:.3} s CPU",
@@ -340,17 +426,7 @@ pub fn run(a: TtcpArgs) -> Result<(), Box<dyn std::error::Error>> {
             rows.push(row);
         }
     }
-    let kernel: Vec<(usize, f64, f64)> = rows
-        .iter()
-        .filter(|r| r.variant == "kernel")
-        .map(|r| (r.size, r.mb_per_s, r.pe_index))
-        .collect();
-    for r in &mut rows {
-        if let Some(&(_, mb, pe)) = kernel.iter().find(|k| k.0 == r.size) {
-            r.throughput_vs_kernel = Some(r.mb_per_s / mb);
-            r.pe_vs_kernel = Some(r.pe_index / pe);
-        }
-    }
+    add_kernel_ratios(&mut rows);
     let report = TtcpReport {
         results: rows,
         bytes: a.bytes,
@@ -359,40 +435,11 @@ pub fn run(a: TtcpArgs) -> Result<(), Box<dyn std::error::Error>> {
         engine: a.engine.clone(),
         server_cpus: a.server_cpus.clone(),
     };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "ttcp: {} bytes per run, median of {} runs, TCP server --poll {} --engine {}{}",
-            a.bytes,
-            a.runs,
-            a.poll,
-            a.engine,
-            a.server_cpus
-                .as_ref()
-                .map_or(String::new(), |c| format!(" --cpus {c}"))
-        );
-        println!(
-            "{:>16} {:>6} {:>8} {:>6} {:>7} {:>7} {:>7} {:>5} {:>7} {:>6}",
-            "variant", "size", "MB/s", "xkern", "host_s", "srv_s", "cpu_s", "util", "PE", "xkern"
-        );
-        for r in &report.results {
-            println!(
-                "{:>16} {:>6} {:>8.0} {:>6.2} {:>7.3} {:>7.3} {:>7.3} {:>5.2} {:>7.0} {:>6.2}",
-                r.variant,
-                r.size,
-                r.mb_per_s,
-                r.throughput_vs_kernel.unwrap_or(f64::NAN),
-                r.host_cpu_s,
-                r.server_cpu_s,
-                r.total_cpu_s,
-                r.cpu_utilisation,
-                r.pe_index,
-                r.pe_vs_kernel.unwrap_or(f64::NAN)
-            );
-        }
-    }
+    print_report(&a, &report)?;
+    // As before the split: the receiver, then the server, then the client.
+    let Setup { client, recv, .. } = setup;
     drop(recv);
     drop(server);
+    drop(client);
     Ok(())
 }

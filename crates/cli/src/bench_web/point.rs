@@ -1,0 +1,194 @@
+//! Measuring one load point: wrk in the client namespace at an offered
+//! rate (or unpaced), with the CPU time of the servers and the cores, and
+//! the web server's system calls, read around it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::env::{Env, PORT};
+use super::measure::{self, CpuSnapshot};
+use super::netns::{Netns, SERVER_ADDR};
+use super::results::Point;
+use super::servers::Servers;
+use super::types::Error;
+use super::variants::{Net, Variant};
+use super::workload::{self, Workload};
+use crate::harness::{self, Proc};
+
+/// CPU time read before and after a point: per core, of the web server's
+/// process tree, and of the TCP server.
+struct CpuReading {
+    cores: CpuSnapshot,
+    host_us: f64,
+    server_us: Option<f64>,
+}
+
+impl CpuReading {
+    fn take(s: &Servers) -> Result<CpuReading, Error> {
+        Ok(CpuReading {
+            cores: measure::cpu_snapshot()?,
+            host_us: measure::tree_cpu_us(s.web.pid())?,
+            server_us: s
+                .tcps
+                .as_ref()
+                .map(|t| harness::cpu_us(t.pid()))
+                .transpose()?,
+        })
+    }
+}
+
+/// The cores of the host (the web server) and of the TCP server: Regular
+/// on both cores counts both as the host's.
+fn core_groups(env: &Env, v: &Variant) -> (Vec<usize>, Vec<usize>) {
+    let a = env.args;
+    if v.net == Net::Kernel && !v.host_cores_only {
+        (vec![a.host_cpu, a.server_cpu], vec![])
+    } else {
+        (vec![a.host_cpu], vec![a.server_cpu])
+    }
+}
+
+/// "Transfer/sec:    109.15MB" → MB/s.
+fn parse_transfer(out: &str) -> Option<f64> {
+    let v = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Transfer/sec:"))?
+        .trim();
+    let split = v.find(|c: char| c.is_ascii_alphabetic())?;
+    let (num, unit) = v.split_at(split);
+    let num: f64 = num.trim().parse().ok()?;
+    let mult = match unit.trim() {
+        "B" => 1e-6,
+        "KB" => 1024.0 / 1e6,
+        "MB" => 1024.0 * 1024.0 / 1e6,
+        "GB" => 1024.0 * 1024.0 * 1024.0 / 1e6,
+        _ => return None,
+    };
+    Some(num * mult)
+}
+
+/// Runs wrk with `script` in the client namespace for the point's duration,
+/// its output to `out_path`; waits for it (a deadline past the duration,
+/// and Ctrl-C, end the wait).
+fn run_wrk(env: &Env, script: &Path, out_path: &Path) -> Result<ExitStatus, Error> {
+    let a = env.args;
+    let out = fs::File::create(out_path)?;
+    let child = Netns::exec(&env.ns.client)
+        .arg(env.wrk)
+        .arg(format!("-t{}", a.wrk_threads))
+        .arg(format!("-c{}", a.connections))
+        .arg(format!("-d{}s", env.duration))
+        .args(["--timeout", "5s", "--latency", "-s"])
+        .arg(script)
+        .arg(format!("http://{SERVER_ADDR}:{PORT}/"))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .map_err(|e| format!("cannot run wrk: {e}"))?;
+    let mut wrk = Proc {
+        name: "wrk",
+        child,
+        log: out_path.to_path_buf(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(env.duration + 30);
+    loop {
+        if let Some(st) = wrk.child.try_wait()? {
+            return Ok(st);
+        }
+        harness::check_interrupted()?;
+        if Instant::now() > deadline {
+            return Err("wrk did not finish in time".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One load point: wrk in the client namespace, CPU and system calls around it.
+pub fn measure(
+    env: &Env,
+    w: &Workload,
+    v: &Variant,
+    servers: &mut Servers,
+    offered: Option<f64>,
+    count_syscalls: bool,
+) -> Result<Point, Error> {
+    let tag = format!(
+        "{}-{}-{}",
+        w.id,
+        v.id,
+        offered.map_or("max".into(), |r| format!("{r:.0}"))
+    );
+    let script = env.tmp.join(format!("{tag}.lua"));
+    let paths = env.tmp.join(format!("{}.paths", w.id));
+    fs::write(
+        &script,
+        workload::wrk_script(&paths, w.http, offered, env.args.wrk_threads),
+    )?;
+    // perf -p counts one process: nginx's work is in its worker.
+    let sys = if count_syscalls && !v.nginx {
+        env.perf.as_ref().and_then(|p| {
+            measure::SyscallCounter::start(
+                p,
+                servers.web.pid(),
+                env.tmp.join(format!("{tag}.perf")),
+            )
+        })
+    } else {
+        None
+    };
+    let (host_cores, server_cores) = core_groups(env, v);
+    let out_path: PathBuf = env.tmp.join(format!("{tag}.wrk"));
+    let before = CpuReading::take(servers)?;
+    let status = run_wrk(env, &script, &out_path)?;
+    let after = CpuReading::take(servers)?;
+    let syscalls = sys.and_then(|s| s.finish());
+    let text = fs::read_to_string(&out_path).unwrap_or_default();
+    if !status.success() {
+        return Err(format!("wrk failed ({status}):\n{text}").into());
+    }
+    servers.web.check_alive()?;
+    let r = harness::parse_wrk(&text)?;
+    if r.requests == 0 {
+        return Err(format!("no request completed:\n{text}").into());
+    }
+    let n = r.requests as f64;
+    let host_us = (after.host_us - before.host_us) / n;
+    let srv_us = match (before.server_us, after.server_us) {
+        (Some(a), Some(b)) => Some((b - a) / n),
+        _ => None,
+    };
+    Ok(Point {
+        offered_rps: offered,
+        rps: r.rps,
+        mb_per_s: parse_transfer(&text).unwrap_or(0.0),
+        p50_us: r.p50_us,
+        p99_us: r.p99_us,
+        requests: r.requests,
+        errors: r.errors,
+        host_cpu_us_per_req: host_us,
+        server_cpu_us_per_req: srv_us,
+        total_cpu_us_per_req: host_us + srv_us.unwrap_or(0.0),
+        host_cores: measure::cpu_split(&before.cores, &after.cores, &host_cores),
+        server_cores: (!server_cores.is_empty())
+            .then(|| measure::cpu_split(&before.cores, &after.cores, &server_cores)),
+        syscalls_per_req: syscalls.map(|c| c as f64 / n),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfer_units() {
+        assert_eq!(
+            parse_transfer("Transfer/sec:      1.00MB\n"),
+            Some(1.048576)
+        );
+        assert_eq!(parse_transfer("Transfer/sec:    512.00KB"), Some(0.524288));
+        assert_eq!(parse_transfer("nothing"), None);
+    }
+}

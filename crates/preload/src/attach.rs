@@ -1,0 +1,199 @@
+//! Making the process's attachment to the TCP server: on the first TCP
+//! socket, with the fallback when there is none (`TCPS_FALLBACK`), and in
+//! a forked child, the claim of its parent's sockets (`fork.rs` leaves the
+//! snapshot's nonce and the parent's descriptors here). The attachment
+//! itself is held in `state.rs`.
+
+use crate::log::{self, debug, info, warning};
+use crate::state::{self, Mode};
+use crate::{control, fdtable};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tcps::Client;
+use tcps_proto::handshake::ControlMsg;
+
+/// What a new TCP socket should be: `Ok(client)` to offload, `Err(None)` for
+/// the kernel, `Err(Some(errno))` to fail the call.
+pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
+    loop {
+        match state::mode() {
+            Mode::Offload => return state::client().ok_or(None),
+            Mode::Kernel => return Err(None),
+            Mode::Failed => return Err(Some(libc::ECONNREFUSED)),
+            Mode::Attaching => std::thread::yield_now(),
+            Mode::Untried => {
+                if state::begin_attach() {
+                    attach();
+                }
+            }
+        }
+    }
+}
+
+/// The attachment for a call on an already offloaded socket; a child that
+/// has not attached yet attaches now (inheriting its parent's sockets).
+pub fn for_existing() -> Option<&'static Client> {
+    if let Some(c) = state::client() {
+        return Some(c);
+    }
+    for_new_socket().ok()
+}
+
+/// `TCPS_FALLBACK=fail`; any value but `kernel`, `fail` or none is
+/// reported (once) and treated as `kernel`, the default.
+fn fail_mode() -> bool {
+    match std::env::var("TCPS_FALLBACK") {
+        Ok(v) if v == "fail" => true,
+        Ok(v) if v == "kernel" || v.is_empty() => false,
+        Err(std::env::VarError::NotPresent) => false,
+        other => {
+            static REPORTED: std::sync::Once = std::sync::Once::new();
+            REPORTED.call_once(|| {
+                log::emit(&format!(
+                    "TCPS_FALLBACK={:?} is not valid (expected kernel or fail); using kernel",
+                    other.unwrap_or_default()
+                ))
+            });
+            false
+        }
+    }
+}
+
+thread_local! {
+    static IN_ATTACH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True while this thread attaches: the Unix socket it opens now is the
+/// control socket (`sock.rs` tells `control.rs`, for `fork.rs`).
+pub fn attaching_here() -> bool {
+    IN_ATTACH.with(|a| a.get())
+}
+
+/// The control socket path, fixed by the first attach: a forked child uses
+/// its parent's even if the program cleared its environment (nginx does).
+fn socket_path() -> &'static std::path::Path {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(tcps::default_path)
+}
+
+fn attach() {
+    let path = socket_path();
+    log::stats_file();
+    IN_ATTACH.with(|a| a.set(true));
+    let inherit = take_inherit_token();
+    let result = match inherit {
+        Some(token) => attach_inherit(path, token),
+        None => Client::attach(path),
+    };
+    IN_ATTACH.with(|a| a.set(false));
+    match result {
+        Ok(c) => {
+            info!(
+                "attached to the TCP server at {}: TCP sockets are offloaded",
+                path.display()
+            );
+            state::at_exit_once();
+            state::install(c);
+        }
+        Err(e) => {
+            let why = tcps::last_attach_error();
+            let why = match e.raw_os_error() {
+                Some(_) if !why.is_empty() => why,
+                _ => e.to_string(),
+            };
+            if inherit.is_some() {
+                exit_if_sockets_inherited(&why);
+            }
+            if fail_mode() {
+                log::emit(&format!(
+                    "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
+                ));
+                state::fail_tcp_sockets();
+            } else {
+                if std::env::var_os("TCPS_FALLBACK_QUIET").is_none() {
+                    warning!("no TCP server ({why}); running on kernel sockets");
+                }
+                debug!("fallback: every TCP socket of this process goes to the kernel");
+                state::at_exit_once();
+                state::fall_back_to_kernel();
+            }
+        }
+    }
+}
+
+/// A forked child whose attach (or claim of its parent's sockets) failed,
+/// e.g. the server is full (`--max-hosts`): the offloaded sockets it
+/// inherited cannot work without the server, and a child that runs on with
+/// dead sockets (an nginx worker that silently never serves) is worse than
+/// one that stops. So it exits at once, status 1, saying why, unless it
+/// inherited no offloaded socket (then the usual fallback applies).
+fn exit_if_sockets_inherited(why: &str) {
+    let inherited = fdtable::all().len();
+    if inherited == 0 {
+        return;
+    }
+    log::emit(&format!(
+        "fork: the TCP server refused this child process ({why}); the {inherited} offloaded \
+         sockets it inherited cannot work without the server, so it exits with status 1 \
+         (let the server take more hosts, e.g. raise --max-hosts, or run fewer processes)"
+    ));
+    // SAFETY: _exit ends this process at once; a forked child must not run
+    // its parent's atexit handlers or flush the parent's stdio buffers.
+    unsafe { libc::_exit(1) };
+}
+
+/// The parent's own descriptors of its sockets (`tcps::Client::kernel_fds`,
+/// listed before the fork): the child's attachment takes them over with the
+/// snapshot, or closes them.
+static PARENT_KFDS: std::sync::Mutex<Vec<(u32, i32)>> = std::sync::Mutex::new(Vec::new());
+
+/// A forked child keeps its parent's descriptors for its attach.
+pub fn keep_parent_kfds(kfds: Vec<(u32, i32)>) {
+    *PARENT_KFDS.lock().unwrap_or_else(|p| p.into_inner()) = kfds;
+}
+
+fn take_parent_kfds() -> Vec<(u32, i32)> {
+    std::mem::take(&mut *PARENT_KFDS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Closes the parent's descriptors this child will not use.
+pub fn close_parent_kfds() {
+    for (_, fd) in take_parent_kfds() {
+        // SAFETY: closing this process's copy of a descriptor only the
+        // parent's (forgotten) attachment knew.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+}
+
+/// `1 << 32 | nonce` while a forked child has a snapshot to claim.
+static INHERIT: AtomicU64 = AtomicU64::new(0);
+
+/// A forked child has the parent's snapshot `nonce` to claim at its attach.
+pub fn set_inherit_token(nonce: u32) {
+    INHERIT.store(1 << 32 | u64::from(nonce), Ordering::Release);
+}
+
+fn take_inherit_token() -> Option<u32> {
+    let v = INHERIT.swap(0, Ordering::AcqRel);
+    (v != 0).then_some(v as u32)
+}
+
+/// Attaches as a forked child and adopts the parent's snapshot `token`;
+/// an error if the server refuses either.
+fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
+    let c = tcps::Client::attach(path)?;
+    match control::call_on(&c, ControlMsg::Inherit { handle: token }) {
+        Ok(()) => {
+            c.adopt_kernel_fds(&take_parent_kfds());
+            debug!("fork: inherited the parent's sockets");
+            Ok(c)
+        }
+        Err(e) => {
+            close_parent_kfds();
+            Err(std::io::Error::other(format!(
+                "the server did not hand over the parent's sockets: {}",
+                std::io::Error::from_raw_os_error(e)
+            )))
+        }
+    }
+}
