@@ -11,10 +11,10 @@
 //! (`sockopt_policy`), it asks for a duplicate of its own socket and does
 //! it itself, again under its own credentials.
 
+use crate::config::Config;
 use crate::guard::HostHeld;
 use crate::host::Host;
 use crate::sys;
-use crate::Config;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use tcps_proto::handshake::ControlMsg;
 use tracing::debug;

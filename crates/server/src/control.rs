@@ -7,10 +7,11 @@
 //! then handed to a worker, which watches it for the host's hang-up.
 //! A `StatQuery` instead of a `Hello` is answered here (`stats::answer`).
 
+use crate::config::Config;
 use crate::host::NewHost;
+use crate::shared::Shared;
 use crate::sys;
 use crate::worker::Inbox;
-use crate::{Config, Shared};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -484,22 +485,6 @@ fn accept_all(listener: RawFd, pending: &mut Vec<Pending>) -> Result<(), i32> {
     }
 }
 
-/// A host left (detached, cut off, or dropped): its slot and its uid's
-/// slot are free again.
-pub fn host_gone(shared: &Shared, uid: u32) {
-    shared.hosts.fetch_sub(1, Ordering::AcqRel);
-    let mut per_uid = shared
-        .hosts_per_uid
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(n) = per_uid.get_mut(&uid) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            per_uid.remove(&uid);
-        }
-    }
-}
-
 /// Takes a slot for a host of `uid`: `Err(message)` when the server or
 /// the uid is full (`--max-hosts`, `--max-hosts-per-uid`; uid 0 is not
 /// limited per uid: root can stop the server anyway).
@@ -590,7 +575,7 @@ fn attach(
     if let Some(q) = StatQuery::decode(&buf[..n.max(0) as usize]) {
         // Its reply is sent within a budget, on a blocking socket.
         let _ = sys::set_blocking(fd);
-        crate::stats::answer(fd, cred.uid, q, shared);
+        crate::stats::answer(fd, cred.uid, q, |uid| shared.stat_report(uid));
         return Ok(false);
     }
     let hello = if n >= 0 {
@@ -664,7 +649,7 @@ fn attach(
             Ok(true)
         }
         Err(e) => {
-            host_gone(shared, cred.uid);
+            shared.host_gone(cred.uid);
             Err(e)
         }
     }

@@ -1,6 +1,7 @@
 //! What the server keeps per attached host: its credentials, its mapped
 //! region with one private cursor per channel, and its sockets.
 
+use crate::guard::{self, HostHeld};
 use crate::registry::Registry;
 use crate::slab::Slab;
 use std::collections::VecDeque;
@@ -54,7 +55,7 @@ pub struct Host {
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
     /// Guarded calls that found O_NONBLOCK cleared on a description the
-    /// host shares (`guard::interrupted`); too many detach the host.
+    /// host shares (`Host::interrupted`); too many detach the host.
     pub blocking_strikes: u32,
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
@@ -161,6 +162,31 @@ impl Host {
         self.sockets.get_mut(id as usize).filter(|s| !s.closing)
     }
 
+    /// A guarded call on `fd`, a description this host shares, returned
+    /// EINTR (`guard`). If the host had cleared O_NONBLOCK it is set again
+    /// and counted as a strike: each cost the worker up to a tick, so after
+    /// [`guard::MAX_BLOCKING_STRIKES`] the host is detached.
+    pub fn interrupted(&mut self, fd: libc::c_int) {
+        if !guard::restore_nonblocking(fd) {
+            return;
+        }
+        self.blocking_strikes += 1;
+        tracing::debug!(
+            host = self.id,
+            strikes = self.blocking_strikes,
+            "a call on a shared socket slept: the host cleared O_NONBLOCK"
+        );
+        if self.blocking_strikes >= guard::MAX_BLOCKING_STRIKES && self.doomed.is_none() {
+            tracing::warn!(
+                host = self.id,
+                pid = self.pid,
+                uid = self.uid,
+                "detaching host: it keeps clearing O_NONBLOCK on sockets it shares with the server"
+            );
+            self.doomed = Some("cleared O_NONBLOCK on shared sockets".into());
+        }
+    }
+
     /// Any socket, also a closing one (readiness and timers still drive it).
     pub fn any_socket_mut(&mut self, id: u32) -> Option<&mut Sock> {
         self.sockets.get_mut(id as usize)
@@ -205,15 +231,15 @@ pub struct Sock {
     /// connections inherit), once looked up; `None`: look it up.
     pub listener_lingers: Option<bool>,
     /// An accepted connection: what it counts against until it closes.
-    pub admitted: crate::admission::Admitted,
+    pub admitted: Admitted,
     /// Process-ahead policy (server defaults, `SOL_TCPS` options, or the
     /// listener's for an accepted connection).
-    pub policy: crate::EagerPolicy,
+    pub policy: crate::config::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
     pub ahead: crate::calls::eager::Ahead,
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
-    pub host_held: Option<crate::guard::HostHeld>,
+    pub host_held: Option<HostHeld>,
 }
 
 impl Sock {
@@ -235,7 +261,7 @@ impl Sock {
             may_linger: true,
             listener_lingers: None,
             admitted: Default::default(),
-            policy: crate::EagerPolicy::default(),
+            policy: crate::config::EagerPolicy::default(),
             ahead: crate::calls::eager::Ahead::None,
             host_held: None,
         }
@@ -287,6 +313,15 @@ impl Sock {
         }
         m
     }
+}
+
+/// What an accepted connection counts against.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Admitted {
+    /// The listener (socket id, generation) that accepted it.
+    pub listener: Option<(u32, u16)>,
+    /// The client address, when per-address limits are on.
+    pub addr: Option<std::net::IpAddr>,
 }
 
 /// A call that would block, waiting at the server for its socket.

@@ -71,7 +71,7 @@ struct Inherited {
     snd_timeout: Option<Duration>,
     /// Process-ahead policy; nothing is bound in the child (its host
     /// library binds with `RecvBind`) unless bytes were carried.
-    policy: crate::EagerPolicy,
+    policy: crate::config::EagerPolicy,
     /// Bytes read ahead for the parent and not taken by it (and the end of
     /// stream): the child's pull buffer starts with them.
     unread: Option<crate::calls::eager::Unread>,
@@ -114,7 +114,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn of(cfg: &crate::Config) -> Budget {
+    pub fn of(cfg: &crate::config::Config) -> Budget {
         Budget {
             max_snapshots: cfg.max_fork_snapshots_per_user,
             max_fds: cfg.max_fork_fds_per_user,
@@ -341,7 +341,7 @@ mod tests {
                 nonblocking: false,
                 rcv_timeout: None,
                 snd_timeout: None,
-                policy: crate::EagerPolicy::default(),
+                policy: crate::config::EagerPolicy::default(),
                 unread: None,
             })
             .collect();

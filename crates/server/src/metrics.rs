@@ -18,8 +18,8 @@
 //! the operator asks for them (`--metrics-per-host`); by default the text
 //! has the server totals alone.
 
+use crate::shared::Shared;
 use crate::sys::{self, ListenerWake};
-use crate::Shared;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -198,7 +198,7 @@ fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
             (
                 "200 OK",
                 "text/plain; version=0.0.4; charset=utf-8",
-                render(&crate::stats::report(shared, uid), per_host),
+                render(&shared.stat_report(uid), per_host),
             )
         }
         ("GET" | "HEAD", _) => (
@@ -362,14 +362,13 @@ pub fn render(r: &Value, per_host: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats;
 
     /// Every key the report has is rendered, and nothing else is: a new
     /// counter must be added to COUNTERS / DEPTHS.
     #[test]
     fn every_counter_and_depth_is_rendered() {
         let shared = Shared::default();
-        let r = stats::report(&shared, 0);
+        let r = shared.stat_report(0);
         let counters = r["total"]["counters"].as_object().expect("counters");
         let mut keys: Vec<&str> = counters
             .keys()
@@ -393,17 +392,17 @@ mod tests {
     #[test]
     fn totals_only_by_default() {
         let shared = Shared::default();
-        let text = render(&stats::report(&shared, 0), false);
+        let text = render(&shared.stat_report(0), false);
         assert!(!text.contains("tcps_host_"), "{text}");
         assert!(text.contains("tcps_round_trips_total 0\n"));
-        let with = render(&stats::report(&shared, 0), true);
+        let with = render(&shared.stat_report(0), true);
         assert!(with.contains("# TYPE tcps_host_round_trips_total counter\n"));
     }
 
     #[test]
     fn exposition_format() {
         let shared = Shared::default();
-        let text = render(&stats::report(&shared, 0), true);
+        let text = render(&shared.stat_report(0), true);
         assert!(text.contains("# TYPE tcps_calls_total counter\n"));
         assert!(text.contains("tcps_calls_total{op=\"Send\"} 0\n"));
         assert!(text.contains("tcps_round_trips_total 0\n"));

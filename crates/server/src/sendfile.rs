@@ -118,7 +118,7 @@ pub fn call(host: &mut Host, sock: u32, file: u32, offset: u64, count: u32) -> R
     if n < 0 {
         if e == libc::EINTR {
             // The guard cut short a sendfile the host made blocking.
-            crate::guard::interrupted(host, sfd);
+            host.interrupted(sfd);
             return Err(libc::EAGAIN);
         }
         debug!(host = host.id, sock, errno = e, "sendfile failed");

@@ -9,13 +9,14 @@
 //! the doorbell eventfd, which wakes the engine.
 
 use crate::calls::{self, Ctx, Timers};
+use crate::config::{Config, PollMode};
 use crate::engine::{self, Engine, Event};
 use crate::host::{Host, NewHost, Outgoing};
 use crate::registry::Budget;
+use crate::shared::Shared;
 use crate::slab::Slab;
 use crate::sys;
 use crate::token::{Token, MAX_HOSTS_PER_WORKER};
-use crate::{Config, PollMode, Shared};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
@@ -68,7 +69,7 @@ fn on_control_msg(
 /// within the host's budget (a refusal is logged on the 1st, 2nd, 4th, ...).
 fn register(
     host: &mut Host,
-    cfg: &crate::Config,
+    cfg: &crate::config::Config,
     handle: u32,
     len: u64,
     mut fds: Vec<OwnedFd>,
@@ -287,7 +288,7 @@ impl Worker {
         info!(
             worker = self.index,
             engine = self.engine.name(),
-            poll = crate::poll_name(self.cfg.poll),
+            poll = crate::config::poll_name(self.cfg.poll),
             "worker running"
         );
         let mut last_work = Instant::now();
@@ -533,7 +534,7 @@ impl Worker {
         for nh in new {
             if self.hosts.len() >= MAX_HOSTS_PER_WORKER {
                 warn!("worker full; dropping host");
-                crate::control::host_gone(&self.shared, nh.uid);
+                self.shared.host_gone(nh.uid);
                 continue;
             }
             let host = Host::new(nh, self.cfg.max_pull_bytes_per_host);
@@ -597,7 +598,7 @@ impl Worker {
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.engine.forget(host.doorbell.as_raw_fd(), 0);
             self.shared.stats.detach(&host);
-            crate::control::host_gone(&self.shared, host.uid);
+            self.shared.host_gone(host.uid);
             if why == "detached" {
                 info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
             } else {
@@ -679,7 +680,7 @@ impl Worker {
                 }
                 calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
                 self.shared.stats.detach(&host);
-                crate::control::host_gone(&self.shared, host.uid);
+                self.shared.host_gone(host.uid);
             }
         }
         let _ = self.shutdown_fd;

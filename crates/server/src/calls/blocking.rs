@@ -344,7 +344,7 @@ fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> St
     let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
     drop(guard);
     if r == Err(libc::EINTR) {
-        guard::interrupted(host, fd);
+        host.interrupted(fd);
     }
     // EINTR: the guard cut short a connect the host made blocking; the
     // connection goes on in the background, as after EINPROGRESS.
@@ -417,7 +417,7 @@ fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step 
                 }
                 Err(libc::EINTR) => {
                     // The guard cut short an accept the host made blocking.
-                    guard::interrupted(host, fd);
+                    host.interrupted(fd);
                     return would_block(p);
                 }
                 Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),

@@ -14,9 +14,9 @@
 
 use super::blocking::rearm;
 use super::{asyncq, check_quota, insert_accepted, Ctx, Res};
+use crate::config::{EagerPolicy, EagerRecv};
 use crate::host::Host;
 use crate::sys;
-use crate::{EagerPolicy, EagerRecv};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
@@ -867,7 +867,7 @@ fn accept_loop(
             Err(libc::EINTR) => {
                 // The guard cut short an accept the host made blocking:
                 // again at the next readiness.
-                crate::guard::interrupted(host, fd);
+                host.interrupted(fd);
                 break;
             }
             Err(libc::EAGAIN) => break,

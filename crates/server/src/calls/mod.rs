@@ -18,11 +18,11 @@ mod poll;
 pub use asyncq::{poll_queues, prepare_sleep};
 pub use blocking::on_socket_ready;
 
+use crate::config::Config;
 use crate::engine::Engine;
 use crate::host::{Host, Sock};
 use crate::sys::{self, RawAddr};
 use crate::token::{GEN_MASK, MAX_SOCKETS_PER_HOST};
-use crate::Config;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -58,7 +58,7 @@ pub fn on_timer(cx: &mut Ctx<'_>, host: &mut Host, serial: u64, key: TimerKey) {
 pub struct Ctx<'a> {
     pub engine: &'a mut dyn Engine,
     pub cfg: &'a Config,
-    pub shared: &'a crate::Shared,
+    pub shared: &'a crate::shared::Shared,
     pub hkey: usize,
     pub timers: &'a mut Timers,
     pub next_serial: &'a mut u64,
@@ -92,7 +92,7 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
 /// Executes (or parks) one request a host published on channel `ch`.
 pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
     if host.doomed.is_some() {
-        // Being detached (e.g. `guard::interrupted`): not one call more,
+        // Being detached (e.g. `Host::interrupted`): not one call more,
         // also from the rest of the worker's batch for this host.
         return;
     }
@@ -503,7 +503,7 @@ pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
 
 /// Closes every socket of a host that is going away. Parked calls are not
 /// answered: the host is dead or being cut off.
-pub fn close_all(engine: &mut dyn Engine, shared: &crate::Shared, host: &mut Host) {
+pub fn close_all(engine: &mut dyn Engine, shared: &crate::shared::Shared, host: &mut Host) {
     for k in host.sockets.keys() {
         if let Some(s) = host.sockets.remove(k) {
             engine.forget(s.fd.as_raw_fd(), 0);
