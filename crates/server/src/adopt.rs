@@ -78,7 +78,7 @@ fn adopt(
     let fd = fds.remove(0);
     check_tcp_socket(fd.as_raw_fd())?;
     // Refused before its description is touched.
-    crate::calls::check_quota(cfg, host)?;
+    crate::calls::common::check_quota(cfg, host)?;
     // The server never blocks on a socket. O_NONBLOCK lives in the open
     // file description, shared with the host's copy, which the host
     // library never blocks on.
@@ -87,7 +87,7 @@ fn adopt(
     // so blocking calls on it are guarded, and connections accepted on it
     // are its owner's (`guard`).
     let held = HostHeld::of(fd.as_raw_fd());
-    let id = crate::calls::insert_socket(cfg, host, fd, nonblocking)?;
+    let id = crate::calls::common::insert_socket(cfg, host, fd, nonblocking)?;
     if let Some(s) = host.socket_mut(id) {
         s.host_held = held;
     }

@@ -1,6 +1,8 @@
 //! What the server keeps per attached host: its credentials, its mapped
 //! region with one private cursor per channel, and its sockets.
 
+use crate::calls::eager::pullbuf::PullAccount;
+use crate::calls::eager::ring::Ahead;
 use crate::guard::{self, HostHeld};
 use crate::registry::Registry;
 use crate::slab::Slab;
@@ -73,7 +75,7 @@ pub struct Host {
     /// periodic sweep resumes them when room appears.
     pub ahead_paused: Vec<u32>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
-    pub pull: crate::calls::eager::PullAccount,
+    pub pull: PullAccount,
     /// Sockets to re-arm at the next sweep: their last readiness answered
     /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
     pub rearm_later: Vec<u32>,
@@ -130,7 +132,7 @@ impl Host {
             hot: Vec::new(),
             cooling: Vec::new(),
             ahead_paused: Vec::new(),
-            pull: crate::calls::eager::PullAccount::new(max_pull_bytes),
+            pull: PullAccount::new(max_pull_bytes),
             rearm_later: Vec::new(),
         }
     }
@@ -236,7 +238,7 @@ pub struct Sock {
     /// listener's for an accepted connection).
     pub policy: crate::config::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
-    pub ahead: crate::calls::eager::Ahead,
+    pub ahead: Ahead,
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
     pub host_held: Option<HostHeld>,
@@ -262,7 +264,7 @@ impl Sock {
             listener_lingers: None,
             admitted: Default::default(),
             policy: crate::config::EagerPolicy::default(),
-            ahead: crate::calls::eager::Ahead::None,
+            ahead: Ahead::None,
             host_held: None,
         }
     }

@@ -53,6 +53,7 @@
 //! parent went. They still count against the user's budget until claimed
 //! or expired.
 
+use crate::calls::eager::handover;
 use crate::host::{Host, Sock};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -74,7 +75,7 @@ struct Inherited {
     policy: crate::config::EagerPolicy,
     /// Bytes read ahead for the parent and not taken by it (and the end of
     /// stream): the child's pull buffer starts with them.
-    unread: Option<crate::calls::eager::Unread>,
+    unread: Option<handover::Unread>,
 }
 
 struct Snapshot {
@@ -150,7 +151,7 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> {
     // Connections accepted ahead that the parent has not taken are not the
     // child's to inherit: it could never name them.
-    let untaken = crate::calls::eager::untaken_ids(host);
+    let untaken = handover::untaken_ids(host);
     let wanted = host.sockets.len().saturating_sub(untaken.len());
     // Checked before a single dup(), and again under the lock when the
     // snapshot is stored (another worker may have stored one meanwhile).
@@ -184,7 +185,7 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     // parent's rings.
     let mut carried = 0;
     for i in &mut sockets {
-        i.unread = crate::calls::eager::take_unread_for_fork(host, i.id);
+        i.unread = handover::take_unread_for_fork(host, i.id);
         if let Some(u) = &i.unread {
             carried += 1;
             debug!(
@@ -275,7 +276,7 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
             return Err(libc::EEXIST);
         }
         if let Some(u) = i.unread {
-            crate::calls::eager::start_pull_with(host, i.id, u);
+            handover::start_pull_with(host, i.id, u);
         }
     }
     info!(
@@ -307,7 +308,7 @@ pub fn export(
     }
     // A ring or pull buffer holding bytes (connections) the host has not
     // taken: those would be lost.
-    if !crate::calls::eager::release_for_export(host, id) {
+    if !handover::release_for_export(host, id) {
         return (reply(libc::EBUSY), None);
     }
     match crate::calls::take_for_export(cx, host, id) {

@@ -16,7 +16,7 @@
 //! kernel code of its own on every read. Those are refused at `FileOpen`
 //! (EOPNOTSUPP, logged; the host's sendfile fails with it).
 
-use crate::calls::Res;
+use crate::calls::common::Res;
 use crate::host::Host;
 use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, warn};

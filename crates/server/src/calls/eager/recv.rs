@@ -1,0 +1,225 @@
+//! Receive rings (push): binding one to a socket, receiving into it on
+//! readiness, stopping it; and the POLLIN readiness of every socket that
+//! receives (accepts) eagerly, which comes from its ring or buffer.
+
+use super::pullbuf::PullEnd;
+use super::ring::{init_ring, look, note_paused, pause_threshold, publish, Ahead, ByteRing};
+use crate::config::EagerRecv;
+use crate::host::Host;
+use crate::sys;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence, Ordering};
+use tcps_proto::futex;
+use tcps_proto::recvq::{ACCEPT_RECORD_SIZE, END_ERROR, END_STOPPED, KIND_BYTES};
+
+/// Binds byte ring `sid` to socket `sid` (push). False if it has none.
+pub(crate) fn bind_bytes(host: &mut Host, sid: u32) -> bool {
+    let Some(ring) = host.region.recv_ring(sid) else {
+        return false;
+    };
+    let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.closing) else {
+        return false;
+    };
+    init_ring(&ring, sid, KIND_BYTES);
+    s.ahead = Ahead::Bytes(ByteRing::default());
+    true
+}
+
+// Both fills stop at a short read: a `recv` that returned less than it
+// asked for emptied the socket's receive queue, so one more `recv` would
+// only fetch EAGAIN (a system call per readiness event saved). Nothing is
+// lost: the socket is re-armed, and a one-shot arm on a socket with data
+// (or a FIN) already queued fires at once.
+
+/// Most bytes read into one ring per readiness event, so one busy socket
+/// cannot hold the worker (it stays armed and is served again).
+pub(crate) const FILL_BUDGET_RINGS: u32 = 2;
+
+pub(crate) fn fill_bytes(host: &mut Host, sid: u32) -> bool {
+    let Host {
+        region,
+        sockets,
+        stats,
+        ahead_paused,
+        ..
+    } = host;
+    let Some(sock) = sockets.get_mut(sid as usize) else {
+        return false;
+    };
+    let fd = sock.fd.as_raw_fd();
+    let Ahead::Bytes(st) = &mut sock.ahead else {
+        return false;
+    };
+    if st.paused || st.ended {
+        return false;
+    }
+    let Some(ring) = region.recv_ring(sid) else {
+        return false;
+    };
+    let ctl = ring.ctl();
+    let size = ring.size();
+    let threshold = pause_threshold(size);
+    let start = st.tail;
+    let (mut used, c) = look(st.tail, ctl.head.load(Ordering::Acquire), st.consumed, 1);
+    st.consumed = c;
+    let mut end = None;
+    loop {
+        let free = size - used;
+        if st.tail.wrapping_sub(start) >= FILL_BUDGET_RINGS * size {
+            break; // budget spent: the socket stays armed and comes back
+        }
+        if free < threshold {
+            // Pause: publish, then `paused = 1; fence; re-read head`
+            // (Dekker against the host's "store head; fence; load paused").
+            ctl.tail.store(st.tail, Ordering::Release);
+            ctl.paused.store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            let (u, c) = look(st.tail, ctl.head.load(Ordering::Acquire), st.consumed, 1);
+            (used, st.consumed) = (u, c);
+            if size - used >= threshold {
+                ctl.paused.store(0, Ordering::Relaxed);
+                continue;
+            }
+            st.paused = true;
+            note_paused(ahead_paused, sid);
+            break;
+        }
+        let (p, n) = ring.span_ptr(st.tail, free);
+        // SAFETY: p..p+n is the free span of this socket's ring inside the
+        // mapped region (span_ptr bounds it); the host reads only
+        // head..tail, and a host that writes here only corrupts its own
+        // stream. No Rust reference to the span is formed.
+        match unsafe { sys::recv(fd, p, n, 0) } {
+            Ok(0) => {
+                end = Some(Ok(()));
+                break;
+            }
+            Ok(k) => {
+                st.tail = st.tail.wrapping_add(k as u32);
+                used += k as u32;
+                stats.recvs_eager += 1;
+                stats.bytes_ahead += k as u64;
+                stats.bytes_received += k as u64;
+                if k < n {
+                    break; // a short read: drained (see above FILL_BUDGET_RINGS)
+                }
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) => break,
+            Err(e) => {
+                end = Some(Err(e));
+                break;
+            }
+        }
+    }
+    if let Some(e) = end {
+        st.ended = true;
+        st.end = Some(match e {
+            Ok(()) => PullEnd::Eof,
+            Err(e) => PullEnd::Error(e),
+        });
+    }
+    let moved = st.tail != start || end.is_some();
+    if moved {
+        publish(ctl, st.tail, end);
+    }
+    moved
+}
+
+/// Stops socket `sid` receiving ahead into its byte ring (its policy
+/// becomes `Off`): the bytes already in the ring stay there for the host,
+/// then `END_STOPPED` (stored after the last `tail`) tells it to go on with
+/// requests; the kernel keeps everything newer. A ring that already ended
+/// (EOF or error published) is left as it is: the host reads the end there.
+/// Used by `setsockopt(TCPS_EAGER_RECV, 0)` (before exec) and by a fork
+/// snapshot.
+pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
+    let Some(s) = host.socket_mut(sid) else {
+        return;
+    };
+    s.policy.recv = EagerRecv::Off;
+    if !matches!(&s.ahead, Ahead::Bytes(b) if !b.ended) {
+        return;
+    }
+    s.ahead = Ahead::None;
+    host.ahead_paused.retain(|&p| p != sid);
+    if let Some(ring) = host.region.recv_ring(sid) {
+        let ctl = ring.ctl();
+        ctl.end.store(END_STOPPED, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
+            futex::wake_all(&ctl.tail);
+        }
+    }
+}
+
+/// POLLIN-side readiness of a socket that reads ahead, for the events
+/// `events` asked: from its ring or buffer, never from the kernel.
+pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
+    let Some(s) = host.socket(sid) else {
+        return 0;
+    };
+    let want_in = events & (libc::POLLIN | libc::POLLRDNORM);
+    let want = want_in | (events & libc::POLLRDHUP);
+    let ready = |end: Option<Result<(), i32>>, data: bool| -> i16 {
+        let mut r = 0;
+        if data {
+            r |= want_in;
+        }
+        match end {
+            Some(Ok(())) => r |= want_in | (want & libc::POLLRDHUP),
+            Some(Err(_)) => r |= want_in | libc::POLLERR,
+            None => {}
+        }
+        r
+    };
+    match &s.ahead {
+        Ahead::None => 0,
+        Ahead::Pull(p) => ready(
+            p.end.map(|e| match e {
+                PullEnd::Eof => Ok(()),
+                PullEnd::Error(e) => Err(e),
+            }),
+            p.len() > 0,
+        ),
+        Ahead::Bytes(b) => {
+            let Some(r) = host.region.recv_ring(sid) else {
+                return 0;
+            };
+            let used = look(b.tail, r.ctl().head.load(Ordering::Acquire), b.consumed, 1).0;
+            let end = if !b.ended {
+                None
+            } else if r.ctl().end.load(Ordering::Relaxed) == END_ERROR {
+                Some(Err(r.ctl().end_errno.load(Ordering::Relaxed)))
+            } else {
+                Some(Ok(()))
+            };
+            ready(end, used > 0)
+        }
+        Ahead::Accept(a) => {
+            let Some(r) = host.region.recv_ring(sid) else {
+                return 0;
+            };
+            let used = look(
+                a.tail,
+                r.ctl().head.load(Ordering::Acquire),
+                a.consumed,
+                ACCEPT_RECORD_SIZE,
+            )
+            .0;
+            ready(None, used > 0)
+        }
+    }
+}
+
+/// Whether socket `sid` reads ahead (its POLLIN readiness is ours).
+pub(crate) fn reads_ahead(host: &Host, sid: u32) -> bool {
+    host.socket(sid).is_some_and(|s| s.ahead.is_active())
+}
+
+/// Whether a `Recv` must be refused (the socket's byte ring is bound: the
+/// host reads the ring) or an `Accept` (its accept ring is bound).
+pub(crate) fn ring_bound(host: &Host, sid: u32) -> bool {
+    host.socket(sid)
+        .is_some_and(|s| matches!(s.ahead, Ahead::Bytes(_) | Ahead::Accept(_)))
+}
