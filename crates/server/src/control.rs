@@ -550,6 +550,39 @@ fn refuse(fd: RawFd, errno: i32, message: String) -> io::Result<()> {
     send_welcome(fd, &Welcome::refused(errno, message), &[])
 }
 
+/// An admitted host's channel region (a memfd) and doorbell, sent to it in
+/// its `Welcome` on `conn`: the host as the worker will take it.
+fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Result<NewHost> {
+    let fd = conn.as_raw_fd();
+    let size = cfg.layout.region_size();
+    let memfd = sys::memfd(c"tcps-channels", size).map_err(io::Error::from_raw_os_error)?;
+    let region = Region::map(std::os::fd::AsFd::as_fd(&memfd), cfg.layout)?;
+    region.init_header();
+    if !cfg.cpus.is_empty() {
+        region
+            .header()
+            .server_flags
+            .store(SERVER_DEDICATED_CORES, Ordering::Release);
+    }
+    // Its own doorbell: no other host can drain (or ring) it.
+    let doorbell = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
+    // The Welcome fits an empty socket buffer: a non-blocking send
+    // does not fail for want of room.
+    send_welcome(
+        fd,
+        &Welcome::accepted(size as u64),
+        &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
+    )?;
+    Ok(NewHost {
+        id,
+        pid,
+        uid,
+        region,
+        control: conn,
+        doorbell,
+    })
+}
+
 /// Answers the first message of a connection (its `Hello`, readable now):
 /// attaches the host (`Ok(true)`) or answers a `StatQuery` or a refusal.
 fn attach(
@@ -610,35 +643,7 @@ fn attach(
         refuse(fd, libc::EUSERS, message)?;
         return Ok(false);
     }
-    let result = (|| -> io::Result<NewHost> {
-        let size = cfg.layout.region_size();
-        let memfd = sys::memfd(c"tcps-channels", size).map_err(io::Error::from_raw_os_error)?;
-        let region = Region::map(std::os::fd::AsFd::as_fd(&memfd), cfg.layout)?;
-        region.init_header();
-        if !cfg.cpus.is_empty() {
-            region
-                .header()
-                .server_flags
-                .store(SERVER_DEDICATED_CORES, Ordering::Release);
-        }
-        // Its own doorbell: no other host can drain (or ring) it.
-        let doorbell = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
-        // The Welcome fits an empty socket buffer: a non-blocking send
-        // does not fail for want of room.
-        send_welcome(
-            fd,
-            &Welcome::accepted(size as u64),
-            &[memfd.as_raw_fd(), doorbell.as_raw_fd()],
-        )?;
-        Ok(NewHost {
-            id,
-            pid: cred.pid as u32,
-            uid: cred.uid,
-            region,
-            control: conn,
-            doorbell,
-        })
-    })();
+    let result = new_host(conn, id, cfg, cred.pid as u32, cred.uid);
     match result {
         Ok(host) => {
             info!(host = id, pid = host.pid, uid = host.uid, "host attached");

@@ -239,6 +239,45 @@ fn num(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// The server's own families: its version and pid, and its hosts.
+fn server_families(out: &mut String, r: &Value) {
+    family(
+        out,
+        "tcps_info",
+        "gauge",
+        "The TCP server: its protocol version and pid.",
+        &[(
+            format!(
+                "version=\"{}\",pid=\"{}\"",
+                num(&r["version"]),
+                num(&r["server"]["pid"])
+            ),
+            1,
+        )],
+    );
+    family(
+        out,
+        "tcps_hosts_attached",
+        "gauge",
+        "Hosts attached now.",
+        &[(String::new(), num(&r["server"]["hosts_attached"]))],
+    );
+    family(
+        out,
+        "tcps_hosts_refused_total",
+        "counter",
+        "Hosts refused at attach (admission control).",
+        &[(String::new(), num(&r["server"]["hosts_refused"]))],
+    );
+    family(
+        out,
+        "tcps_hosts_detached_total",
+        "counter",
+        "Hosts that detached.",
+        &[(String::new(), num(&r["server"]["hosts_detached"]))],
+    );
+}
+
 /// The Prometheus text of a stat report (`stats::report`): server totals,
 /// and with `per_host` the `tcps_host_*` series of every attached host.
 pub fn render(r: &Value, per_host: bool) -> String {
@@ -263,41 +302,7 @@ pub fn render(r: &Value, per_host: bool) -> String {
         })
         .unwrap_or_default();
     let total = &r["total"];
-    family(
-        &mut out,
-        "tcps_info",
-        "gauge",
-        "The TCP server: its protocol version and pid.",
-        &[(
-            format!(
-                "version=\"{}\",pid=\"{}\"",
-                num(&r["version"]),
-                num(&r["server"]["pid"])
-            ),
-            1,
-        )],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_attached",
-        "gauge",
-        "Hosts attached now.",
-        &[(String::new(), num(&r["server"]["hosts_attached"]))],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_refused_total",
-        "counter",
-        "Hosts refused at attach (admission control).",
-        &[(String::new(), num(&r["server"]["hosts_refused"]))],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_detached_total",
-        "counter",
-        "Hosts that detached.",
-        &[(String::new(), num(&r["server"]["hosts_detached"]))],
-    );
+    server_families(&mut out, r);
     // Calls by type.
     let by_op = |c: &Value, labels: &str| -> Vec<(String, u64)> {
         c["calls"]

@@ -152,127 +152,11 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         }
     }
     match p.call {
-        Call::Accept { addr, flags, .. } => loop {
-            // Refuse before accepting: the connection stays in the backlog.
-            if let Err(e) = check_quota(cx.cfg, host) {
-                return Step::Done(Err(e));
-            }
-            match sys::accept(fd) {
-                Ok((nfd, peer)) => {
-                    // Over an admission limit: reset it here and accept the
-                    // next one; the host never sees it.
-                    let Some(admitted) = admission::admit(
-                        cx.cfg,
-                        &cx.shared.conns_per_addr,
-                        host,
-                        sid,
-                        peer.as_bytes(),
-                    ) else {
-                        admission::reset(nfd);
-                        continue;
-                    };
-                    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-                    let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
-                        Ok(id) => id,
-                        Err(e) => {
-                            admission::release(host, &cx.shared.conns_per_addr, &admitted);
-                            return Step::Done(Err(e));
-                        }
-                    };
-                    if let Some(s) = host.sockets.get_mut(id as usize) {
-                        s.admitted = admitted;
-                    }
-                    host.stats.accepts_on_demand += 1;
-                    let policy = host.sockets.get(sid as usize).map(|l| l.policy);
-                    let setup = policy.map_or(0, |pol| setup::setup_accepted(cx, host, id, pol));
-                    let len = write_arena(host, p.ch, addr, peer.as_bytes());
-                    // aux: the address length, and in its high half what
-                    // was set up with the accept (SETUP_*).
-                    return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
-                }
-                Err(libc::EINTR) => {
-                    // The guard cut short an accept the host made blocking.
-                    host.interrupted(fd);
-                    return would_block(p);
-                }
-                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),
-                Err(e) => return Step::Done(Err(e)),
-            }
-        },
+        Call::Accept { addr, flags, .. } => try_accept(cx, host, sid, fd, p, addr, flags),
         Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
-            let Some((base, total)) = data_ptr(host, p) else {
-                return Step::Done(Err(libc::EFAULT));
-            };
-            if total == 0 {
-                return Step::Done(Ok((0, 0)));
-            }
-            let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
-            if let Some(step) = pull_step(cx, host, sid, p, base, total, flags) {
-                return step;
-            }
-            if p.serial == 0 && p.progress == 0 {
-                // Once per request (a parked one is retried).
-                host.stats.recvs_on_demand += 1;
-            }
-            loop {
-                // SAFETY: base..base+total is a checked range of the host's
-                // arena, mapped for the life of `host`; progress < total.
-                let r = unsafe {
-                    sys::recv(
-                        fd,
-                        base.add(p.progress),
-                        total - p.progress,
-                        flags & !libc::MSG_WAITALL,
-                    )
-                };
-                match r {
-                    Ok(0) => return Step::Done(Ok((p.progress as i64, 0))),
-                    Ok(n) => {
-                        p.progress += n;
-                        host.stats.bytes_received += n as u64;
-                        if p.progress == total || !waitall {
-                            return Step::Done(Ok((p.progress as i64, 0)));
-                        }
-                    }
-                    Err(libc::EINTR) => {}
-                    Err(libc::EAGAIN) if p.progress > 0 && (p.nonblocking || !waitall) => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(libc::EAGAIN) => return would_block(p),
-                    Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
-                    Err(e) => return Step::Done(Err(e)),
-                }
-            }
+            try_recv(cx, host, sid, fd, p, flags)
         }
-        Call::Send { flags, .. } | Call::SendReg { flags, .. } => {
-            let Some((base, total)) = data_ptr(host, p) else {
-                return Step::Done(Err(libc::EFAULT));
-            };
-            // An asynchronous send is all or nothing: bytes after a failure
-            // would leave a hole in the stream.
-            let partial_ok = p.job.is_none();
-            loop {
-                if p.progress == total {
-                    return Step::Done(Ok((total as i64, 0)));
-                }
-                // SAFETY: as for recv; the kernel only reads the range.
-                match unsafe { sys::send(fd, base.add(p.progress), total - p.progress, flags) } {
-                    Ok(n) => {
-                        p.progress += n;
-                        host.stats.bytes_sent += n as u64;
-                    }
-                    Err(libc::EINTR) => {}
-                    Err(libc::EAGAIN) if p.nonblocking && p.progress > 0 => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(libc::EAGAIN) => return would_block(p),
-                    Err(_) if p.progress > 0 && partial_ok => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(e) => return Step::Done(Err(e)),
-                }
-            }
-        }
+        Call::Send { flags, .. } | Call::SendReg { flags, .. } => try_send(host, fd, p, flags),
         Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
         Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
@@ -280,6 +164,153 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
             Ok(e) | Err(e) => Step::Done(Err(e)),
         },
         _ => Step::Done(Err(libc::EINVAL)),
+    }
+}
+
+/// An accept (`flags`: accept4's, the peer's address into `addr`): the
+/// connection admitted, inserted and set up with its listener's policy.
+fn try_accept(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &Parked,
+    addr: ArenaRange,
+    flags: i32,
+) -> Step {
+    loop {
+        // Refuse before accepting: the connection stays in the backlog.
+        if let Err(e) = check_quota(cx.cfg, host) {
+            return Step::Done(Err(e));
+        }
+        match sys::accept(fd) {
+            Ok((nfd, peer)) => {
+                // Over an admission limit: reset it here and accept the
+                // next one; the host never sees it.
+                let Some(admitted) = admission::admit(
+                    cx.cfg,
+                    &cx.shared.conns_per_addr,
+                    host,
+                    sid,
+                    peer.as_bytes(),
+                ) else {
+                    admission::reset(nfd);
+                    continue;
+                };
+                let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+                let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        admission::release(host, &cx.shared.conns_per_addr, &admitted);
+                        return Step::Done(Err(e));
+                    }
+                };
+                if let Some(s) = host.sockets.get_mut(id as usize) {
+                    s.admitted = admitted;
+                }
+                host.stats.accepts_on_demand += 1;
+                let policy = host.sockets.get(sid as usize).map(|l| l.policy);
+                let setup = policy.map_or(0, |pol| setup::setup_accepted(cx, host, id, pol));
+                let len = write_arena(host, p.ch, addr, peer.as_bytes());
+                // aux: the address length, and in its high half what
+                // was set up with the accept (SETUP_*).
+                return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
+            }
+            Err(libc::EINTR) => {
+                // The guard cut short an accept the host made blocking.
+                host.interrupted(fd);
+                return would_block(p);
+            }
+            Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),
+            Err(e) => return Step::Done(Err(e)),
+        }
+    }
+}
+
+/// A recv into the call's arena or registered range: from the pull buffer
+/// on a pull socket, else from the kernel.
+fn try_recv(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &mut Parked,
+    flags: i32,
+) -> Step {
+    let Some((base, total)) = data_ptr(host, p) else {
+        return Step::Done(Err(libc::EFAULT));
+    };
+    if total == 0 {
+        return Step::Done(Ok((0, 0)));
+    }
+    let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+    if let Some(step) = pull_step(cx, host, sid, p, base, total, flags) {
+        return step;
+    }
+    if p.serial == 0 && p.progress == 0 {
+        // Once per request (a parked one is retried).
+        host.stats.recvs_on_demand += 1;
+    }
+    loop {
+        // SAFETY: base..base+total is a checked range of the host's
+        // arena, mapped for the life of `host`; progress < total.
+        let r = unsafe {
+            sys::recv(
+                fd,
+                base.add(p.progress),
+                total - p.progress,
+                flags & !libc::MSG_WAITALL,
+            )
+        };
+        match r {
+            Ok(0) => return Step::Done(Ok((p.progress as i64, 0))),
+            Ok(n) => {
+                p.progress += n;
+                host.stats.bytes_received += n as u64;
+                if p.progress == total || !waitall {
+                    return Step::Done(Ok((p.progress as i64, 0)));
+                }
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) if p.progress > 0 && (p.nonblocking || !waitall) => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(libc::EAGAIN) => return would_block(p),
+            Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
+            Err(e) => return Step::Done(Err(e)),
+        }
+    }
+}
+
+/// A send from the call's arena or registered range (an asynchronous
+/// send's job, all or nothing).
+fn try_send(host: &mut Host, fd: i32, p: &mut Parked, flags: i32) -> Step {
+    let Some((base, total)) = data_ptr(host, p) else {
+        return Step::Done(Err(libc::EFAULT));
+    };
+    // An asynchronous send is all or nothing: bytes after a failure
+    // would leave a hole in the stream.
+    let partial_ok = p.job.is_none();
+    loop {
+        if p.progress == total {
+            return Step::Done(Ok((total as i64, 0)));
+        }
+        // SAFETY: as for recv; the kernel only reads the range.
+        match unsafe { sys::send(fd, base.add(p.progress), total - p.progress, flags) } {
+            Ok(n) => {
+                p.progress += n;
+                host.stats.bytes_sent += n as u64;
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) if p.nonblocking && p.progress > 0 => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(libc::EAGAIN) => return would_block(p),
+            Err(_) if p.progress > 0 && partial_ok => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(e) => return Step::Done(Err(e)),
+        }
     }
 }
 

@@ -9,8 +9,8 @@ use super::setup::setup_accepted;
 use crate::calls::common::{check_quota, insert_accepted, Ctx};
 use crate::config::EagerPolicy;
 use crate::host::Host;
-use crate::sys;
-use std::os::fd::AsRawFd;
+use crate::sys::{self, RawAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering};
 use tcps_proto::recvq::{
     AcceptRecord, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, KIND_ACCEPT, RECV_MODE_NONE, RECV_MODE_RING,
@@ -137,48 +137,11 @@ pub(crate) fn accept_loop(
                 break;
             }
         };
-        let Some(admitted) = crate::admission::admit(
-            cx.cfg,
-            &cx.shared.conns_per_addr,
-            host,
-            lid,
-            peer.as_bytes(),
-        ) else {
-            crate::admission::reset(nfd);
-            continue;
-        };
-        let id = match insert_accepted(cx, host, lid, nfd, false) {
-            Ok(id) => id,
-            Err(e) => {
-                crate::admission::release(host, &cx.shared.conns_per_addr, &admitted);
-                publish_error(host, lid, st, e);
-                break;
-            }
-        };
-        let gen = match host.sockets.get_mut(id as usize) {
-            Some(s) => {
-                s.admitted = admitted;
-                s.gen
-            }
-            None => continue,
-        };
-        let flags = setup_accepted(cx, host, id, policy);
-        let mut rec = AcceptRecord {
-            sock: id,
-            flags,
-            ..AcceptRecord::default()
-        };
-        let a = peer.as_bytes();
-        let n = a.len().min(rec.addr.len());
-        rec.addr[..n].copy_from_slice(&a[..n]);
-        rec.addr_len = n as u32;
-        if let Some(ring) = host.region.recv_ring(lid) {
-            ring.write_record(st.tail, &rec);
+        match take_connection(cx, host, lid, policy, st, nfd, &peer) {
+            Taken::One => used += ACCEPT_RECORD_SIZE,
+            Taken::Refused => {}
+            Taken::Stop => break,
         }
-        st.published.push_back((st.tail, id, gen));
-        st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
-        used += ACCEPT_RECORD_SIZE;
-        host.stats.accepts_eager += 1;
     }
     let moved = st.tail != start;
     if moved {
@@ -187,6 +150,72 @@ pub(crate) fn accept_loop(
         }
     }
     moved
+}
+
+/// What became of one connection accepted ahead.
+enum Taken {
+    /// Published in the ring.
+    One,
+    /// Reset by admission (or gone at once): the next one.
+    Refused,
+    /// An error record was published: stop accepting ahead.
+    Stop,
+}
+
+/// Admits connection `nfd` from `peer` (accepted on listener `lid`),
+/// inserts it, sets it up with `policy` and publishes its record at
+/// `st.tail` (not yet `tail` itself: `accept_loop` publishes once).
+fn take_connection(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    lid: u32,
+    policy: EagerPolicy,
+    st: &mut AcceptRing,
+    nfd: OwnedFd,
+    peer: &RawAddr,
+) -> Taken {
+    let Some(admitted) = crate::admission::admit(
+        cx.cfg,
+        &cx.shared.conns_per_addr,
+        host,
+        lid,
+        peer.as_bytes(),
+    ) else {
+        crate::admission::reset(nfd);
+        return Taken::Refused;
+    };
+    let id = match insert_accepted(cx, host, lid, nfd, false) {
+        Ok(id) => id,
+        Err(e) => {
+            crate::admission::release(host, &cx.shared.conns_per_addr, &admitted);
+            publish_error(host, lid, st, e);
+            return Taken::Stop;
+        }
+    };
+    let gen = match host.sockets.get_mut(id as usize) {
+        Some(s) => {
+            s.admitted = admitted;
+            s.gen
+        }
+        None => return Taken::Refused,
+    };
+    let flags = setup_accepted(cx, host, id, policy);
+    let mut rec = AcceptRecord {
+        sock: id,
+        flags,
+        ..AcceptRecord::default()
+    };
+    let a = peer.as_bytes();
+    let n = a.len().min(rec.addr.len());
+    rec.addr[..n].copy_from_slice(&a[..n]);
+    rec.addr_len = n as u32;
+    if let Some(ring) = host.region.recv_ring(lid) {
+        ring.write_record(st.tail, &rec);
+    }
+    st.published.push_back((st.tail, id, gen));
+    st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
+    host.stats.accepts_eager += 1;
+    Taken::One
 }
 
 /// Writes an error record (`ACCEPT_ERROR`, the errno in `reserved`) and
