@@ -2,7 +2,7 @@
 //! region with one private cursor per channel, and its sockets.
 
 use crate::calls::eager::pullbuf::PullAccount;
-use crate::calls::eager::ring::Ahead;
+use crate::calls::eager::ring::Eager;
 use crate::guard::{self, HostHeld};
 use crate::registry::Registry;
 use crate::slab::Slab;
@@ -73,7 +73,7 @@ pub struct Host {
     /// Sockets whose receive/accept ring is paused (full), whose accept
     /// ahead is stalled, or whose pull buffer is stopped by the budget: the
     /// periodic sweep resumes them when room appears.
-    pub ahead_paused: Vec<u32>,
+    pub eager_paused: Vec<u32>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
     pub pull: PullAccount,
     /// Sockets to re-arm at the next sweep: their last readiness answered
@@ -131,7 +131,7 @@ impl Host {
             queues: vec![QueueState::default(); layout.send_queues as usize],
             hot: Vec::new(),
             cooling: Vec::new(),
-            ahead_paused: Vec::new(),
+            eager_paused: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
             rearm_later: Vec::new(),
         }
@@ -238,7 +238,7 @@ pub struct Sock {
     /// listener's for an accepted connection).
     pub policy: crate::config::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
-    pub ahead: Ahead,
+    pub eager: Eager,
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
     pub host_held: Option<HostHeld>,
@@ -264,7 +264,7 @@ impl Sock {
             listener_lingers: None,
             admitted: Default::default(),
             policy: crate::config::EagerPolicy::default(),
-            ahead: Ahead::None,
+            eager: Eager::None,
             host_held: None,
         }
     }
@@ -280,8 +280,8 @@ impl Sock {
         // Reading (accepting) ahead: the server already took the kernel's
         // readability, so POLLIN is wanted only while it reads ahead; parked
         // calls and polls get theirs from the ring or the pull buffer.
-        let ahead = self.ahead.is_active();
-        if ahead && self.ahead.wants_readable() {
+        let ahead = self.eager.is_active();
+        if ahead && self.eager.wants_readable() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
         if !ahead && !self.readers.is_empty() {

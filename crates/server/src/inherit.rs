@@ -11,14 +11,14 @@
 //!
 //! Bytes the server already read ahead for the parent (process-ahead,
 //! `docs/PROTOCOL.md` §10) are no longer in the kernel socket, so the
-//! snapshot carries them: the unread part of a byte ring (from the server's
+//! snapshot carries them: the unread part of a receive ring (from the server's
 //! `consumed`, clamped with the host's `head`, to `tail`) or of a pull
 //! buffer, with the end of stream if one was read. The child's socket starts
 //! with them in a pull buffer (its `Recv`s are answered from there first,
 //! then from the kernel). They also stay where they were for the parent:
 //! both processes share the socket as under the kernel, but bytes read
 //! ahead before the fork reach both if both read them (under the kernel,
-//! whichever reads first gets them). A parent's byte ring stops receiving
+//! whichever reads first gets them). A parent's receive ring stops receiving
 //! ahead at the snapshot (`END_STOPPED` after its bytes, its policy `Off`),
 //! so later bytes stay in the kernel for whichever process reads; a pull
 //! buffer is left as it is. A classic fork-per-connection server (accept,

@@ -215,7 +215,7 @@ const ENGINE_POLL_IDLE: Duration = Duration::from_micros(200);
 /// Longest sleep, so housekeeping never stalls.
 const MAX_SLEEP: Duration = Duration::from_millis(500);
 /// How often every bound send queue is looked at, hot or not (a backstop;
-/// see `calls::asyncq`).
+/// see `calls::sendq`).
 const SWEEP_EVERY: Duration = Duration::from_millis(10);
 /// How often hot send queues are looked at. Not on every pass: each look
 /// pulls the queue's `head` line away from the host, whose next send then

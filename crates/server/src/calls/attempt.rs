@@ -4,7 +4,7 @@
 
 use super::common::{arena_bytes, check_quota, insert_accepted, write_arena, Ctx, Res};
 use super::eager::pullbuf::{PullEnd, PullTake};
-use super::eager::ring::Ahead;
+use super::eager::ring::Eager;
 use super::eager::{self, pull, setup};
 use super::sendq::queue;
 use crate::admission;
@@ -44,8 +44,8 @@ pub(crate) fn pull_step(
     flags: i32,
 ) -> Option<Step> {
     let pull = matches!(
-        host.sockets.get(sid as usize).map(|s| &s.ahead),
-        Some(Ahead::Pull(_))
+        host.sockets.get(sid as usize).map(|s| &s.eager),
+        Some(Eager::Pull(_))
     );
     if !pull || flags & libc::MSG_OOB != 0 {
         return None;

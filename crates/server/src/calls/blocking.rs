@@ -105,7 +105,7 @@ pub(crate) fn start(
                 // A pull buffer the call drained reads ahead again.
                 let hkey = cx.hkey;
                 if let Some(s) = host.sockets.get_mut(sid as usize) {
-                    if s.ahead.is_active() {
+                    if s.eager.is_active() {
                         rearm(cx.engine, hkey, sid, s);
                     }
                 }

@@ -61,7 +61,7 @@ pub(crate) fn evaluate_poll(
     for (i, e) in entries.iter_mut().enumerate() {
         match host.socket(e.sock) {
             Some(s) => {
-                let events = if s.ahead.is_active() {
+                let events = if s.eager.is_active() {
                     e.events & !READ_SIDE
                 } else {
                     e.events

@@ -3,7 +3,7 @@
 //! `AcceptRecord` per connection.
 
 use super::ring::{
-    accept_capacity, init_ring, look, note_paused, publish, untaken, AcceptRing, Ahead,
+    accept_capacity, init_ring, look, note_paused, publish, untaken, AcceptRing, Eager,
 };
 use super::setup::setup_accepted;
 use crate::calls::common::{check_quota, insert_accepted, Ctx};
@@ -22,10 +22,10 @@ pub(crate) fn bind_accept(host: &mut Host, sid: u32) -> u64 {
     let Some(s) = host.socket(sid) else {
         return RECV_MODE_NONE;
     };
-    if matches!(s.ahead, Ahead::Accept(_)) {
+    if matches!(s.eager, Eager::Accept(_)) {
         return RECV_MODE_RING;
     }
-    if !s.policy.accept || !matches!(s.ahead, Ahead::None) {
+    if !s.policy.accept || !matches!(s.eager, Eager::None) {
         return RECV_MODE_NONE;
     }
     let Some(ring) = host.region.recv_ring(sid) else {
@@ -33,7 +33,7 @@ pub(crate) fn bind_accept(host: &mut Host, sid: u32) -> u64 {
     };
     init_ring(&ring, sid, KIND_ACCEPT);
     if let Some(s) = host.socket_mut(sid) {
-        s.ahead = Ahead::Accept(AcceptRing::default());
+        s.eager = Eager::Accept(AcceptRing::default());
     }
     RECV_MODE_RING
 }
@@ -43,14 +43,14 @@ pub(crate) fn on_listen(host: &mut Host, sid: u32) -> u64 {
     bind_accept(host, sid)
 }
 
-pub(crate) fn accept_ahead(cx: &mut Ctx<'_>, host: &mut Host, lid: u32) -> bool {
+pub(crate) fn fill_accept(cx: &mut Ctx<'_>, host: &mut Host, lid: u32) -> bool {
     let Some(l) = host.sockets.get_mut(lid as usize) else {
         return false;
     };
     let fd = l.fd.as_raw_fd();
     let policy = l.policy;
     let held = l.host_held;
-    let Ahead::Accept(mut st) = std::mem::take(&mut l.ahead) else {
+    let Eager::Accept(mut st) = std::mem::take(&mut l.eager) else {
         return false;
     };
     let published = if st.demanded && !st.paused {
@@ -62,10 +62,10 @@ pub(crate) fn accept_ahead(cx: &mut Ctx<'_>, host: &mut Host, lid: u32) -> bool 
         false
     };
     if st.paused {
-        note_paused(&mut host.ahead_paused, lid);
+        note_paused(&mut host.eager_paused, lid);
     }
     if let Some(l) = host.sockets.get_mut(lid as usize) {
-        l.ahead = Ahead::Accept(st);
+        l.eager = Eager::Accept(st);
     }
     published
 }

@@ -5,7 +5,7 @@
 use super::accept::forget_taken;
 use super::pullbuf::{PullBuf, PullEnd};
 use super::recv::stop_ring;
-use super::ring::{free_ring, look, untaken, Ahead};
+use super::ring::{free_ring, look, untaken, Eager};
 use crate::config::EagerRecv;
 use crate::host::Host;
 use std::collections::VecDeque;
@@ -20,11 +20,11 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
     let Some(s) = host.sockets.get_mut(sid as usize) else {
         return VecDeque::new();
     };
-    let ahead = std::mem::take(&mut s.ahead);
-    host.ahead_paused.retain(|&p| p != sid);
+    let eager = std::mem::take(&mut s.eager);
+    host.eager_paused.retain(|&p| p != sid);
     let ring = host.region.recv_ring(sid);
-    let orphans = match ahead {
-        Ahead::Accept(mut a) => {
+    let orphans = match eager {
+        Eager::Accept(mut a) => {
             if let Some(r) = &ring {
                 let (_, c) = look(
                     a.tail,
@@ -37,8 +37,8 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
             }
             a.published
         }
-        Ahead::None | Ahead::Pull(_) => return VecDeque::new(),
-        Ahead::Bytes(_) => VecDeque::new(),
+        Eager::None | Eager::Pull(_) => return VecDeque::new(),
+        Eager::Recv(_) => VecDeque::new(),
     };
     if let Some(r) = ring {
         free_ring(&r, true);
@@ -51,7 +51,7 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
 pub fn untaken_ids(host: &Host) -> Vec<u32> {
     let mut ids = Vec::new();
     for (lid, s) in host.sockets.iter() {
-        let Ahead::Accept(a) = &s.ahead else { continue };
+        let Eager::Accept(a) = &s.eager else { continue };
         let Some(r) = host.region.recv_ring(lid as u32) else {
             continue;
         };
@@ -80,11 +80,11 @@ pub fn release_for_export(host: &mut Host, sid: u32) -> bool {
     };
     let ring = host.region.recv_ring(sid);
     let head = ring.map(|r| r.ctl().head.load(Ordering::Acquire));
-    let idle = match &s.ahead {
-        Ahead::None => return true,
-        Ahead::Pull(p) => p.len() == 0,
-        Ahead::Bytes(b) => head.is_some_and(|h| look(b.tail, h, b.consumed, 1).0 == 0),
-        Ahead::Accept(a) => {
+    let idle = match &s.eager {
+        Eager::None => return true,
+        Eager::Pull(p) => p.len() == 0,
+        Eager::Recv(b) => head.is_some_and(|h| look(b.tail, h, b.consumed, 1).0 == 0),
+        Eager::Accept(a) => {
             head.is_some_and(|h| look(a.tail, h, a.consumed, ACCEPT_RECORD_SIZE).0 == 0)
         }
     };
@@ -92,9 +92,9 @@ pub fn release_for_export(host: &mut Host, sid: u32) -> bool {
         return false;
     }
     if let Some(s) = host.sockets.get_mut(sid as usize) {
-        s.ahead = Ahead::None;
+        s.eager = Eager::None;
     }
-    host.ahead_paused.retain(|&p| p != sid);
+    host.eager_paused.retain(|&p| p != sid);
     if let Some(r) = ring {
         free_ring(&r, false);
     }
@@ -110,7 +110,7 @@ pub struct Unread {
 }
 
 /// For a fork snapshot: copies what socket `sid` read ahead and its host
-/// has not taken (`None`: nothing, and no end). A byte ring is copied from
+/// has not taken (`None`: nothing, and no end). A receive ring is copied from
 /// the server's `consumed` (clamped with the host's `head`, [`look`]) to
 /// `tail`, and then stops receiving ahead ([`stop_ring`]), so later bytes
 /// stay in the kernel for whichever process reads them; a pull buffer is
@@ -120,13 +120,13 @@ pub fn take_unread_for_fork(host: &mut Host, sid: u32) -> Option<Unread> {
         region, sockets, ..
     } = host;
     let s = sockets.get_mut(sid as usize)?;
-    let unread = match &mut s.ahead {
-        Ahead::None | Ahead::Accept(_) => return None,
-        Ahead::Pull(p) => Unread {
+    let unread = match &mut s.eager {
+        Eager::None | Eager::Accept(_) => return None,
+        Eager::Pull(p) => Unread {
             bytes: p.buf[p.lo..p.hi].to_vec(),
             end: p.end,
         },
-        Ahead::Bytes(b) => {
+        Eager::Recv(b) => {
             let mut bytes = Vec::new();
             if let Some(ring) = region.recv_ring(sid) {
                 let head = ring.ctl().head.load(Ordering::Acquire);
@@ -160,5 +160,5 @@ pub fn start_pull_with(host: &mut Host, sid: u32, unread: Unread) {
     pb.end = unread.end;
     // Counted even beyond the budget: the bytes were read already.
     pb.recount();
-    s.ahead = Ahead::Pull(pb);
+    s.eager = Eager::Pull(pb);
 }

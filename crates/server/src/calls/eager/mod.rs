@@ -33,10 +33,10 @@ pub(crate) mod sweep;
 
 use super::common::Ctx;
 use crate::host::Host;
-use accept::accept_ahead;
+use accept::fill_accept;
 use pull::fill_pull;
-use recv::fill_bytes;
-use ring::Ahead;
+use recv::fill_recv;
+use ring::Eager;
 
 /// Reads (accepts) ahead as far as the ring / buffer allows. Returns
 /// whether anything was published (parked polls should look again).
@@ -44,10 +44,10 @@ pub(crate) fn fill(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
     let Some(s) = host.sockets.get(sid as usize) else {
         return false;
     };
-    match s.ahead {
-        Ahead::None => false,
-        Ahead::Bytes(_) => fill_bytes(host, sid),
-        Ahead::Pull(_) => fill_pull(host, sid),
-        Ahead::Accept(_) => accept_ahead(cx, host, sid),
+    match s.eager {
+        Eager::None => false,
+        Eager::Recv(_) => fill_recv(host, sid),
+        Eager::Pull(_) => fill_pull(host, sid),
+        Eager::Accept(_) => fill_accept(cx, host, sid),
     }
 }

@@ -3,14 +3,14 @@
 //! requests from it.
 
 use super::pullbuf::{PullBuf, PullEnd, PullTake, PULL_PROBE};
-use super::ring::{note_paused, Ahead};
+use super::ring::{note_paused, Eager};
 use crate::host::Host;
 use std::os::fd::AsRawFd;
 
 pub(crate) fn start_pull(host: &mut Host, sid: u32) {
     let account = host.pull.clone();
     if let Some(s) = host.socket_mut(sid) {
-        s.ahead = Ahead::Pull(PullBuf::new(s.policy.recv_size as usize, account));
+        s.eager = Eager::Pull(PullBuf::new(s.policy.recv_size as usize, account));
     }
 }
 
@@ -18,14 +18,14 @@ pub(crate) fn fill_pull(host: &mut Host, sid: u32) -> bool {
     let Host {
         sockets,
         stats,
-        ahead_paused,
+        eager_paused,
         ..
     } = host;
     let Some(sock) = sockets.get_mut(sid as usize) else {
         return false;
     };
     let fd = sock.fd.as_raw_fd();
-    let Ahead::Pull(pb) = &mut sock.ahead else {
+    let Eager::Pull(pb) = &mut sock.eager else {
         return false;
     };
     if pb.end.is_some() {
@@ -54,7 +54,7 @@ pub(crate) fn fill_pull(host: &mut Host, sid: u32) -> bool {
         } else if pb.account.room() < PULL_PROBE.min(want) {
             // At the host's budget: read ahead no more (see `PullBuf`).
             pb.throttled = true;
-            note_paused(ahead_paused, sid);
+            note_paused(eager_paused, sid);
             break;
         } else {
             pb.probe_into(fd, want)
@@ -89,7 +89,7 @@ pub(crate) unsafe fn pull_take(
     len: usize,
     flags: i32,
 ) -> PullTake {
-    let Some(Ahead::Pull(pb)) = host.sockets.get_mut(sid as usize).map(|s| &mut s.ahead) else {
+    let Some(Eager::Pull(pb)) = host.sockets.get_mut(sid as usize).map(|s| &mut s.eager) else {
         return PullTake::Empty;
     };
     if flags & libc::MSG_OOB != 0 {
@@ -123,5 +123,5 @@ pub(crate) unsafe fn pull_take(
 /// Whether socket `sid` is a pull socket the kernel serves meanwhile (empty
 /// and stopped by its host's budget): a `Recv` goes to the kernel.
 pub(crate) fn pull_deferring(host: &Host, sid: u32) -> bool {
-    matches!(host.sockets.get(sid as usize).map(|s| &s.ahead), Some(Ahead::Pull(p)) if p.deferring())
+    matches!(host.sockets.get(sid as usize).map(|s| &s.eager), Some(Eager::Pull(p)) if p.deferring())
 }

@@ -3,7 +3,7 @@
 //! receives (accepts) eagerly, which comes from its ring or buffer.
 
 use super::pullbuf::PullEnd;
-use super::ring::{init_ring, look, note_paused, pause_threshold, publish, Ahead, ByteRing};
+use super::ring::{init_ring, look, note_paused, pause_threshold, publish, Eager, RecvRing};
 use crate::config::EagerRecv;
 use crate::host::Host;
 use crate::sys;
@@ -12,8 +12,8 @@ use std::sync::atomic::{fence, Ordering};
 use tcps_proto::futex;
 use tcps_proto::recvq::{ACCEPT_RECORD_SIZE, END_ERROR, END_STOPPED, KIND_BYTES};
 
-/// Binds byte ring `sid` to socket `sid` (push). False if it has none.
-pub(crate) fn bind_bytes(host: &mut Host, sid: u32) -> bool {
+/// Binds receive ring `sid` to socket `sid` (push). False if it has none.
+pub(crate) fn bind_recv(host: &mut Host, sid: u32) -> bool {
     let Some(ring) = host.region.recv_ring(sid) else {
         return false;
     };
@@ -21,7 +21,7 @@ pub(crate) fn bind_bytes(host: &mut Host, sid: u32) -> bool {
         return false;
     };
     init_ring(&ring, sid, KIND_BYTES);
-    s.ahead = Ahead::Bytes(ByteRing::default());
+    s.eager = Eager::Recv(RecvRing::default());
     true
 }
 
@@ -35,19 +35,19 @@ pub(crate) fn bind_bytes(host: &mut Host, sid: u32) -> bool {
 /// cannot hold the worker (it stays armed and is served again).
 pub(crate) const FILL_BUDGET_RINGS: u32 = 2;
 
-pub(crate) fn fill_bytes(host: &mut Host, sid: u32) -> bool {
+pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     let Host {
         region,
         sockets,
         stats,
-        ahead_paused,
+        eager_paused,
         ..
     } = host;
     let Some(sock) = sockets.get_mut(sid as usize) else {
         return false;
     };
     let fd = sock.fd.as_raw_fd();
-    let Ahead::Bytes(st) = &mut sock.ahead else {
+    let Eager::Recv(st) = &mut sock.eager else {
         return false;
     };
     if st.paused || st.ended {
@@ -81,7 +81,7 @@ pub(crate) fn fill_bytes(host: &mut Host, sid: u32) -> bool {
                 continue;
             }
             st.paused = true;
-            note_paused(ahead_paused, sid);
+            note_paused(eager_paused, sid);
             break;
         }
         let (p, n) = ring.span_ptr(st.tail, free);
@@ -126,7 +126,7 @@ pub(crate) fn fill_bytes(host: &mut Host, sid: u32) -> bool {
     moved
 }
 
-/// Stops socket `sid` receiving ahead into its byte ring (its policy
+/// Stops socket `sid` receiving ahead into its receive ring (its policy
 /// becomes `Off`): the bytes already in the ring stay there for the host,
 /// then `END_STOPPED` (stored after the last `tail`) tells it to go on with
 /// requests; the kernel keeps everything newer. A ring that already ended
@@ -138,11 +138,11 @@ pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
         return;
     };
     s.policy.recv = EagerRecv::Off;
-    if !matches!(&s.ahead, Ahead::Bytes(b) if !b.ended) {
+    if !matches!(&s.eager, Eager::Recv(b) if !b.ended) {
         return;
     }
-    s.ahead = Ahead::None;
-    host.ahead_paused.retain(|&p| p != sid);
+    s.eager = Eager::None;
+    host.eager_paused.retain(|&p| p != sid);
     if let Some(ring) = host.region.recv_ring(sid) {
         let ctl = ring.ctl();
         ctl.end.store(END_STOPPED, Ordering::Release);
@@ -173,16 +173,16 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
         }
         r
     };
-    match &s.ahead {
-        Ahead::None => 0,
-        Ahead::Pull(p) => ready(
+    match &s.eager {
+        Eager::None => 0,
+        Eager::Pull(p) => ready(
             p.end.map(|e| match e {
                 PullEnd::Eof => Ok(()),
                 PullEnd::Error(e) => Err(e),
             }),
             p.len() > 0,
         ),
-        Ahead::Bytes(b) => {
+        Eager::Recv(b) => {
             let Some(r) = host.region.recv_ring(sid) else {
                 return 0;
             };
@@ -196,7 +196,7 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
             };
             ready(end, used > 0)
         }
-        Ahead::Accept(a) => {
+        Eager::Accept(a) => {
             let Some(r) = host.region.recv_ring(sid) else {
                 return 0;
             };
@@ -214,12 +214,12 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
 
 /// Whether socket `sid` reads ahead (its POLLIN readiness is ours).
 pub(crate) fn reads_ahead(host: &Host, sid: u32) -> bool {
-    host.socket(sid).is_some_and(|s| s.ahead.is_active())
+    host.socket(sid).is_some_and(|s| s.eager.is_active())
 }
 
-/// Whether a `Recv` must be refused (the socket's byte ring is bound: the
+/// Whether a `Recv` must be refused (the socket's receive ring is bound: the
 /// host reads the ring) or an `Accept` (its accept ring is bound).
 pub(crate) fn ring_bound(host: &Host, sid: u32) -> bool {
     host.socket(sid)
-        .is_some_and(|s| matches!(s.ahead, Ahead::Bytes(_) | Ahead::Accept(_)))
+        .is_some_and(|s| matches!(s.eager, Eager::Recv(_) | Eager::Accept(_)))
 }

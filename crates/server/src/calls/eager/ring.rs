@@ -1,4 +1,4 @@
-//! What a socket does eagerly ([`Ahead`]), the server's private state of
+//! What a socket does eagerly ([`Eager`]), the server's private state of
 //! its receive or accept ring, and the ring control-block handshakes the
 //! server side performs (publish, pause, bind, unbind, stop).
 
@@ -12,28 +12,28 @@ use tcps_proto::recvq::{
 };
 use tcps_proto::region::RecvRingRef;
 
-/// What a socket does ahead of its host.
+/// What a socket does eagerly, before its host asks.
 #[derive(Debug, Default)]
-pub enum Ahead {
+pub enum Eager {
     /// Nothing: requests go to the kernel.
     #[default]
     None,
-    /// Byte ring `sid` is bound (push).
-    Bytes(ByteRing),
+    /// Receive ring `sid` is bound (push).
+    Recv(RecvRing),
     /// Accept ring `sid` is bound (a listener).
     Accept(AcceptRing),
-    /// Reading ahead into a buffer at the server (pull).
+    /// Receiving into a pull buffer at the server (pull).
     Pull(PullBuf),
 }
 
-impl Ahead {
+impl Eager {
     /// Whether POLLIN readiness of the socket comes from here rather than
     /// from the kernel. A pull socket that holds nothing and may not read
     /// ahead (its host's budget is spent) is served by the kernel meanwhile.
     pub fn is_active(&self) -> bool {
         match self {
-            Ahead::None => false,
-            Ahead::Pull(p) => !p.deferring(),
+            Eager::None => false,
+            Eager::Pull(p) => !p.deferring(),
             _ => true,
         }
     }
@@ -41,26 +41,26 @@ impl Ahead {
     /// Whether the server wants to hear that the kernel socket is readable.
     pub fn wants_readable(&self) -> bool {
         match self {
-            Ahead::None => false,
-            Ahead::Bytes(b) => !b.paused && !b.ended,
-            Ahead::Accept(a) => a.demanded && !a.paused,
-            Ahead::Pull(p) => p.end.is_none() && !p.full() && !p.throttled,
+            Eager::None => false,
+            Eager::Recv(b) => !b.paused && !b.ended,
+            Eager::Accept(a) => a.demanded && !a.paused,
+            Eager::Pull(p) => p.end.is_none() && !p.full() && !p.throttled,
         }
     }
 
     pub(crate) fn mode(&self) -> u64 {
         match self {
-            Ahead::None => RECV_MODE_NONE,
-            Ahead::Bytes(_) | Ahead::Accept(_) => RECV_MODE_RING,
-            Ahead::Pull(_) => RECV_MODE_PULL,
+            Eager::None => RECV_MODE_NONE,
+            Eager::Recv(_) | Eager::Accept(_) => RECV_MODE_RING,
+            Eager::Pull(_) => RECV_MODE_PULL,
         }
     }
 }
 
-/// The server's private state of a bound byte ring (never read back from
+/// The server's private state of a bound receive ring (never read back from
 /// shared memory except the host's `head`, clamped).
 #[derive(Debug, Default)]
-pub struct ByteRing {
+pub struct RecvRing {
     /// What the host had consumed when the server last looked (clamped).
     pub(crate) consumed: u32,
     /// Bytes published.

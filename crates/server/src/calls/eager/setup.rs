@@ -3,8 +3,8 @@
 //! once) and the eager policy as `SOL_TCPS` socket options.
 
 use super::pull::{fill_pull, start_pull};
-use super::recv::{bind_bytes, fill_bytes, stop_ring};
-use super::ring::Ahead;
+use super::recv::{bind_recv, fill_recv, stop_ring};
+use super::ring::Eager;
 use crate::calls::common::{rearm, Ctx, Res};
 use crate::calls::sendq::queue;
 use crate::config::{EagerPolicy, EagerRecv};
@@ -73,7 +73,7 @@ pub(crate) fn setup_accepted(
 pub(crate) fn start_receiving(host: &mut Host, sid: u32, recv: EagerRecv) -> u64 {
     match recv {
         EagerRecv::Off => RECV_MODE_NONE,
-        EagerRecv::Push if bind_bytes(host, sid) => RECV_MODE_RING,
+        EagerRecv::Push if bind_recv(host, sid) => RECV_MODE_RING,
         EagerRecv::Push | EagerRecv::Pull => {
             start_pull(host, sid);
             RECV_MODE_PULL
@@ -93,13 +93,13 @@ pub(crate) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 2 => EagerRecv::Push,
                 _ => return Err(libc::EINVAL),
             };
-            if recv == EagerRecv::Off && matches!(s.ahead, Ahead::Bytes(_)) {
+            if recv == EagerRecv::Off && matches!(s.eager, Eager::Recv(_)) {
                 // A socket about to cross exec(2) must not leave data
                 // behind in this process's ring.
                 stop_ring(host, sid);
                 return Ok((0, 0));
             }
-            if matches!(s.ahead, Ahead::Bytes(_) | Ahead::Pull(_)) && recv != s.policy.recv {
+            if matches!(s.eager, Eager::Recv(_) | Eager::Pull(_)) && recv != s.policy.recv {
                 return Err(libc::EBUSY);
             }
             s.policy.recv = recv;
@@ -109,7 +109,7 @@ pub(crate) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 return Err(libc::EINVAL);
             }
             if v == 0 {
-                if matches!(s.ahead, Ahead::Accept(_)) {
+                if matches!(s.eager, Eager::Accept(_)) {
                     return Err(libc::EBUSY);
                 }
                 s.policy.accept = false;
@@ -127,7 +127,7 @@ pub(crate) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 return Err(libc::EINVAL);
             }
             s.policy.recv_size = v as u32;
-            if let Ahead::Pull(p) = &mut s.ahead {
+            if let Eager::Pull(p) = &mut s.eager {
                 p.cap = v as usize;
             }
         }
@@ -164,7 +164,7 @@ pub(crate) fn getsockopt(host: &Host, sid: u32, name: i32) -> Result<i32, i32> {
         TCPS_SETUP_WITH_ACCEPT => i32::from(p.setup_with_accept),
         TCPS_EAGER_RECV_SIZE => {
             let push_ring = p.recv == EagerRecv::Push && sid < host.layout.recv_rings
-                || matches!(s.ahead, Ahead::Bytes(_));
+                || matches!(s.eager, Eager::Recv(_));
             if push_ring {
                 host.layout.rq_bytes as i32
             } else {
@@ -183,9 +183,9 @@ pub(crate) fn is_tcps_level(level: i32) -> bool {
 /// Receives ahead on a connection just set up: into its receive ring or
 /// its pull buffer (a new connection has no accept ring).
 fn fill_new(host: &mut Host, id: u32) -> bool {
-    match host.sockets.get(id as usize).map(|s| &s.ahead) {
-        Some(Ahead::Bytes(_)) => fill_bytes(host, id),
-        Some(Ahead::Pull(_)) => fill_pull(host, id),
+    match host.sockets.get(id as usize).map(|s| &s.eager) {
+        Some(Eager::Recv(_)) => fill_recv(host, id),
+        Some(Eager::Pull(_)) => fill_pull(host, id),
         _ => false,
     }
 }

@@ -6,7 +6,7 @@
 use super::accept::bind_accept;
 use super::fill;
 use super::pullbuf::PULL_FIRST;
-use super::ring::{accept_capacity, look, pause_threshold, Ahead};
+use super::ring::{accept_capacity, look, pause_threshold, Eager};
 use super::setup::start_receiving;
 use crate::calls::blocking::drive_readers;
 use crate::calls::common::{rearm, Ctx, Res};
@@ -26,7 +26,7 @@ pub(crate) fn advance(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     if host
         .sockets
         .get(sid as usize)
-        .is_some_and(|s| matches!(s.ahead, Ahead::Pull(_)) && !s.readers.is_empty())
+        .is_some_and(|s| matches!(s.eager, Eager::Pull(_)) && !s.readers.is_empty())
     {
         drive_readers(cx, host, sid);
     }
@@ -50,7 +50,7 @@ pub(crate) fn recheck_pollers(host: &mut Host, sid: u32) {
 /// `Op::RecvBind`.
 pub(crate) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
     let s = host.socket_mut(sid).ok_or(libc::EBADF)?;
-    if let Ahead::Accept(a) = &mut s.ahead {
+    if let Eager::Accept(a) = &mut s.eager {
         // A host whose non-blocking accept found the ring empty before it
         // ever asked for connections: accept ahead now, before answering,
         // so connections already in the backlog are in the ring when the
@@ -59,8 +59,8 @@ pub(crate) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
         advance(cx, host, sid);
         return Ok((RECV_MODE_RING as i64, 0));
     }
-    if !matches!(s.ahead, Ahead::None) {
-        return Ok((s.ahead.mode() as i64, 0));
+    if !matches!(s.eager, Eager::None) {
+        return Ok((s.eager.mode() as i64, 0));
     }
     let fd = s.fd.as_raw_fd();
     let policy = s.policy;
@@ -89,12 +89,12 @@ pub(crate) fn kick(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.closing) else {
         return;
     };
-    let kicks = match &mut s.ahead {
-        Ahead::Bytes(b) => {
+    let kicks = match &mut s.eager {
+        Eager::Recv(b) => {
             b.kicks = b.kicks.wrapping_add(1);
             b.kicks
         }
-        Ahead::Accept(a) => {
+        Eager::Accept(a) => {
             a.kicks = a.kicks.wrapping_add(1);
             a.demanded = true;
             a.kicks
@@ -120,8 +120,8 @@ pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
         return;
     };
     let head = ctl.head.load(Ordering::Acquire);
-    let open = match &mut s.ahead {
-        Ahead::Bytes(b) => {
+    let open = match &mut s.eager {
+        Eager::Recv(b) => {
             if b.paused {
                 let (used, c) = look(b.tail, head, b.consumed, 1);
                 b.consumed = c;
@@ -132,7 +132,7 @@ pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
             }
             !b.paused
         }
-        Ahead::Accept(a) => {
+        Eager::Accept(a) => {
             if a.paused {
                 let cap = accept_capacity(s.policy.accept_size, size) * ACCEPT_RECORD_SIZE;
                 let (used, c) = look(a.tail, head, a.consumed, ACCEPT_RECORD_SIZE);
@@ -147,7 +147,7 @@ pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
         _ => false,
     };
     if open {
-        host.ahead_paused.retain(|&p| p != sid);
+        host.eager_paused.retain(|&p| p != sid);
         advance(cx, host, sid);
     }
 }
@@ -155,30 +155,30 @@ pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
 /// The periodic sweep: resumes paused rings that have room (a host that
 /// did not kick).
 pub(crate) fn sweep(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
-    if host.ahead_paused.is_empty() {
+    if host.eager_paused.is_empty() {
         return 0;
     }
     let mut work = 0;
-    for sid in host.ahead_paused.clone() {
+    for sid in host.eager_paused.clone() {
         let (paused, throttled) =
             host.sockets
                 .get(sid as usize)
-                .map_or((false, false), |s| match &s.ahead {
-                    Ahead::Bytes(b) => (b.paused, false),
-                    Ahead::Accept(a) => (a.paused, false),
-                    Ahead::Pull(p) => (false, p.throttled),
-                    Ahead::None => (false, false),
+                .map_or((false, false), |s| match &s.eager {
+                    Eager::Recv(b) => (b.paused, false),
+                    Eager::Accept(a) => (a.paused, false),
+                    Eager::Pull(p) => (false, p.throttled),
+                    Eager::None => (false, false),
                 });
         if throttled {
             work += usize::from(resume_pull(cx, host, sid));
             continue;
         }
         if !paused {
-            host.ahead_paused.retain(|&p| p != sid);
+            host.eager_paused.retain(|&p| p != sid);
             continue;
         }
         resume(cx, host, sid);
-        work += usize::from(!host.ahead_paused.contains(&sid));
+        work += usize::from(!host.eager_paused.contains(&sid));
     }
     work
 }
@@ -189,10 +189,10 @@ pub(crate) fn resume_pull(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
     if host.pull.room() < PULL_FIRST {
         return false;
     }
-    if let Some(Ahead::Pull(p)) = host.sockets.get_mut(sid as usize).map(|s| &mut s.ahead) {
+    if let Some(Eager::Pull(p)) = host.sockets.get_mut(sid as usize).map(|s| &mut s.eager) {
         p.throttled = false;
     }
-    host.ahead_paused.retain(|&p| p != sid);
+    host.eager_paused.retain(|&p| p != sid);
     advance(cx, host, sid);
     true
 }
