@@ -44,7 +44,7 @@
 //! server → client  JSON chunk … | empty message
 //! ```
 
-use crate::{MAGIC, VERSION};
+use crate::layout::{MAGIC, VERSION};
 
 pub const HELLO_LEN: usize = 16;
 pub const MESSAGE_LEN: usize = 200;

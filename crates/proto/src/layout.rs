@@ -1,7 +1,7 @@
 //! Geometry of the shared region: a header page, `n_channels` channels,
 //! each a control block, a request ring, a completion ring and a data arena,
 //! then `send_queues` asynchronous send queues (see [`crate::sendq`]), then
-//! `recv_rings` receive/accept rings (see [`crate::recvq`]).
+//! `recv_rings` receive/accept rings (see [`crate::eager`]).
 //!
 //! ```text
 //! offset 0            RegionHeader (one page)
@@ -24,6 +24,11 @@
 
 use crate::msg::{Completion, Request};
 use std::sync::atomic::AtomicU32;
+
+/// Identifies a tcps channel region and control message ("TCPSCHN1").
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
+/// Protocol version; bumped on any change to the shared layout or messages.
+pub const VERSION: u32 = 5;
 
 pub const PAGE: usize = 4096;
 pub const HEADER_SIZE: usize = PAGE;
@@ -222,8 +227,8 @@ impl Layout {
     }
 
     pub fn sq_stride(&self) -> usize {
-        crate::sendq::SQ_CTL_SIZE
-            + self.sq_entries as usize * std::mem::size_of::<crate::sendq::SendDesc>()
+        crate::sendq::ctl::SQ_CTL_SIZE
+            + self.sq_entries as usize * std::mem::size_of::<crate::sendq::ctl::SendDesc>()
     }
 
     pub fn send_queue_offset(&self, q: u32) -> usize {
@@ -237,7 +242,7 @@ impl Layout {
     }
 
     pub fn rq_stride(&self) -> usize {
-        crate::recvq::RQ_CTL_SIZE + self.rq_bytes as usize
+        crate::eager::ctl::RQ_CTL_SIZE + self.rq_bytes as usize
     }
 
     pub fn recv_ring_offset(&self, r: u32) -> usize {

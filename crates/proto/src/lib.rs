@@ -7,9 +7,19 @@
 //! host writes is checked by [`msg::Call::decode`] before the server acts on
 //! it. Socket addresses travel as raw `sockaddr` bytes ([`addr`]).
 //! Asynchronous sends from registered memory go through per-socket send
-//! queues ([`sendq`]) instead of request/completion pairs; received bytes
-//! and accepted connections processed ahead arrive in receive and accept
-//! rings ([`recvq`]).
+//! queues ([`sendq`]) instead of request/completion pairs; bytes received
+//! and connections accepted eagerly arrive in receive and accept rings
+//! ([`eager`]).
+//!
+//! Every ring has one type per role, owning its atomics, fences and
+//! wake/kick handshakes (in the style of io-uring's `squeue`/`cqueue`):
+//!
+//! | ring | producer | consumer |
+//! |------|----------|----------|
+//! | channel requests / completions | [`ring::HostCursor`] / [`ring::ServerCursor`] | [`ring::ServerCursor`] / [`ring::HostCursor`] |
+//! | receive ring | [`eager::RecvRingProducer`] (server) | [`eager::RecvRingConsumer`] (host) |
+//! | accept ring | [`eager::AcceptRingProducer`] (server) | [`eager::AcceptRingConsumer`] (host) |
+//! | send queue | [`sendq::SendQueueProducer`] (host) | [`sendq::SendQueueConsumer`] (server) |
 //!
 //! This crate does no I/O on sockets or memory of its own. The OS primitives
 //! the protocol needs live in two small modules: the futex a waiting host
@@ -17,21 +27,23 @@
 //! ([`fdpass`]).
 
 pub mod addr;
+pub mod eager;
 pub mod fdpass;
 pub mod futex;
 pub mod handshake;
 pub mod layout;
 pub mod msg;
-pub mod recvq;
 pub mod region;
 pub mod ring;
 pub mod sendq;
+mod sync;
 
-pub use layout::Layout;
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+// TEMPORARY: removed when server/host switch (the old name of `eager`).
+pub use eager as recvq;
+
+pub use layout::{Layout, MAGIC, VERSION};
 pub use msg::{Call, Completion, Op, Request};
 pub use region::Region;
-
-/// Identifies a tcps channel region and control message ("TCPSCHN1").
-pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
-/// Protocol version; bumped on any change to the shared layout or messages.
-pub const VERSION: u32 = 5;

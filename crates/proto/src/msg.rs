@@ -249,7 +249,7 @@ pub enum Call {
     },
     /// Sets up eager receive for a socket that was not set up at accept
     /// (a connected socket's first `recv`): binds its receive ring or
-    /// starts pull. Result: a `recvq::RECV_MODE_*`.
+    /// starts pull. Result: an `eager::RECV_MODE_*`.
     RecvBind {
         sock: u32,
     },
@@ -308,7 +308,7 @@ impl Call {
         let sock = r.sock;
         let mem = || -> Result<MemRange, Invalid> {
             let handle = r.args[0];
-            if handle >= u64::from(crate::sendq::MAX_REGISTRATIONS) {
+            if handle >= u64::from(crate::sendq::ctl::MAX_REGISTRATIONS) {
                 return Err(Invalid::BadArgument("registration handle out of range"));
             }
             let len = u32::try_from(r.args[2]).map_err(|_| Invalid::TooLong)?;
@@ -582,7 +582,7 @@ mod tests {
             })
         );
         let bad_handle = Request {
-            args: [u64::from(crate::sendq::MAX_REGISTRATIONS), 0, 1, 0, 0],
+            args: [u64::from(crate::sendq::ctl::MAX_REGISTRATIONS), 0, 1, 0, 0],
             ..r
         };
         assert!(Call::decode(&bad_handle, ARENA).is_err());

@@ -4,16 +4,23 @@
 //! [`ChannelRef`], whose accessors only hand out atomics, bounds-checked arena
 //! pointers and by-value copies of ring slots.
 
+use crate::eager::ctl::{RecvRingCtl, RQ_CTL_SIZE};
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
+use crate::layout::{MAGIC, VERSION};
 use crate::msg::{ArenaRange, Completion, Request};
-use crate::recvq::{RecvRingCtl, RQ_CTL_SIZE};
-use crate::ring::stamp;
-use crate::sendq::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
-use crate::{MAGIC, VERSION};
+use crate::sendq::ctl::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, Ordering};
+
+/// The stamp that publishes slot `index` of a ring of `entries` slots (a
+/// power of two): the lap number modulo 2^15, plus one. It never equals the
+/// stamp of the same slot one lap earlier — also across the wrap of the u32
+/// index, since the lap count wraps at a multiple of 2^15 — nor zeroed memory.
+pub fn stamp(index: u32, entries: u32) -> u16 {
+    ((index / entries) & 0x7fff) as u16 + 1
+}
 
 /// A `MAP_SHARED` mapping of a channel region; unmapped on drop.
 pub struct Region {
@@ -230,7 +237,7 @@ impl Region {
     }
 }
 
-/// One receive (or accept) ring of a mapped region (see [`crate::recvq`]).
+/// One receive (or accept) ring of a mapped region (see [`crate::eager`]).
 /// Positions are free-running byte counts; they wrap modulo the ring size.
 #[derive(Clone, Copy)]
 pub struct RecvRingRef<'a> {
@@ -287,21 +294,21 @@ impl<'a> RecvRingRef<'a> {
     }
 
     /// Reads the accept record at position `pos` (a multiple of 64).
-    pub fn read_record(&self, pos: u32) -> crate::recvq::AcceptRecord {
-        let mut b = [0u8; crate::recvq::ACCEPT_RECORD_SIZE as usize];
+    pub fn read_record(&self, pos: u32) -> crate::eager::ctl::AcceptRecord {
+        let mut b = [0u8; crate::eager::ctl::ACCEPT_RECORD_SIZE as usize];
         self.read_at(pos, &mut b);
         // SAFETY: AcceptRecord is plain integers and byte arrays (any bit
         // pattern is valid) of exactly this size; read_unaligned copies it.
-        unsafe { std::ptr::read_unaligned(b.as_ptr() as *const crate::recvq::AcceptRecord) }
+        unsafe { std::ptr::read_unaligned(b.as_ptr() as *const crate::eager::ctl::AcceptRecord) }
     }
 
     /// Writes an accept record at position `pos` (a multiple of 64).
-    pub fn write_record(&self, pos: u32, r: &crate::recvq::AcceptRecord) {
+    pub fn write_record(&self, pos: u32, r: &crate::eager::ctl::AcceptRecord) {
         // SAFETY: a plain-data struct viewed as its bytes.
         let b = unsafe {
             std::slice::from_raw_parts(
-                r as *const crate::recvq::AcceptRecord as *const u8,
-                crate::recvq::ACCEPT_RECORD_SIZE as usize,
+                r as *const crate::eager::ctl::AcceptRecord as *const u8,
+                crate::eager::ctl::ACCEPT_RECORD_SIZE as usize,
             )
         };
         self.write_at(pos, b);
@@ -463,4 +470,38 @@ impl<'a> ChannelRef<'a> {
             None => false,
         }
     }
+}
+
+/// A fresh zeroed region of `layout` on a memfd, header written (tests).
+#[cfg(test)]
+pub(crate) fn test_region(layout: Layout) -> Region {
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: memfd_create with a valid C string; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"tcps-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: fd is a fresh, owned descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fd is valid; the size is the layout's.
+    assert_eq!(
+        unsafe { libc::ftruncate(fd.as_raw_fd(), layout.region_size() as i64) },
+        0
+    );
+    let r = Region::map(fd.as_fd(), layout).unwrap();
+    r.init_header();
+    r
+}
+
+/// A region with two of every ring (4096-byte receive rings, 4-entry send
+/// queues), for the ring types' tests.
+#[cfg(test)]
+pub(crate) fn test_rings() -> Region {
+    test_region(Layout {
+        n_channels: 1,
+        ring_entries: 4,
+        arena_size: 4096,
+        send_queues: 2,
+        sq_entries: 4,
+        recv_rings: 2,
+        rq_bytes: 4096,
+    })
 }

@@ -25,17 +25,11 @@
 //!   publishing a completion stamps it, bumps `cq_tail`, fences, and
 //!   futex-wakes if it sees `host_waiting`.
 
+use crate::layout::RegionHeader;
 use crate::msg::{Completion, Request};
+pub use crate::region::stamp;
 use crate::region::ChannelRef;
-use std::sync::atomic::{fence, Ordering};
-
-/// The stamp that publishes slot `index` of a ring of `entries` slots (a
-/// power of two): the lap number modulo 2^15, plus one. It never equals the
-/// stamp of the same slot one lap earlier — also across the wrap of the u32
-/// index, since the lap count wraps at a multiple of 2^15 — nor zeroed memory.
-pub fn stamp(index: u32, entries: u32) -> u16 {
-    ((index / entries) & 0x7fff) as u16 + 1
-}
+use crate::sync::{fence, Ordering};
 
 /// A host broke the ring protocol; the server detaches that host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +129,25 @@ impl ServerCursor {
     /// completion (`Op::AsyncKick`): its reserved completion slot is free again.
     pub fn retire(&mut self) {
         self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
+    /// Before the server sleeps: `server_sleeping = 1` in the header of
+    /// every attached host's region, then one fence (Dekker against a host's
+    /// "stamp the request; fence; load server_sleeping"). After this, re-check
+    /// every channel with [`has_requests`](Self::has_requests): a request
+    /// published before the fence is seen there, one published after it
+    /// finds the flag and rings the doorbell.
+    pub fn announce_sleep<'h>(headers: impl IntoIterator<Item = &'h RegionHeader>) {
+        for h in headers {
+            // Relaxed: the fence below orders it before the re-check.
+            h.server_sleeping.store(1, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// The server is awake again (hosts need not ring the doorbell).
+    pub fn end_sleep(header: &RegionHeader) {
+        header.server_sleeping.store(0, Ordering::Relaxed);
     }
 
     /// Publishes the completion of a request taken with [`pop`](Self::pop).
@@ -238,6 +251,57 @@ impl HostCursor {
     pub fn finish_sleep(&self, ch: &ChannelRef<'_>) {
         ch.ctl().host_waiting.store(0, Ordering::Relaxed);
     }
+
+    // Channels shared by several host threads keep their cursor under a lock
+    // and sleep without it; the functions below are their handshake (the
+    // same fences as `prepare_sleep`, with `cq_head` read from the region
+    // since the sleeping thread holds no cursor).
+
+    /// Completions consumed, as published in the region (relaxed: only
+    /// holders of the channel's lock advance it).
+    pub fn consumed(ch: &ChannelRef<'_>) -> u32 {
+        ch.ctl().cq_head.load(Ordering::Relaxed)
+    }
+
+    /// Completions published (acquire: their slots are written).
+    pub fn published(ch: &ChannelRef<'_>) -> u32 {
+        ch.ctl().cq_tail.load(Ordering::Acquire)
+    }
+
+    /// Whether the server parked the request tagged `user_data` (for a
+    /// thread that spins without the cursor; see [`is_parked`](Self::is_parked)).
+    pub fn parked(ch: &ChannelRef<'_>, user_data: u64) -> bool {
+        ch.ctl().parked_tag.load(Ordering::Acquire) == user_data as u32
+    }
+
+    /// Registers a sleeper of the channel and re-checks (Dekker against the
+    /// server's "store cq_tail; fence; load host_waiting"): `host_waiting =
+    /// 1`, fence, load `cq_tail`. Returns the `cq_tail` to futex-wait on, or
+    /// `None` if completions were published past `cq_head` meanwhile (drain
+    /// them; the caller unregisters, see [`clear_waiting`](Self::clear_waiting)).
+    pub fn register_sleeper(ch: &ChannelRef<'_>) -> Option<u32> {
+        let ctl = ch.ctl();
+        ctl.host_waiting.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let tail = ctl.cq_tail.load(Ordering::Acquire);
+        (tail == ctl.cq_head.load(Ordering::Relaxed)).then_some(tail)
+    }
+
+    /// The channel's last sleeper left: `host_waiting = 0`.
+    pub fn clear_waiting(ch: &ChannelRef<'_>) {
+        ch.ctl().host_waiting.store(0, Ordering::Relaxed);
+    }
+
+    /// Sleeps on `cq_tail` while it is `tail`, at most `timeout`.
+    pub fn sleep(ch: &ChannelRef<'_>, tail: u32, timeout: std::time::Duration) {
+        crate::futex::wait(&ch.ctl().cq_tail, tail, timeout);
+    }
+
+    /// Wakes every thread sleeping on the channel's `cq_tail` (a thread that
+    /// drained completions filed for others).
+    pub fn wake_sleepers(ch: &ChannelRef<'_>) {
+        crate::futex::wake_all(&ch.ctl().cq_tail);
+    }
 }
 
 #[cfg(test)]
@@ -246,22 +310,9 @@ mod tests {
     use crate::layout::Layout;
     use crate::msg::Op;
     use crate::region::Region;
-    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
     fn region(layout: Layout) -> Region {
-        // SAFETY: memfd_create with a valid C string; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"tcps-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fd is a fresh, owned descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: fd is valid; the size is the layout's.
-        assert_eq!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), layout.region_size() as i64) },
-            0
-        );
-        let r = Region::map(fd.as_fd(), layout).unwrap();
-        r.init_header();
-        r
+        crate::region::test_region(layout)
     }
 
     fn small() -> Layout {
@@ -428,6 +479,44 @@ mod tests {
     }
 
     #[test]
+    fn shared_sleeper_handshake_sees_a_late_completion() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let (mut h, mut s) = (HostCursor::default(), ServerCursor::default());
+        h.submit(&ch, &req(1)).unwrap();
+        let q = s.pop(&ch).unwrap().unwrap();
+        let tail = HostCursor::register_sleeper(&ch).expect("nothing published yet");
+        assert_eq!(tail, HostCursor::published(&ch));
+        let c = Completion {
+            user_data: q.user_data,
+            ..Default::default()
+        };
+        assert!(s.complete(&ch, &c).unwrap(), "server must see the sleeper");
+        // The futex value moved: the sleep returns at once.
+        HostCursor::sleep(&ch, tail, std::time::Duration::from_secs(5));
+        HostCursor::clear_waiting(&ch);
+        assert!(HostCursor::register_sleeper(&ch).is_none());
+        HostCursor::clear_waiting(&ch);
+        assert_eq!(h.reap(&ch).unwrap().user_data, 1);
+        assert_eq!(HostCursor::consumed(&ch), 1);
+    }
+
+    #[test]
+    fn server_sleep_flag_makes_the_host_ring() {
+        let r = region(small());
+        let ch = r.channel(0).unwrap();
+        let mut h = HostCursor::default();
+        assert!(!h.submit(&ch, &req(1)).unwrap());
+        ServerCursor::announce_sleep([r.header()]);
+        assert!(
+            h.submit(&ch, &req(2)).unwrap(),
+            "a sleeping server needs the doorbell"
+        );
+        ServerCursor::end_sleep(r.header());
+        assert!(!h.submit(&ch, &req(3)).unwrap());
+    }
+
+    #[test]
     fn parked_hint_names_the_parked_request() {
         let r = region(small());
         let ch = r.channel(0).unwrap();
@@ -438,5 +527,6 @@ mod tests {
         s.mark_parked(&ch, q.user_data);
         assert!(h.is_parked(&ch, 7));
         assert!(!h.is_parked(&ch, 8));
+        assert!(HostCursor::parked(&ch, 7));
     }
 }

@@ -1,44 +1,8 @@
-//! Process-ahead: receive rings (eager receive, *push*) and accept rings
-//! (eager accept). The thesis' §4.6.2–4.6.4, without its extra `poll`.
-//!
-//! A socket with id `s < recv_rings` may have receive ring `s` of the region
-//! bound to it (the index is the socket id, so binding needs no allocation
-//! and the host knows the ring of every socket it names). A ring is a
-//! [`RecvRingCtl`] followed by `rq_bytes` bytes (a power of two):
-//!
-//! * **Byte rings** (`kind == KIND_BYTES`, a connected socket): the server
-//!   `recv(2)`s straight into the ring at `tail % rq_bytes` whenever the
-//!   socket is readable and the ring has room, then stores `tail` (release).
-//!   The host copies bytes from `head` to `tail` out and stores `head`. A
-//!   host `recv` is therefore a local copy: no request, no round trip.
-//! * **Accept rings** (`kind == KIND_ACCEPT`, a listener): the server
-//!   accepts ahead and writes one 64-byte [`AcceptRecord`] per connection
-//!   (records never straddle the wrap, `rq_bytes` being a multiple of 64),
-//!   at most `eager_accept_size` records outstanding. Several connections
-//!   ready together are published with one store of `tail`.
-//!
-//! **End of stream.** When `recv(2)` returns 0 or an error, the server
-//! stores `end_errno` and then `end` (release) *after* the `tail` of the
-//! last data: a host that sees `end` and has consumed up to `tail` reports
-//! end-of-file (or the error) — in order, after the data before it. The
-//! server writes no more data after `end`.
-//!
-//! **Backpressure.** The server reads only into free room
-//! (`rq_bytes - (tail - head)`, with `head` clamped to `[consumed, tail]`:
-//! the host may write anything there). With the ring (nearly) full it stops
-//! reading and sets `paused`; the kernel socket buffer fills and TCP's window
-//! stops the peer, so memory stays bounded by `rq_bytes` per socket however
-//! slow the reader. A host that consumed bytes while `paused` is set posts an
-//! `Op::RecvKick` (no completion) unless a kick of its own is still unseen
-//! (`kicks_seen`); both sides fence between their store and their load
-//! (`paused` / `head`) so a resume is never lost, and the server also
-//! re-checks paused rings in its periodic sweep.
-//!
-//! **Waiting.** A host thread that finds a ring empty and blocks increments
-//! `host_waiting`, fences, re-reads `tail`/`end` and futex-waits on `tail`;
-//! the server wakes `tail` after publishing when `host_waiting != 0`.
+//! The receive/accept ring's shared layout: its control block, the accept
+//! record, the constants both sides agree on, and the pure position
+//! arithmetic (see the module above for the protocol).
 
-use std::sync::atomic::{AtomicI32, AtomicU32};
+use crate::sync::{AtomicI32, AtomicU32};
 
 /// Bytes of a receive ring's control block.
 pub const RQ_CTL_SIZE: usize = 192;
@@ -88,7 +52,30 @@ pub struct RecvRingCtl {
     _pad2: [u8; 52],
 }
 
+// Under loom the atomics are loom's (bigger); the block is then never mapped.
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<RecvRingCtl>() == RQ_CTL_SIZE);
+
+#[cfg(all(test, loom))]
+impl RecvRingCtl {
+    /// A zeroed control block on the heap, for the model tests.
+    pub(crate) fn zeroed() -> Self {
+        RecvRingCtl {
+            head: AtomicU32::new(0),
+            host_waiting: AtomicU32::new(0),
+            _pad0: [0; 56],
+            tail: AtomicU32::new(0),
+            end: AtomicU32::new(0),
+            end_errno: AtomicI32::new(0),
+            paused: AtomicU32::new(0),
+            _pad1: [0; 48],
+            owner: AtomicU32::new(0),
+            kind: AtomicU32::new(0),
+            kicks_seen: AtomicU32::new(0),
+            _pad2: [0; 52],
+        }
+    }
+}
 
 /// One eagerly accepted connection in a listener's accept ring.
 #[repr(C)]
@@ -167,6 +154,38 @@ pub fn used(tail: u32, head: u32, consumed: u32) -> u32 {
     }
 }
 
+/// Bytes a ring holds after the host stored `head`, and the new clamped
+/// `consumed` (the server's view). Accept rings count whole records
+/// (`record` = [`ACCEPT_RECORD_SIZE`]): a `head` inside a record leaves that
+/// record outstanding. Byte rings pass `record` = 1.
+pub fn look(tail: u32, head: u32, consumed: u32, record: u32) -> (u32, u32) {
+    let mut used = used(tail, head, consumed);
+    if record > 1 {
+        used = used.div_ceil(record) * record;
+        used = used.min(tail.wrapping_sub(consumed));
+    }
+    (used, tail.wrapping_sub(used))
+}
+
+/// Whether a record published at `pos` is still in the window
+/// `[consumed, tail)` (not yet taken by the host).
+pub fn untaken(pos: u32, consumed: u32, tail: u32) -> bool {
+    pos.wrapping_sub(consumed) < tail.wrapping_sub(consumed)
+}
+
+/// Bytes published and not consumed, at most a ring's worth (the host's
+/// view: a forged `tail` cannot make the host read past what the ring holds).
+pub fn available(tail: u32, consumed: u32, size: u32) -> u32 {
+    tail.wrapping_sub(consumed).min(size)
+}
+
+/// Whether a kick of ours is still unseen: the server's `kicks_seen` is
+/// behind the kicks we sent. (Seen *ahead* of sent means late kicks of an
+/// earlier binding were counted: nothing of ours is pending.)
+pub fn kick_pending(seen: u32, sent: u32) -> bool {
+    (seen.wrapping_sub(sent) as i32) < 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +200,49 @@ mod tests {
         assert_eq!(used(100, 10, 40), 60);
         // across the wrap
         assert_eq!(used(5, u32::MAX - 10, u32::MAX - 20), 16);
+    }
+
+    #[test]
+    fn look_clamps_and_counts_whole_records() {
+        // bytes: plain clamp
+        assert_eq!(look(100, 40, 0, 1), (60, 40));
+        assert_eq!(look(100, 1000, 40, 1), (60, 40)); // forged head ahead of tail
+        assert_eq!(look(100, 0, 40, 1), (60, 40)); // head moving back
+                                                   // records: a head inside a record leaves it outstanding
+        assert_eq!(look(256, 64, 0, 64), (192, 64));
+        assert_eq!(look(256, 70, 0, 64), (192, 64));
+        assert_eq!(look(256, 256, 0, 64), (0, 256));
+        assert_eq!(look(256, 5000, 64, 64), (192, 64));
+        // across the wrap
+        let t = 32u32;
+        let c = u32::MAX - 31; // 64 bytes behind t, wrapped
+        assert_eq!(look(t, c.wrapping_add(64), c, 64), (0, t));
+        assert_eq!(look(t, c, c, 64), (64, c));
+    }
+
+    #[test]
+    fn untaken_is_the_window_consumed_to_tail() {
+        assert!(untaken(64, 64, 128));
+        assert!(!untaken(0, 64, 128));
+        assert!(!untaken(128, 64, 128));
+        let c = u32::MAX - 63;
+        assert!(untaken(c, c, c.wrapping_add(128)));
+        assert!(untaken(c.wrapping_add(64), c, c.wrapping_add(128)));
+        assert!(!untaken(c.wrapping_sub(64), c, c.wrapping_add(128)));
+    }
+
+    #[test]
+    fn available_is_at_most_a_ring() {
+        assert_eq!(available(100, 40, 4096), 60);
+        assert_eq!(available(100_000, 0, 4096), 4096); // forged tail
+        assert_eq!(available(5, u32::MAX - 4, 4096), 10);
+    }
+
+    #[test]
+    fn kick_pending_compares_across_the_wrap() {
+        assert!(!kick_pending(3, 3));
+        assert!(kick_pending(2, 3));
+        assert!(!kick_pending(4, 3)); // late kicks of an earlier binding
+        assert!(kick_pending(u32::MAX, 0));
     }
 }
