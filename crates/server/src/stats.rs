@@ -11,11 +11,10 @@ use crate::host::{Host, HostStats};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tcps_proto::eager::{RecvRingProducer, ACCEPT_RECORD_SIZE, KIND_ACCEPT, KIND_BYTES};
 use tcps_proto::handshake::{StatQuery, STAT_CHUNK};
-use tcps_proto::recvq::{self, ACCEPT_RECORD_SIZE, KIND_ACCEPT, KIND_BYTES};
 use tcps_proto::{Op, VERSION};
 use tracing::debug;
 
@@ -120,15 +119,11 @@ pub fn depths(host: &Host) -> Depths {
         let Some(ring) = host.region.recv_ring(sid) else {
             continue;
         };
-        let ctl = ring.ctl();
-        if ctl.owner.load(Ordering::Relaxed) != sid.wrapping_add(1) {
+        let Some(snap) = RecvRingProducer::new(ring).snapshot(sid) else {
             continue;
-        }
-        let size = ring.size();
-        let tail = ctl.tail.load(Ordering::Acquire);
-        let head = ctl.head.load(Ordering::Relaxed);
-        let used = recvq::used(tail, head, tail.wrapping_sub(size)).min(size) as u64;
-        match ctl.kind.load(Ordering::Relaxed) {
+        };
+        let used = u64::from(snap.used);
+        match snap.kind {
             KIND_BYTES => d.recv_ring_bytes += used,
             KIND_ACCEPT => d.accept_ring_records += used / ACCEPT_RECORD_SIZE as u64,
             _ => {}

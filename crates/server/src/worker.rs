@@ -18,11 +18,12 @@ use crate::slab::Slab;
 use crate::sys;
 use crate::token::{Token, MAX_HOSTS_PER_WORKER};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+use tcps_proto::ring::ServerCursor;
 use tracing::{debug, error, info, warn};
 
 /// Executes one registration message of a host and queues its reply
@@ -609,13 +610,9 @@ impl Worker {
 
     /// Sleeps until a host rings, an engine event, or the next timer.
     fn sleep(&mut self) {
-        for (_, h) in self.hosts.iter() {
-            h.region
-                .header()
-                .server_sleeping
-                .store(1, Ordering::Relaxed);
-        }
-        fence(Ordering::SeqCst);
+        // `server_sleeping = 1` everywhere, one fence; then re-check every
+        // channel (the lost wake-up handshake, `ServerCursor::announce_sleep`).
+        ServerCursor::announce_sleep(self.hosts.iter().map(|(_, h)| h.region.header()));
         let mut pending = self.hosts.iter().any(|(_, h)| {
             (0..h.channels_in_use()).any(|ch| {
                 h.region
@@ -658,10 +655,7 @@ impl Worker {
             self.stats_dirty |= self.poll_engine(Some(timeout)) > 0;
         }
         for (_, h) in self.hosts.iter() {
-            h.region
-                .header()
-                .server_sleeping
-                .store(0, Ordering::Relaxed);
+            ServerCursor::end_sleep(h.region.header());
         }
     }
 

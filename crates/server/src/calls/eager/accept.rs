@@ -2,18 +2,16 @@
 //! connection, sets it up ([`setup_accepted`]) and publishes one
 //! `AcceptRecord` per connection.
 
-use super::ring::{
-    accept_capacity, init_ring, look, note_paused, publish, untaken, AcceptRing, Eager,
-};
+use super::ring::{accept_capacity, note_paused, AcceptRing, Eager};
 use super::setup::setup_accepted;
 use crate::calls::common::{check_quota, insert_accepted, Ctx};
 use crate::config::EagerPolicy;
 use crate::host::Host;
 use crate::sys::{self, RawAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, Ordering};
-use tcps_proto::recvq::{
-    AcceptRecord, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, KIND_ACCEPT, RECV_MODE_NONE, RECV_MODE_RING,
+use tcps_proto::eager::{
+    untaken, AcceptRecord, AcceptRingProducer, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, RECV_MODE_NONE,
+    RECV_MODE_RING,
 };
 use tracing::debug;
 
@@ -31,7 +29,7 @@ pub(crate) fn bind_accept(host: &mut Host, sid: u32) -> u64 {
     let Some(ring) = host.region.recv_ring(sid) else {
         return RECV_MODE_NONE;
     };
-    init_ring(&ring, sid, KIND_ACCEPT);
+    AcceptRingProducer::new(ring).bind(sid);
     if let Some(s) = host.socket_mut(sid) {
         s.eager = Eager::Accept(AcceptRing::default());
     }
@@ -78,33 +76,26 @@ pub(crate) fn accept_loop(
     policy: EagerPolicy,
     st: &mut AcceptRing,
 ) -> bool {
-    let Some(ring) = host.region.recv_ring(lid) else {
+    let Some(ring) = host.region.recv_ring(lid).map(AcceptRingProducer::new) else {
         return false;
     };
     let size = ring.size();
     let cap = accept_capacity(policy.accept_size, size) * ACCEPT_RECORD_SIZE;
     let start = st.tail;
-    let head = ring.ctl().head.load(Ordering::Acquire);
-    let (mut used, c) = look(st.tail, head, st.consumed, ACCEPT_RECORD_SIZE);
+    let (mut used, c) = ring.look(st.tail, st.consumed);
     st.consumed = c;
     forget_taken(st);
     loop {
         if used >= cap {
-            let ctl = host.region.recv_ring(lid).map(|r| r.ctl());
-            let Some(ctl) = ctl else { break };
-            ctl.tail.store(st.tail, Ordering::Release);
-            ctl.paused.store(1, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
-            let (u, c) = look(
-                st.tail,
-                ctl.head.load(Ordering::Acquire),
-                st.consumed,
-                ACCEPT_RECORD_SIZE,
-            );
-            (used, st.consumed) = (u, c);
+            // Publish, `paused = 1`, fence, re-read head (the lost-kick
+            // handshake, `AcceptRingProducer::pause`).
+            let Some(ring) = host.region.recv_ring(lid).map(AcceptRingProducer::new) else {
+                break;
+            };
+            (used, st.consumed) = ring.pause(st.tail, st.consumed);
             forget_taken(st);
             if used < cap {
-                ctl.paused.store(0, Ordering::Relaxed);
+                ring.unpause();
                 continue;
             }
             st.paused = true;
@@ -146,7 +137,7 @@ pub(crate) fn accept_loop(
     let moved = st.tail != start;
     if moved {
         if let Some(ring) = host.region.recv_ring(lid) {
-            publish(ring.ctl(), st.tail, None);
+            AcceptRingProducer::new(ring).publish(st.tail);
         }
     }
     moved
@@ -210,7 +201,7 @@ fn take_connection(
     rec.addr[..n].copy_from_slice(&a[..n]);
     rec.addr_len = n as u32;
     if let Some(ring) = host.region.recv_ring(lid) {
-        ring.write_record(st.tail, &rec);
+        AcceptRingProducer::new(ring).write(st.tail, &rec);
     }
     st.published.push_back((st.tail, id, gen));
     st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
@@ -230,7 +221,7 @@ pub(crate) fn publish_error(host: &mut Host, lid: u32, st: &mut AcceptRing, errn
         ..AcceptRecord::default()
     };
     if let Some(ring) = host.region.recv_ring(lid) {
-        ring.write_record(st.tail, &rec);
+        AcceptRingProducer::new(ring).write(st.tail, &rec);
     }
     st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
     st.demanded = false;

@@ -5,12 +5,11 @@
 use super::accept::forget_taken;
 use super::pullbuf::{PullBuf, PullEnd};
 use super::recv::stop_ring;
-use super::ring::{free_ring, look, untaken, Eager};
+use super::ring::Eager;
 use crate::config::EagerRecv;
 use crate::host::Host;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
-use tcps_proto::recvq::ACCEPT_RECORD_SIZE;
+use tcps_proto::eager::{untaken, AcceptRingProducer, RecvRingProducer, ACCEPT_RECORD_SIZE};
 
 /// The host closes socket `sid` (or the socket goes away): its ring is
 /// unbound (`owner = 0`) before its id can be reused. Returns the
@@ -25,13 +24,8 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
     let ring = host.region.recv_ring(sid);
     let orphans = match eager {
         Eager::Accept(mut a) => {
-            if let Some(r) = &ring {
-                let (_, c) = look(
-                    a.tail,
-                    r.ctl().head.load(Ordering::Acquire),
-                    a.consumed,
-                    ACCEPT_RECORD_SIZE,
-                );
+            if let Some(r) = ring {
+                let (_, c) = AcceptRingProducer::new(r).look(a.tail, a.consumed);
                 a.consumed = c;
                 forget_taken(&mut a);
             }
@@ -40,8 +34,10 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
         Eager::None | Eager::Pull(_) => return VecDeque::new(),
         Eager::Recv(_) => VecDeque::new(),
     };
+    // Unbound (`owner = 0`), and a host thread sleeping on the ring woken
+    // to see it gone.
     if let Some(r) = ring {
-        free_ring(&r, true);
+        RecvRingProducer::new(r).unbind();
     }
     orphans
 }
@@ -55,12 +51,7 @@ pub fn untaken_ids(host: &Host) -> Vec<u32> {
         let Some(r) = host.region.recv_ring(lid as u32) else {
             continue;
         };
-        let (_, consumed) = look(
-            a.tail,
-            r.ctl().head.load(Ordering::Acquire),
-            a.consumed,
-            ACCEPT_RECORD_SIZE,
-        );
+        let (_, consumed) = AcceptRingProducer::new(r).look(a.tail, a.consumed);
         for &(pos, id, gen) in &a.published {
             if untaken(pos, consumed, a.tail)
                 && host.sockets.get(id as usize).is_some_and(|s| s.gen == gen)
@@ -78,14 +69,13 @@ pub fn release_for_export(host: &mut Host, sid: u32) -> bool {
     let Some(s) = host.sockets.get(sid as usize) else {
         return false;
     };
-    let ring = host.region.recv_ring(sid);
-    let head = ring.map(|r| r.ctl().head.load(Ordering::Acquire));
+    let ring = host.region.recv_ring(sid).map(RecvRingProducer::new);
     let idle = match &s.eager {
         Eager::None => return true,
         Eager::Pull(p) => p.len() == 0,
-        Eager::Recv(b) => head.is_some_and(|h| look(b.tail, h, b.consumed, 1).0 == 0),
+        Eager::Recv(b) => ring.is_some_and(|r| r.look(b.tail, b.consumed, 1).0 == 0),
         Eager::Accept(a) => {
-            head.is_some_and(|h| look(a.tail, h, a.consumed, ACCEPT_RECORD_SIZE).0 == 0)
+            ring.is_some_and(|r| r.look(a.tail, a.consumed, ACCEPT_RECORD_SIZE).0 == 0)
         }
     };
     if !idle {
@@ -95,8 +85,9 @@ pub fn release_for_export(host: &mut Host, sid: u32) -> bool {
         s.eager = Eager::None;
     }
     host.eager_paused.retain(|&p| p != sid);
+    // Idle: no host thread sleeps on it (the host is about to exec).
     if let Some(r) = ring {
-        free_ring(&r, false);
+        r.release();
     }
     true
 }
@@ -111,7 +102,7 @@ pub struct Unread {
 
 /// For a fork snapshot: copies what socket `sid` read ahead and its host
 /// has not taken (`None`: nothing, and no end). A receive ring is copied from
-/// the server's `consumed` (clamped with the host's `head`, [`look`]) to
+/// the server's `consumed` (clamped with the host's `head`, `RecvRingProducer::look`) to
 /// `tail`, and then stops receiving ahead ([`stop_ring`]), so later bytes
 /// stay in the kernel for whichever process reads them; a pull buffer is
 /// copied and left as it is.
@@ -128,9 +119,8 @@ pub fn take_unread_for_fork(host: &mut Host, sid: u32) -> Option<Unread> {
         },
         Eager::Recv(b) => {
             let mut bytes = Vec::new();
-            if let Some(ring) = region.recv_ring(sid) {
-                let head = ring.ctl().head.load(Ordering::Acquire);
-                let (used, c) = look(b.tail, head, b.consumed, 1);
+            if let Some(ring) = region.recv_ring(sid).map(RecvRingProducer::new) {
+                let (used, c) = ring.look(b.tail, b.consumed, 1);
                 b.consumed = c;
                 bytes.resize(used as usize, 0);
                 ring.read_at(c, &mut bytes);

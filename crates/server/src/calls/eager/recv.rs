@@ -3,14 +3,12 @@
 //! receives (accepts) eagerly, which comes from its ring or buffer.
 
 use super::pullbuf::PullEnd;
-use super::ring::{init_ring, look, note_paused, pause_threshold, publish, Eager, RecvRing};
+use super::ring::{note_paused, pause_threshold, Eager, RecvRing};
 use crate::config::EagerRecv;
 use crate::host::Host;
 use crate::sys;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{fence, Ordering};
-use tcps_proto::futex;
-use tcps_proto::recvq::{ACCEPT_RECORD_SIZE, END_ERROR, END_STOPPED, KIND_BYTES};
+use tcps_proto::eager::{AcceptRingProducer, RecvRingProducer, KIND_BYTES};
 
 /// Binds receive ring `sid` to socket `sid` (push). False if it has none.
 pub(crate) fn bind_recv(host: &mut Host, sid: u32) -> bool {
@@ -20,7 +18,7 @@ pub(crate) fn bind_recv(host: &mut Host, sid: u32) -> bool {
     let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.closing) else {
         return false;
     };
-    init_ring(&ring, sid, KIND_BYTES);
+    RecvRingProducer::new(ring).bind(sid, KIND_BYTES);
     s.eager = Eager::Recv(RecvRing::default());
     true
 }
@@ -53,14 +51,13 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     if st.paused || st.ended {
         return false;
     }
-    let Some(ring) = region.recv_ring(sid) else {
+    let Some(ring) = region.recv_ring(sid).map(RecvRingProducer::new) else {
         return false;
     };
-    let ctl = ring.ctl();
     let size = ring.size();
     let threshold = pause_threshold(size);
     let start = st.tail;
-    let (mut used, c) = look(st.tail, ctl.head.load(Ordering::Acquire), st.consumed, 1);
+    let (mut used, c) = ring.look(st.tail, st.consumed, 1);
     st.consumed = c;
     let mut end = None;
     loop {
@@ -70,14 +67,10 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         }
         if free < threshold {
             // Pause: publish, then `paused = 1; fence; re-read head`
-            // (Dekker against the host's "store head; fence; load paused").
-            ctl.tail.store(st.tail, Ordering::Release);
-            ctl.paused.store(1, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
-            let (u, c) = look(st.tail, ctl.head.load(Ordering::Acquire), st.consumed, 1);
-            (used, st.consumed) = (u, c);
+            // (the lost-kick handshake, `RecvRingProducer::pause`).
+            (used, st.consumed) = ring.pause(st.tail, st.consumed, 1);
             if size - used >= threshold {
-                ctl.paused.store(0, Ordering::Relaxed);
+                ring.unpause();
                 continue;
             }
             st.paused = true;
@@ -121,7 +114,7 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     }
     let moved = st.tail != start || end.is_some();
     if moved {
-        publish(ctl, st.tail, end);
+        ring.publish(st.tail, end);
     }
     moved
 }
@@ -144,12 +137,7 @@ pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
     s.eager = Eager::None;
     host.eager_paused.retain(|&p| p != sid);
     if let Some(ring) = host.region.recv_ring(sid) {
-        let ctl = ring.ctl();
-        ctl.end.store(END_STOPPED, Ordering::Release);
-        fence(Ordering::SeqCst);
-        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-            futex::wake_all(&ctl.tail);
-        }
+        RecvRingProducer::new(ring).stop();
     }
 }
 
@@ -183,30 +171,22 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
             p.len() > 0,
         ),
         Eager::Recv(b) => {
-            let Some(r) = host.region.recv_ring(sid) else {
+            let Some(r) = host.region.recv_ring(sid).map(RecvRingProducer::new) else {
                 return 0;
             };
-            let used = look(b.tail, r.ctl().head.load(Ordering::Acquire), b.consumed, 1).0;
+            let used = r.look(b.tail, b.consumed, 1).0;
             let end = if !b.ended {
                 None
-            } else if r.ctl().end.load(Ordering::Relaxed) == END_ERROR {
-                Some(Err(r.ctl().end_errno.load(Ordering::Relaxed)))
             } else {
-                Some(Ok(()))
+                Some(r.end_error().map_or(Ok(()), Err))
             };
             ready(end, used > 0)
         }
         Eager::Accept(a) => {
-            let Some(r) = host.region.recv_ring(sid) else {
+            let Some(r) = host.region.recv_ring(sid).map(AcceptRingProducer::new) else {
                 return 0;
             };
-            let used = look(
-                a.tail,
-                r.ctl().head.load(Ordering::Acquire),
-                a.consumed,
-                ACCEPT_RECORD_SIZE,
-            )
-            .0;
+            let used = r.look(a.tail, a.consumed).0;
             ready(None, used > 0)
         }
     }

@@ -10,7 +10,7 @@ use crate::calls::sendq::queue;
 use crate::config::{EagerPolicy, EagerRecv};
 use crate::host::Host;
 use std::time::Instant;
-use tcps_proto::recvq::{
+use tcps_proto::eager::{
     RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ,
     SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
 };

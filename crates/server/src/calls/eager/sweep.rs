@@ -6,7 +6,7 @@
 use super::accept::bind_accept;
 use super::fill;
 use super::pullbuf::PULL_FIRST;
-use super::ring::{accept_capacity, look, pause_threshold, Eager};
+use super::ring::{accept_capacity, pause_threshold, Eager};
 use super::setup::start_receiving;
 use crate::calls::blocking::drive_readers;
 use crate::calls::common::{rearm, Ctx, Res};
@@ -15,8 +15,7 @@ use crate::config::EagerRecv;
 use crate::host::Host;
 use crate::sys;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use tcps_proto::recvq::{ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_RING};
+use tcps_proto::eager::{RecvRingProducer, ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_RING};
 
 /// Reads ahead, then lets parked polls look again and (re)arms the socket.
 pub(crate) fn advance(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
@@ -103,7 +102,7 @@ pub(crate) fn kick(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     };
     host.stats.recv_kicks += 1;
     if let Some(r) = host.region.recv_ring(sid) {
-        r.ctl().kicks_seen.store(kicks, Ordering::Release);
+        RecvRingProducer::new(r).set_kicks_seen(kicks);
     }
     resume(cx, host, sid);
 }
@@ -111,23 +110,21 @@ pub(crate) fn kick(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
 /// Clears a pause if the ring has room and reads (accepts)
 /// ahead at once.
 pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
-    let Some(ring) = host.region.recv_ring(sid) else {
+    let Some(ring) = host.region.recv_ring(sid).map(RecvRingProducer::new) else {
         return;
     };
-    let ctl = ring.ctl();
     let size = ring.size();
     let Some(s) = host.sockets.get_mut(sid as usize) else {
         return;
     };
-    let head = ctl.head.load(Ordering::Acquire);
     let open = match &mut s.eager {
         Eager::Recv(b) => {
             if b.paused {
-                let (used, c) = look(b.tail, head, b.consumed, 1);
+                let (used, c) = ring.look(b.tail, b.consumed, 1);
                 b.consumed = c;
                 if size - used >= pause_threshold(size) {
                     b.paused = false;
-                    ctl.paused.store(0, Ordering::Relaxed);
+                    ring.unpause();
                 }
             }
             !b.paused
@@ -135,11 +132,11 @@ pub(crate) fn resume(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
         Eager::Accept(a) => {
             if a.paused {
                 let cap = accept_capacity(s.policy.accept_size, size) * ACCEPT_RECORD_SIZE;
-                let (used, c) = look(a.tail, head, a.consumed, ACCEPT_RECORD_SIZE);
+                let (used, c) = ring.look(a.tail, a.consumed, ACCEPT_RECORD_SIZE);
                 a.consumed = c;
                 if used < cap {
                     a.paused = false;
-                    ctl.paused.store(0, Ordering::Relaxed);
+                    ring.unpause();
                 }
             }
             !a.paused

@@ -5,11 +5,10 @@
 
 use crate::calls::common::Res;
 use crate::host::{Host, Job, Parked, QueueState};
-use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 use tcps_proto::msg::{Call, MemRange};
-use tcps_proto::sendq::{self, DESC_CHECKSUM, DESC_FLAGS, DESC_MORE};
-use tcps_proto::{futex, Op};
+use tcps_proto::sendq::{self, Overrun, SendQueueConsumer, DESC_CHECKSUM, DESC_MORE};
+use tcps_proto::Op;
 use tracing::debug;
 
 /// A hot queue with no new descriptor for this long goes cold (the host
@@ -32,13 +31,7 @@ pub(crate) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
     if sock.queue.is_some() || host.queues[queue as usize].owner.is_some() {
         return Err(libc::EBUSY);
     }
-    let ctl = sq.ctl();
-    ctl.error_seq.store(0, Ordering::Relaxed);
-    ctl.error.store(0, Ordering::Relaxed);
-    ctl.misuse.store(0, Ordering::Relaxed);
-    ctl.bytes_done.store(0, Ordering::Relaxed);
-    ctl.done.store(start, Ordering::Relaxed);
-    ctl.owner.store(sid + 1, Ordering::Release);
+    SendQueueConsumer::new(sq).bind(sid, start);
     let kicks = host.queues[queue as usize].kicks;
     host.queues[queue as usize] = QueueState {
         owner: Some(sid),
@@ -64,7 +57,7 @@ pub(crate) fn make_hot(host: &mut Host, q: u32, now: Instant) {
         st.hot = true;
         host.hot.push(q);
         if let Some(sq) = host.region.send_queue(q) {
-            sq.ctl().active.store(1, Ordering::Release);
+            SendQueueConsumer::new(sq).activate();
         }
     }
 }
@@ -90,17 +83,9 @@ pub(crate) fn fail_overrun(host: &mut Host, q: u32, head: u32) {
     host.hot.retain(|&h| h != q);
     host.cooling.retain(|&(h, _)| h != q);
     if let Some(sq) = host.region.send_queue(q) {
-        let ctl = sq.ctl();
-        ctl.active.store(0, Ordering::Relaxed);
-        if first_error {
-            ctl.error_seq.store(ingested, Ordering::Relaxed);
-            ctl.error.store(libc::EPROTO, Ordering::Release);
-        }
-        // Wake host threads waiting for credits: they find the error.
-        fence(Ordering::SeqCst);
-        if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-            futex::wake_all(&ctl.done);
-        }
+        // Stops the watch, publishes EPROTO (the queue's first error) and
+        // wakes host threads waiting for credits: they find the error.
+        SendQueueConsumer::new(sq).fail_overrun(first_error.then_some(ingested));
     }
 }
 
@@ -126,14 +111,13 @@ pub fn finish_job(host: &mut Host, job: &Job, data: MemRange, res: Res) {
     let Some(sq) = host.region.send_queue(job.queue) else {
         return;
     };
-    let ctl = sq.ctl();
+    let c = SendQueueConsumer::new(sq);
     if let (Some(expected), true) = (job.checksum, job.held) {
         if let Ok(p) = host.registry.resolve(data) {
             // SAFETY: a registered range (bounds checked), mapped while held.
             let bytes = unsafe { std::slice::from_raw_parts(p, data.len as usize) };
             if sendq::checksum(bytes) != expected {
-                let m = ctl.misuse.load(Ordering::Relaxed);
-                ctl.misuse.store(m.wrapping_add(1), Ordering::Release);
+                c.count_misuse();
             }
         }
     }
@@ -144,31 +128,21 @@ pub fn finish_job(host: &mut Host, job: &Job, data: MemRange, res: Res) {
     match res {
         Ok((n, _)) if n as u64 == u64::from(data.len) => {
             host.stats.async_sends += 1;
-            let b = ctl.bytes_done.load(Ordering::Relaxed);
-            ctl.bytes_done.store(b + n as u64, Ordering::Relaxed);
+            c.add_bytes_done(n as u64);
         }
         other => {
             host.stats.async_failed += 1;
             let e = other.err().unwrap_or(libc::EPIPE);
             if st.error == 0 {
                 st.error = e;
-                ctl.error_seq.store(job.seq, Ordering::Relaxed);
-                ctl.error.store(e, Ordering::Release);
+                c.set_error(job.seq, e);
             }
         }
     }
     st.done = job.seq.wrapping_add(1);
-    publish_done(ctl, st.done);
-}
-
-/// Stores `done` and wakes a host thread sleeping on it (Dekker against
-/// the host's "set host_waiting; fence; load done").
-pub(crate) fn publish_done(ctl: &sendq::SendQueueCtl, done: u32) {
-    ctl.done.store(done, Ordering::Release);
-    fence(Ordering::SeqCst);
-    if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-        futex::wake_all(&ctl.done);
-    }
+    // Stores `done` and wakes a host thread sleeping on it (the lost
+    // wake-up handshake, `SendQueueConsumer::publish_done`).
+    c.publish_done(st.done);
 }
 
 /// The socket was closed and its jobs are done: the queue is free again.
@@ -181,8 +155,7 @@ pub fn unbind(host: &mut Host, q: u32) {
     host.hot.retain(|&h| h != q);
     host.cooling.retain(|&(h, _)| h != q);
     if let Some(sq) = host.region.send_queue(q) {
-        sq.ctl().active.store(0, Ordering::Relaxed);
-        sq.ctl().owner.store(0, Ordering::Release);
+        SendQueueConsumer::new(sq).unbind();
     }
 }
 
@@ -194,7 +167,7 @@ pub(crate) fn has_new(host: &Host, q: u32) -> bool {
         && host
             .region
             .send_queue(q)
-            .is_some_and(|sq| sq.ctl().head.load(Ordering::Acquire) != st.ingested)
+            .is_some_and(|sq| SendQueueConsumer::new(sq).has_new(st.ingested))
 }
 
 /// Takes hot queue `q` off the watch list unless the host published
@@ -204,10 +177,10 @@ pub(crate) fn cool(host: &mut Host, q: u32, now: Instant) -> bool {
     let Some(sq) = host.region.send_queue(q) else {
         return false;
     };
-    sq.ctl().active.store(0, Ordering::Relaxed);
-    fence(Ordering::SeqCst);
+    let c = SendQueueConsumer::new(sq);
+    c.deactivate();
     if has_new(host, q) {
-        sq.ctl().active.store(1, Ordering::Relaxed);
+        c.reactivate();
         host.queues[q as usize].last_activity = Some(now);
         return true;
     }
@@ -240,17 +213,21 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
     let Some(sq) = host.region.send_queue(q) else {
         return 0;
     };
-    let head = sq.ctl().head.load(Ordering::Acquire);
     let st = host.queues[q as usize];
-    let n = head.wrapping_sub(st.ingested);
-    if n == 0 || st.overrun {
+    if st.overrun {
         return 0;
     }
-    if n > sq.entries() || head.wrapping_sub(st.done) > sq.entries() {
-        // More than the credits allow: the host overwrote descriptors it had
-        // no credit for. Only its own stream suffers: the queue fails for
-        // good (see the module comment).
-        fail_overrun(host, q, head);
+    let n = match SendQueueConsumer::new(sq).pending(st.ingested, st.done) {
+        Ok(n) => n,
+        Err(Overrun { head }) => {
+            // More than the credits allow: the host overwrote descriptors it
+            // had no credit for. Only its own stream suffers: the queue
+            // fails for good (see the module comment).
+            fail_overrun(host, q, head);
+            return 0;
+        }
+    };
+    if n == 0 {
         return 0;
     }
     // Straight into the socket's write queue (disjoint fields of `host`:
@@ -261,7 +238,7 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
         region,
         ..
     } = &mut *host;
-    let Some(sq) = region.send_queue(q) else {
+    let Some(sq) = region.send_queue(q).map(SendQueueConsumer::new) else {
         return 0;
     };
     let Some(sock) = sockets.get_mut(sid as usize) else {
@@ -269,16 +246,13 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
     };
     for i in 0..n {
         let seq = st.ingested.wrapping_add(i);
-        let d = sq.read_desc(seq);
+        let d = sq.take_desc(seq);
         let data = MemRange {
             mem: d.mem,
             off: d.off,
             len: d.len,
         };
-        let valid = d.flags & !DESC_FLAGS == 0
-            && d.len > 0
-            && u32::from(d.mem) < sendq::MAX_REGISTRATIONS
-            && registry.resolve(data).is_ok();
+        let valid = SendQueueConsumer::desc_ok(&d) && registry.resolve(data).is_ok();
         if valid {
             registry.hold(d.mem);
         }
@@ -306,7 +280,7 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
             }),
         });
     }
-    host.queues[q as usize].ingested = head;
+    host.queues[q as usize].ingested = st.ingested.wrapping_add(n);
     n as usize
 }
 
@@ -318,7 +292,7 @@ pub(crate) fn note_kick(host: &mut Host, q: u32) {
     st.kicks = st.kicks.wrapping_add(1);
     let kicks = st.kicks;
     if let Some(sq) = host.region.send_queue(q) {
-        sq.ctl().kicks_seen.store(kicks, Ordering::Release);
+        SendQueueConsumer::new(sq).set_kicks_seen(kicks);
     }
 }
 
@@ -329,6 +303,6 @@ pub(crate) fn bind_with_accept(host: &mut Host, sid: u32, now: Instant) -> bool 
     let Some(sq) = host.region.send_queue(sid) else {
         return false;
     };
-    sq.ctl().head.store(0, Ordering::Relaxed);
+    SendQueueConsumer::new(sq).reset_head();
     bind(host, sid, sid, 0, now).is_ok()
 }
