@@ -42,7 +42,7 @@ pub struct Host {
     /// Its doorbell: only this host rings it (`Token::HostBell`).
     pub doorbell: OwnedFd,
     /// Control replies waiting for room in the control socket (bounded:
-    /// `worker::OUTBOX_MAX`).
+    /// `worker::messages::OUTBOX_MAX`).
     pub outbox: VecDeque<Outgoing>,
     pub sockets: Slab<Sock>,
     pub polls: Slab<ParkedPoll>,
