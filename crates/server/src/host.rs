@@ -224,7 +224,7 @@ pub struct Sock {
     /// A listener: its live accepted connections (--max-conns-per-listener).
     pub live_accepted: u32,
     /// SO_LINGER may be on, so its close may block: close checks it (see
-    /// `calls::close_fd`). True for sockets whose options the server did
+    /// `closer::close_socket`). True for sockets whose options the server did
     /// not all see (created or set by the host) and once the host sets
     /// SO_LINGER through the server; an accepted connection has its
     /// listener's linger (the kernel copies it).

@@ -12,11 +12,13 @@
 //! sees room.
 //!
 //! Everything the host writes (`head`, `host_waiting`) is untrusted: `head`
-//! is clamped to `[consumed, tail]` with [`ring::look`] before use.
+//! is clamped to `[consumed, tail]` (`tcps_proto::eager::look`) before use;
+//! every control-block access and handshake is `tcps_proto::eager`'s
+//! `RecvRingProducer` / `AcceptRingProducer`.
 //!
 //! Files, bottom up (each imports only files listed before it):
 //! `pullbuf` (the pull buffer type and its budget), `ring` (the per-socket
-//! state and the ring control-block handshakes), `recv` (receive rings),
+//! state: what a socket does eagerly, the server's ring cursors), `recv` (receive rings),
 //! `pull` (pull sockets), `setup` (setup-with-accept and the `SOL_TCPS`
 //! policy), `accept` (accept rings), this file ([`fill`]), `handover`
 //! (unbinding for close, exec and fork), `sweep` (kicks, resumes, the
