@@ -18,11 +18,12 @@
 //!
 //! Files, bottom up (each imports only files listed before it):
 //! `pullbuf` (the pull buffer type and its budget), `ring` (the per-socket
-//! state: what a socket does eagerly, the server's ring cursors), `recv` (receive rings),
-//! `pull` (pull sockets), `setup` (setup-with-accept and the `SOL_TCPS`
-//! policy), `accept` (accept rings), this file ([`fill`]), `handover`
-//! (unbinding for close, exec and fork), `sweep` (kicks, resumes, the
-//! periodic sweep: above `blocking` and `poll`, which it drives).
+//! state: what a socket does eagerly, the server's ring cursors), `recv`
+//! (receive rings), `pull` (pull sockets), `setup` (setup-with-accept and
+//! the `SOL_TCPS` policy), `accept` (accept rings), this file ([`fill`]),
+//! `handover` (unbinding for close, exec and fork), `sweep` (kicks,
+//! resumes, the periodic sweep: above `blocking` and `poll`, which it
+//! drives).
 
 pub(crate) mod accept;
 pub(crate) mod handover;
