@@ -1,6 +1,6 @@
 //! The atomics, fences and futex calls of the receive/accept rings and the
 //! send queues: std's and the kernel's, or loom's when the crate is built
-//! with `--cfg loom` for the model tests ([`crate::loom_tests`]).
+//! with `--cfg loom` for the model tests (`src/loom_tests.rs`).
 //!
 //! Under loom the control blocks ([`crate::eager::RecvRingCtl`],
 //! [`crate::sendq::SendQueueCtl`]) hold loom atomics and are built on the
