@@ -9,7 +9,7 @@
 //! connecting to several hosts' listeners. Each accepted `Sock` remembers
 //! what it counts against (`Admitted`) and gives it back when it closes.
 
-use crate::host::Host;
+use crate::host::{Admitted, Host};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -41,15 +41,6 @@ impl AddrCounts {
     }
 }
 
-/// What an accepted connection counts against.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Admitted {
-    /// The listener (socket id, generation) that accepted it.
-    pub listener: Option<(u32, u16)>,
-    /// The client address, when per-address limits are on.
-    pub addr: Option<IpAddr>,
-}
-
 /// Gives back what a closing socket counted against.
 pub fn release(host: &mut Host, addrs: &AddrCounts, a: &Admitted) {
     if let Some((lid, gen)) = a.listener {
@@ -79,7 +70,7 @@ pub fn reset(fd: std::os::fd::OwnedFd) {
 /// sockaddr as accept returned it) to the host; if so, what it now counts
 /// against. A refusal is counted in the host's stats and logged at debug.
 pub fn admit(
-    cfg: &crate::Config,
+    cfg: &crate::config::Config,
     addrs: &AddrCounts,
     host: &mut Host,
     sid: u32,

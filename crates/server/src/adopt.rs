@@ -11,10 +11,10 @@
 //! (`sockopt_policy`), it asks for a duplicate of its own socket and does
 //! it itself, again under its own credentials.
 
+use crate::config::Config;
 use crate::guard::HostHeld;
 use crate::host::Host;
 use crate::sys;
-use crate::Config;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use tcps_proto::handshake::ControlMsg;
 use tracing::debug;
@@ -78,7 +78,7 @@ fn adopt(
     let fd = fds.remove(0);
     check_tcp_socket(fd.as_raw_fd())?;
     // Refused before its description is touched.
-    crate::calls::check_quota(cfg, host)?;
+    crate::calls::common::check_quota(cfg, host)?;
     // The server never blocks on a socket. O_NONBLOCK lives in the open
     // file description, shared with the host's copy, which the host
     // library never blocks on.
@@ -87,7 +87,7 @@ fn adopt(
     // so blocking calls on it are guarded, and connections accepted on it
     // are its owner's (`guard`).
     let held = HostHeld::of(fd.as_raw_fd());
-    let id = crate::calls::insert_socket(cfg, host, fd, nonblocking)?;
+    let id = crate::calls::common::insert_socket(cfg, host, fd, nonblocking)?;
     if let Some(s) = host.socket_mut(id) {
         s.host_held = held;
     }

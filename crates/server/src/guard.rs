@@ -31,10 +31,9 @@
 //! the borrowed fsuid: the guard is dropped at its end, also on an early
 //! return.
 
-use crate::host::Host;
 use std::cell::Cell;
 use std::sync::OnceLock;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// A socket whose open file description a host holds as well.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,34 +236,20 @@ impl Drop for Guard {
 /// keeps clearing O_NONBLOCK costs the worker at most this many ticks.
 pub const MAX_BLOCKING_STRIKES: u32 = 8;
 
-/// A guarded call on `fd`, a description `host` shares, returned EINTR. If
-/// the host had cleared O_NONBLOCK (the library never does), sets it again
-/// and counts a strike: each cost the worker up to a tick, so after
-/// [`MAX_BLOCKING_STRIKES`] the host is detached. (A tick that merely
-/// landed during a call that was not sleeping leaves the flag set.)
-pub fn interrupted(host: &mut Host, fd: libc::c_int) {
+/// A guarded call on `fd` returned EINTR: if the host had cleared
+/// O_NONBLOCK on the description it shares (the library never does), sets
+/// it again and says so (`Host::interrupted` counts the strike). A tick
+/// that merely landed during a call that was not sleeping leaves the flag
+/// set and returns false.
+pub fn restore_nonblocking(fd: libc::c_int) -> bool {
     // SAFETY: F_GETFL/F_SETFL on a descriptor the caller owns.
     let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if fl < 0 || fl & libc::O_NONBLOCK != 0 {
-        return;
+        return false;
     }
     // SAFETY: as above.
     unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) };
-    host.blocking_strikes += 1;
-    debug!(
-        host = host.id,
-        strikes = host.blocking_strikes,
-        "a call on a shared socket slept: the host cleared O_NONBLOCK"
-    );
-    if host.blocking_strikes >= MAX_BLOCKING_STRIKES && host.doomed.is_none() {
-        warn!(
-            host = host.id,
-            pid = host.pid,
-            uid = host.uid,
-            "detaching host: it keeps clearing O_NONBLOCK on sockets it shares with the server"
-        );
-        host.doomed = Some("cleared O_NONBLOCK on shared sockets".into());
-    }
+    true
 }
 
 #[cfg(test)]

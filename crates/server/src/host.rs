@@ -1,6 +1,9 @@
 //! What the server keeps per attached host: its credentials, its mapped
 //! region with one private cursor per channel, and its sockets.
 
+use crate::calls::eager::pullbuf::PullAccount;
+use crate::calls::eager::ring::Eager;
+use crate::guard::{self, HostHeld};
 use crate::registry::Registry;
 use crate::slab::Slab;
 use std::collections::VecDeque;
@@ -39,7 +42,7 @@ pub struct Host {
     /// Its doorbell: only this host rings it (`Token::HostBell`).
     pub doorbell: OwnedFd,
     /// Control replies waiting for room in the control socket (bounded:
-    /// `worker::OUTBOX_MAX`).
+    /// `worker::messages::OUTBOX_MAX`).
     pub outbox: VecDeque<Outgoing>,
     pub sockets: Slab<Sock>,
     pub polls: Slab<ParkedPoll>,
@@ -54,7 +57,7 @@ pub struct Host {
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
     /// Guarded calls that found O_NONBLOCK cleared on a description the
-    /// host shares (`guard::interrupted`); too many detach the host.
+    /// host shares (`Host::interrupted`); too many detach the host.
     pub blocking_strikes: u32,
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
@@ -70,9 +73,9 @@ pub struct Host {
     /// Sockets whose receive/accept ring is paused (full), whose accept
     /// ahead is stalled, or whose pull buffer is stopped by the budget: the
     /// periodic sweep resumes them when room appears.
-    pub ahead_paused: Vec<u32>,
+    pub eager_paused: Vec<u32>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
-    pub pull: crate::calls::eager::PullAccount,
+    pub pull: PullAccount,
     /// Sockets to re-arm at the next sweep: their last readiness answered
     /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
     pub rearm_later: Vec<u32>,
@@ -128,8 +131,8 @@ impl Host {
             queues: vec![QueueState::default(); layout.send_queues as usize],
             hot: Vec::new(),
             cooling: Vec::new(),
-            ahead_paused: Vec::new(),
-            pull: crate::calls::eager::PullAccount::new(max_pull_bytes),
+            eager_paused: Vec::new(),
+            pull: PullAccount::new(max_pull_bytes),
             rearm_later: Vec::new(),
         }
     }
@@ -159,6 +162,31 @@ impl Host {
 
     pub fn socket_mut(&mut self, id: u32) -> Option<&mut Sock> {
         self.sockets.get_mut(id as usize).filter(|s| !s.closing)
+    }
+
+    /// A guarded call on `fd`, a description this host shares, returned
+    /// EINTR (`guard`). If the host had cleared O_NONBLOCK it is set again
+    /// and counted as a strike: each cost the worker up to a tick, so after
+    /// [`guard::MAX_BLOCKING_STRIKES`] the host is detached.
+    pub fn interrupted(&mut self, fd: libc::c_int) {
+        if !guard::restore_nonblocking(fd) {
+            return;
+        }
+        self.blocking_strikes += 1;
+        tracing::debug!(
+            host = self.id,
+            strikes = self.blocking_strikes,
+            "a call on a shared socket slept: the host cleared O_NONBLOCK"
+        );
+        if self.blocking_strikes >= guard::MAX_BLOCKING_STRIKES && self.doomed.is_none() {
+            tracing::warn!(
+                host = self.id,
+                pid = self.pid,
+                uid = self.uid,
+                "detaching host: it keeps clearing O_NONBLOCK on sockets it shares with the server"
+            );
+            self.doomed = Some("cleared O_NONBLOCK on shared sockets".into());
+        }
     }
 
     /// Any socket, also a closing one (readiness and timers still drive it).
@@ -196,7 +224,7 @@ pub struct Sock {
     /// A listener: its live accepted connections (--max-conns-per-listener).
     pub live_accepted: u32,
     /// SO_LINGER may be on, so its close may block: close checks it (see
-    /// `calls::close_fd`). True for sockets whose options the server did
+    /// `closer::close_socket`). True for sockets whose options the server did
     /// not all see (created or set by the host) and once the host sets
     /// SO_LINGER through the server; an accepted connection has its
     /// listener's linger (the kernel copies it).
@@ -205,15 +233,15 @@ pub struct Sock {
     /// connections inherit), once looked up; `None`: look it up.
     pub listener_lingers: Option<bool>,
     /// An accepted connection: what it counts against until it closes.
-    pub admitted: crate::admission::Admitted,
+    pub admitted: Admitted,
     /// Process-ahead policy (server defaults, `SOL_TCPS` options, or the
     /// listener's for an accepted connection).
-    pub policy: crate::EagerPolicy,
+    pub policy: crate::config::EagerPolicy,
     /// Process-ahead state: receive ring, accept ring or pull buffer.
-    pub ahead: crate::calls::eager::Ahead,
+    pub eager: Eager,
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
-    pub host_held: Option<crate::guard::HostHeld>,
+    pub host_held: Option<HostHeld>,
 }
 
 impl Sock {
@@ -235,8 +263,8 @@ impl Sock {
             may_linger: true,
             listener_lingers: None,
             admitted: Default::default(),
-            policy: crate::EagerPolicy::default(),
-            ahead: crate::calls::eager::Ahead::None,
+            policy: crate::config::EagerPolicy::default(),
+            eager: Eager::None,
             host_held: None,
         }
     }
@@ -252,8 +280,8 @@ impl Sock {
         // Reading (accepting) ahead: the server already took the kernel's
         // readability, so POLLIN is wanted only while it reads ahead; parked
         // calls and polls get theirs from the ring or the pull buffer.
-        let ahead = self.ahead.is_active();
-        if ahead && self.ahead.wants_readable() {
+        let ahead = self.eager.is_active();
+        if ahead && self.eager.wants_readable() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
         if !ahead && !self.readers.is_empty() {
@@ -287,6 +315,15 @@ impl Sock {
         }
         m
     }
+}
+
+/// What an accepted connection counts against.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Admitted {
+    /// The listener (socket id, generation) that accepted it.
+    pub listener: Option<(u32, u16)>,
+    /// The client address, when per-address limits are on.
+    pub addr: Option<std::net::IpAddr>,
 }
 
 /// A call that would block, waiting at the server for its socket.

@@ -11,14 +11,14 @@
 //!
 //! Bytes the server already read ahead for the parent (process-ahead,
 //! `docs/PROTOCOL.md` §10) are no longer in the kernel socket, so the
-//! snapshot carries them: the unread part of a byte ring (from the server's
+//! snapshot carries them: the unread part of a receive ring (from the server's
 //! `consumed`, clamped with the host's `head`, to `tail`) or of a pull
 //! buffer, with the end of stream if one was read. The child's socket starts
 //! with them in a pull buffer (its `Recv`s are answered from there first,
 //! then from the kernel). They also stay where they were for the parent:
 //! both processes share the socket as under the kernel, but bytes read
 //! ahead before the fork reach both if both read them (under the kernel,
-//! whichever reads first gets them). A parent's byte ring stops receiving
+//! whichever reads first gets them). A parent's receive ring stops receiving
 //! ahead at the snapshot (`END_STOPPED` after its bytes, its policy `Off`),
 //! so later bytes stay in the kernel for whichever process reads; a pull
 //! buffer is left as it is. A classic fork-per-connection server (accept,
@@ -53,6 +53,7 @@
 //! parent went. They still count against the user's budget until claimed
 //! or expired.
 
+use crate::calls::eager::handover;
 use crate::host::{Host, Sock};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
@@ -71,10 +72,10 @@ struct Inherited {
     snd_timeout: Option<Duration>,
     /// Process-ahead policy; nothing is bound in the child (its host
     /// library binds with `RecvBind`) unless bytes were carried.
-    policy: crate::EagerPolicy,
+    policy: crate::config::EagerPolicy,
     /// Bytes read ahead for the parent and not taken by it (and the end of
     /// stream): the child's pull buffer starts with them.
-    unread: Option<crate::calls::eager::Unread>,
+    unread: Option<handover::Unread>,
 }
 
 struct Snapshot {
@@ -114,7 +115,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn of(cfg: &crate::Config) -> Budget {
+    pub fn of(cfg: &crate::config::Config) -> Budget {
         Budget {
             max_snapshots: cfg.max_fork_snapshots_per_user,
             max_fds: cfg.max_fork_fds_per_user,
@@ -150,7 +151,7 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> {
     // Connections accepted ahead that the parent has not taken are not the
     // child's to inherit: it could never name them.
-    let untaken = crate::calls::eager::untaken_ids(host);
+    let untaken = handover::untaken_ids(host);
     let wanted = host.sockets.len().saturating_sub(untaken.len());
     // Checked before a single dup(), and again under the lock when the
     // snapshot is stored (another worker may have stored one meanwhile).
@@ -184,7 +185,7 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     // parent's rings.
     let mut carried = 0;
     for i in &mut sockets {
-        i.unread = crate::calls::eager::take_unread_for_fork(host, i.id);
+        i.unread = handover::take_unread_for_fork(host, i.id);
         if let Some(u) = &i.unread {
             carried += 1;
             debug!(
@@ -275,7 +276,7 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
             return Err(libc::EEXIST);
         }
         if let Some(u) = i.unread {
-            crate::calls::eager::start_pull_with(host, i.id, u);
+            handover::start_pull_with(host, i.id, u);
         }
     }
     info!(
@@ -307,7 +308,7 @@ pub fn export(
     }
     // A ring or pull buffer holding bytes (connections) the host has not
     // taken: those would be lost.
-    if !crate::calls::eager::release_for_export(host, id) {
+    if !handover::release_for_export(host, id) {
         return (reply(libc::EBUSY), None);
     }
     match crate::calls::take_for_export(cx, host, id) {
@@ -341,7 +342,7 @@ mod tests {
                 nonblocking: false,
                 rcv_timeout: None,
                 snd_timeout: None,
-                policy: crate::EagerPolicy::default(),
+                policy: crate::config::EagerPolicy::default(),
                 unread: None,
             })
             .collect();

@@ -12,6 +12,7 @@ mod admission;
 mod adopt;
 mod calls;
 mod closer;
+mod config;
 mod control;
 pub mod engine;
 mod guard;
@@ -20,6 +21,7 @@ mod inherit;
 mod metrics;
 mod registry;
 mod sendfile;
+mod shared;
 mod slab;
 pub mod sockopt_policy;
 mod stats;
@@ -27,179 +29,21 @@ mod sys;
 mod token;
 mod worker;
 
+pub use config::{
+    Config, EagerPolicy, EagerRecv, PollMode, DEFAULT_EAGER_ACCEPT_SIZE,
+    DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
+    DEFAULT_MAX_PULL_BYTES_PER_HOST, DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
+    DEFAULT_MAX_REGISTRATIONS_PER_HOST,
+};
 pub use engine::EngineKind;
+pub use shared::Shared;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use tcps_proto::Layout;
 use tracing::info;
-
-/// How a worker waits for work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PollMode {
-    /// Spin forever: lowest latency, one core always busy.
-    Busy,
-    /// Spin for `spin`, then sleep until a host rings the doorbell.
-    Adaptive,
-    /// Sleep whenever idle: every call rings the doorbell.
-    Block,
-}
-
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub socket_path: PathBuf,
-    /// Mode of the control socket file (who may attach): 0660 by default,
-    /// so root and members of the socket's group attach, nobody else.
-    pub socket_mode: u32,
-    /// Group of the control socket file (None: the server's own group).
-    pub socket_group: Option<u32>,
-    /// One worker per CPU listed, pinned to it; empty: one unpinned worker.
-    pub cpus: Vec<usize>,
-    pub poll: PollMode,
-    /// How long an adaptive worker spins before sleeping.
-    pub spin: Duration,
-    pub engine: EngineKind,
-    pub max_hosts: usize,
-    /// Most hosts one uid may have attached at once (0: unlimited), so one
-    /// user cannot take every `max_hosts` slot.
-    pub max_hosts_per_uid: usize,
-    pub max_sockets_per_host: usize,
-    /// Geometry of each host's channel region.
-    pub layout: Layout,
-    /// Live accepted connections per listener; more are reset at the
-    /// server and never reach the host (0: unlimited).
-    pub max_conns_per_listener: u32,
-    /// Live accepted connections per client IP address across the whole
-    /// server; more are reset at the server (0: unlimited).
-    pub max_conns_per_addr: u32,
-    /// Process-ahead policy (server-wide defaults; sockets override with
-    /// `SOL_TCPS` options).
-    pub eager: EagerPolicy,
-    /// Serve the `tcps stat` counters for Prometheus at `GET /metrics` on
-    /// this address (None: no metrics listener).
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// `/metrics` also shows each attached host (pid, uid, counters);
-    /// otherwise only server totals (`--metrics-per-host`).
-    pub metrics_per_host: bool,
-    /// Per-host budget of registered memory: bytes mapped (ENOMEM beyond).
-    pub max_registered_bytes_per_host: u64,
-    /// Per-host budget of registered memory: registrations (ENOSPC beyond).
-    pub max_registrations_per_host: u32,
-    /// Per-user budget of fork snapshots waiting for their child (EAGAIN beyond).
-    pub max_fork_snapshots_per_user: usize,
-    /// Per-user budget of descriptors those snapshots hold (EAGAIN beyond).
-    pub max_fork_fds_per_user: usize,
-    /// Per-host budget of pull-buffer bytes (read ahead at the server); a
-    /// host at its budget reads ahead on no more sockets (bytes stay in
-    /// the kernel) until it takes what is buffered.
-    pub max_pull_bytes_per_host: usize,
-}
-
-/// How the server receives ahead of the host's `recv` calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EagerRecv {
-    /// Only when the host asks (a `recv` request).
-    Off,
-    /// Into a buffer at the server; a `recv` request is answered from it at once.
-    Pull,
-    /// Into the socket's receive ring in the host's region; a `recv` is a
-    /// local copy at the host (pull for sockets without a ring).
-    Push,
-}
-
-/// Process-ahead (thesis §4.6.2–4.6.4): what the server does before the
-/// host asks. Defaults are the fastest safe choice: everything on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EagerPolicy {
-    /// Accept ahead into each listener's accept ring.
-    pub accept: bool,
-    /// Most connections accepted ahead and not yet taken, per listener.
-    pub accept_size: u32,
-    pub recv: EagerRecv,
-    /// Bytes read ahead per socket in pull mode (push: the ring size).
-    pub recv_size: u32,
-    /// Bind the async send queue and the receive ring as part of accept.
-    pub setup_with_accept: bool,
-}
-
-impl Default for EagerPolicy {
-    fn default() -> Self {
-        EagerPolicy {
-            accept: true,
-            accept_size: DEFAULT_EAGER_ACCEPT_SIZE,
-            recv: EagerRecv::Push,
-            recv_size: tcps_proto::layout::DEFAULT_RQ_BYTES,
-            setup_with_accept: true,
-        }
-    }
-}
-
-/// Registered bytes per host: the host library's 16 MiB staging pool, a
-/// web server's file cache (`examples/webserver.c`, at most 512 MiB) and
-/// its send buffers fit; 64 hosts stay far from the 128 TiB address space.
-pub const DEFAULT_MAX_REGISTERED_BYTES_PER_HOST: u64 = 1 << 30;
-/// Registrations per host: the webserver of `tcps bench web` registers one
-/// per thread (64 by default) plus its cache and the staging pool; every
-/// mapping is a VMA of the server (`vm.max_map_count`, 65530).
-pub const DEFAULT_MAX_REGISTRATIONS_PER_HOST: u32 = 256;
-/// Fork snapshots a user's processes may have waiting for their children
-/// (a prefork server forking its workers at once).
-pub const DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER: usize = 64;
-/// Descriptors (dup()ed sockets) those snapshots may hold in all.
-pub const DEFAULT_MAX_FORK_FDS_PER_USER: usize = 4096;
-/// Pull-buffer bytes per host: 8,192 connections with the default 32 KiB
-/// read ahead (sockets beyond the 1,024 receive rings pull).
-pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 256 << 20;
-
-/// The thesis' `EAGER_ACCEPT_SIZE`: connections accepted ahead per listener.
-pub const DEFAULT_EAGER_ACCEPT_SIZE: u32 = 64;
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            socket_path: tcps_proto::handshake::default_socket_path(),
-            socket_mode: 0o660,
-            socket_group: None,
-            cpus: Vec::new(),
-            poll: PollMode::Adaptive,
-            spin: Duration::from_micros(50),
-            engine: EngineKind::Uring,
-            max_hosts: 64,
-            max_hosts_per_uid: 16,
-            max_sockets_per_host: 65536,
-            layout: Layout::default(),
-            max_conns_per_listener: 0,
-            max_conns_per_addr: 0,
-            eager: EagerPolicy::default(),
-            metrics_listen: None,
-            metrics_per_host: false,
-            max_registered_bytes_per_host: DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
-            max_registrations_per_host: DEFAULT_MAX_REGISTRATIONS_PER_HOST,
-            max_fork_snapshots_per_user: DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
-            max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
-            max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
-        }
-    }
-}
-
-/// State shared by the acceptor and the workers.
-#[derive(Default)]
-pub struct Shared {
-    pub stopping: AtomicBool,
-    /// Hosts attached (admission control counts against --max-hosts).
-    pub hosts: AtomicUsize,
-    /// Hosts attached per uid (`--max-hosts-per-uid`).
-    pub hosts_per_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
-    pub refused_hosts: AtomicU64,
-    /// Live accepted connections per client address (--max-conns-per-addr).
-    pub conns_per_addr: admission::AddrCounts,
-    /// Hosts' counters and queue depths as the workers last published them (`tcps stat`).
-    pub stats: stats::Board,
-}
 
 /// The eventfd a signal handler rings to wake `run` (-1: none yet).
 static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
@@ -344,15 +188,6 @@ fn engine_name(kind: EngineKind) -> &'static str {
     }
 }
 
-/// The poll mode as `--poll` spells it.
-pub(crate) fn poll_name(poll: PollMode) -> &'static str {
-    match poll {
-        PollMode::Busy => "busy",
-        PollMode::Adaptive => "adaptive",
-        PollMode::Block => "block",
-    }
-}
-
 /// The pinned CPUs (`--cpus`), e.g. `1,2`, or `unpinned`.
 fn cpus_text(cpus: &[usize]) -> String {
     if cpus.is_empty() {
@@ -454,7 +289,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     info!(
         socket = %socket_shown.display(),
         engine = engine_name(cfg.engine),
-        poll = poll_name(cfg.poll),
+        poll = config::poll_name(cfg.poll),
         workers = cfg.cpus.len().max(1),
         cpus = %cpus_text(&cfg.cpus),
         max_hosts = cfg.max_hosts,

@@ -18,8 +18,8 @@
 //! the operator asks for them (`--metrics-per-host`); by default the text
 //! has the server totals alone.
 
+use crate::shared::Shared;
 use crate::sys::{self, ListenerWake};
-use crate::Shared;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -198,7 +198,7 @@ fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
             (
                 "200 OK",
                 "text/plain; version=0.0.4; charset=utf-8",
-                render(&crate::stats::report(shared, uid), per_host),
+                render(&shared.stat_report(uid), per_host),
             )
         }
         ("GET" | "HEAD", _) => (
@@ -239,6 +239,45 @@ fn num(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// The server's own families: its version and pid, and its hosts.
+fn server_families(out: &mut String, r: &Value) {
+    family(
+        out,
+        "tcps_info",
+        "gauge",
+        "The TCP server: its protocol version and pid.",
+        &[(
+            format!(
+                "version=\"{}\",pid=\"{}\"",
+                num(&r["version"]),
+                num(&r["server"]["pid"])
+            ),
+            1,
+        )],
+    );
+    family(
+        out,
+        "tcps_hosts_attached",
+        "gauge",
+        "Hosts attached now.",
+        &[(String::new(), num(&r["server"]["hosts_attached"]))],
+    );
+    family(
+        out,
+        "tcps_hosts_refused_total",
+        "counter",
+        "Hosts refused at attach (admission control).",
+        &[(String::new(), num(&r["server"]["hosts_refused"]))],
+    );
+    family(
+        out,
+        "tcps_hosts_detached_total",
+        "counter",
+        "Hosts that detached.",
+        &[(String::new(), num(&r["server"]["hosts_detached"]))],
+    );
+}
+
 /// The Prometheus text of a stat report (`stats::report`): server totals,
 /// and with `per_host` the `tcps_host_*` series of every attached host.
 pub fn render(r: &Value, per_host: bool) -> String {
@@ -263,41 +302,7 @@ pub fn render(r: &Value, per_host: bool) -> String {
         })
         .unwrap_or_default();
     let total = &r["total"];
-    family(
-        &mut out,
-        "tcps_info",
-        "gauge",
-        "The TCP server: its protocol version and pid.",
-        &[(
-            format!(
-                "version=\"{}\",pid=\"{}\"",
-                num(&r["version"]),
-                num(&r["server"]["pid"])
-            ),
-            1,
-        )],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_attached",
-        "gauge",
-        "Hosts attached now.",
-        &[(String::new(), num(&r["server"]["hosts_attached"]))],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_refused_total",
-        "counter",
-        "Hosts refused at attach (admission control).",
-        &[(String::new(), num(&r["server"]["hosts_refused"]))],
-    );
-    family(
-        &mut out,
-        "tcps_hosts_detached_total",
-        "counter",
-        "Hosts that detached.",
-        &[(String::new(), num(&r["server"]["hosts_detached"]))],
-    );
+    server_families(&mut out, r);
     // Calls by type.
     let by_op = |c: &Value, labels: &str| -> Vec<(String, u64)> {
         c["calls"]
@@ -362,14 +367,13 @@ pub fn render(r: &Value, per_host: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats;
 
     /// Every key the report has is rendered, and nothing else is: a new
     /// counter must be added to COUNTERS / DEPTHS.
     #[test]
     fn every_counter_and_depth_is_rendered() {
         let shared = Shared::default();
-        let r = stats::report(&shared, 0);
+        let r = shared.stat_report(0);
         let counters = r["total"]["counters"].as_object().expect("counters");
         let mut keys: Vec<&str> = counters
             .keys()
@@ -393,17 +397,17 @@ mod tests {
     #[test]
     fn totals_only_by_default() {
         let shared = Shared::default();
-        let text = render(&stats::report(&shared, 0), false);
+        let text = render(&shared.stat_report(0), false);
         assert!(!text.contains("tcps_host_"), "{text}");
         assert!(text.contains("tcps_round_trips_total 0\n"));
-        let with = render(&stats::report(&shared, 0), true);
+        let with = render(&shared.stat_report(0), true);
         assert!(with.contains("# TYPE tcps_host_round_trips_total counter\n"));
     }
 
     #[test]
     fn exposition_format() {
         let shared = Shared::default();
-        let text = render(&stats::report(&shared, 0), true);
+        let text = render(&shared.stat_report(0), true);
         assert!(text.contains("# TYPE tcps_calls_total counter\n"));
         assert!(text.contains("tcps_calls_total{op=\"Send\"} 0\n"));
         assert!(text.contains("tcps_round_trips_total 0\n"));

@@ -58,7 +58,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn of(cfg: &crate::Config) -> Budget {
+    pub fn of(cfg: &crate::config::Config) -> Budget {
         Budget {
             max_bytes: cfg.max_registered_bytes_per_host,
             max_count: cfg.max_registrations_per_host,

@@ -16,7 +16,7 @@
 //! kernel code of its own on every read. Those are refused at `FileOpen`
 //! (EOPNOTSUPP, logged; the host's sendfile fails with it).
 
-use crate::calls::Res;
+use crate::calls::common::Res;
 use crate::host::Host;
 use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::{debug, warn};
@@ -118,7 +118,7 @@ pub fn call(host: &mut Host, sock: u32, file: u32, offset: u64, count: u32) -> R
     if n < 0 {
         if e == libc::EINTR {
             // The guard cut short a sendfile the host made blocking.
-            crate::guard::interrupted(host, sfd);
+            host.interrupted(sfd);
             return Err(libc::EAGAIN);
         }
         debug!(host = host.id, sock, errno = e, "sendfile failed");

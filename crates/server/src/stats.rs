@@ -8,15 +8,13 @@
 //! `Hello`) from the board with JSON text, never touching a `Host`.
 
 use crate::host::{Host, HostStats};
-use crate::Shared;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tcps_proto::eager::{RecvRingProducer, ACCEPT_RECORD_SIZE, KIND_ACCEPT, KIND_BYTES};
 use tcps_proto::handshake::{StatQuery, STAT_CHUNK};
-use tcps_proto::recvq::{self, ACCEPT_RECORD_SIZE, KIND_ACCEPT, KIND_BYTES};
 use tcps_proto::{Op, VERSION};
 use tracing::debug;
 
@@ -121,15 +119,11 @@ pub fn depths(host: &Host) -> Depths {
         let Some(ring) = host.region.recv_ring(sid) else {
             continue;
         };
-        let ctl = ring.ctl();
-        if ctl.owner.load(Ordering::Relaxed) != sid.wrapping_add(1) {
+        let Some(snap) = RecvRingProducer::new(ring).snapshot(sid) else {
             continue;
-        }
-        let size = ring.size();
-        let tail = ctl.tail.load(Ordering::Acquire);
-        let head = ctl.head.load(Ordering::Relaxed);
-        let used = recvq::used(tail, head, tail.wrapping_sub(size)).min(size) as u64;
-        match ctl.kind.load(Ordering::Relaxed) {
+        };
+        let used = u64::from(snap.used);
+        match snap.kind {
             KIND_BYTES => d.recv_ring_bytes += used,
             KIND_ACCEPT => d.accept_ring_records += used / ACCEPT_RECORD_SIZE as u64,
             _ => {}
@@ -301,12 +295,13 @@ fn unix_ms(t: SystemTime) -> u64 {
 
 /// The reply to a stat query from `uid`: every host's detail for root and
 /// the server's own user, only the viewer's own hosts otherwise; totals
-/// always cover every host.
-pub fn report(shared: &Shared, uid: u32) -> Value {
+/// always cover every host. `attached` and `refused`: the server's host
+/// counts (`Shared::stat_report` passes them).
+pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
     // SAFETY: geteuid cannot fail.
     let server_uid = unsafe { libc::geteuid() };
     let sees_all = uid == 0 || uid == server_uid;
-    let b = shared.stats.copy();
+    let b = board.copy();
     let mut live: Vec<&HostSnapshot> = b.live.values().collect();
     live.sort_by_key(|s| s.id);
     let mut total = b.detached.clone();
@@ -335,8 +330,8 @@ pub fn report(shared: &Shared, uid: u32) -> Value {
         "now_unix_ms": unix_ms(SystemTime::now()),
         "server": {
             "pid": std::process::id(),
-            "hosts_attached": shared.hosts.load(Ordering::Relaxed),
-            "hosts_refused": shared.refused_hosts.load(Ordering::Relaxed),
+            "hosts_attached": attached,
+            "hosts_refused": refused,
             "hosts_detached": b.detached_hosts,
         },
         "viewer": { "uid": uid, "sees_all_hosts": sees_all },
@@ -357,11 +352,12 @@ pub fn report(shared: &Shared, uid: u32) -> Value {
 /// Answers a stat query on control connection `fd` (peer `uid`): JSON text
 /// in messages of at most `STAT_CHUNK` bytes, then an empty message. A
 /// client that does not read is given up on (1 s per message, 2 s in all):
-/// the control thread must keep attaching hosts.
-pub fn answer(fd: RawFd, uid: u32, q: StatQuery, shared: &Shared) {
+/// the control thread must keep attaching hosts. `report` makes the reply
+/// (`Shared::stat_report`).
+pub fn answer(fd: RawFd, uid: u32, q: StatQuery, report: impl FnOnce(u32) -> Value) {
     let _ = crate::sys::set_timeout_secs(fd, libc::SO_SNDTIMEO, 1);
     let text = if q.version == VERSION {
-        report(shared, uid).to_string()
+        report(uid).to_string()
     } else {
         json!({
             "error": format!(
@@ -420,8 +416,7 @@ mod tests {
 
     #[test]
     fn report_of_an_empty_server() {
-        let shared = Shared::default();
-        let v = report(&shared, 0);
+        let v = report(&Board::default(), 0, 0, 0);
         assert_eq!(v["hosts"].as_array().map(Vec::len), Some(0));
         assert_eq!(v["total"]["counters"]["calls_total"], 0);
         assert_eq!(v["viewer"]["sees_all_hosts"], true);

@@ -5,41 +5,32 @@
 //! behind queued sends) queue, in issue order, and the socket is armed in
 //! the engine. On readiness the queue is retried front to back.
 //!
-//! Asynchronous sends are jobs on `writers` too (see `asyncq`); finishing
-//! one updates its send queue instead of publishing a completion.
+//! Asynchronous sends are jobs on `writers` too (see `sendq`); finishing
+//! one updates its send queue instead of publishing a completion. One try
+//! of a call is `attempt`; answering it is `finish`.
 
-use super::asyncq;
-use super::eager::{self, PullEnd, PullTake};
-use super::{arena_bytes, check_quota, complete, insert_accepted, write_arena, Ctx, Res, TimerKey};
-use crate::admission;
-use crate::engine::Engine;
-use crate::guard;
-use crate::host::{Host, Parked, Sock};
-use crate::sys::{self, RawAddr};
-use crate::token::Token;
+use super::attempt::{attempt, start_connect, Step};
+use super::close::finalize_close;
+use super::common::{announce_parked, complete, rearm, Ctx, TimerKey};
+use super::eager::{self, recv};
+use super::finish::finish;
+use super::poll;
+use crate::host::{Host, Parked};
 use std::cmp::Reverse;
-use std::os::fd::AsRawFd;
 use std::time::Instant;
-use tcps_proto::msg::{ArenaRange, Call};
-use tcps_proto::{addr, Op};
-use tracing::{debug, warn};
+use tcps_proto::msg::Call;
+use tcps_proto::Op;
 
-enum Step {
-    Done(Res),
-    /// Would block: park (or stay parked) and wait for readiness.
-    Again,
-}
-
-const RECV_FLAGS: i32 =
+pub(crate) const RECV_FLAGS: i32 =
     libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT | libc::MSG_OOB | libc::MSG_TRUNC;
-const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
+pub(crate) const SEND_FLAGS: i32 = libc::MSG_DONTWAIT
     | libc::MSG_MORE
     | libc::MSG_NOSIGNAL
     | libc::MSG_OOB
     | libc::MSG_DONTROUTE
     | libc::MSG_EOR;
 
-pub(super) fn start(
+pub(crate) fn start(
     cx: &mut Ctx<'_>,
     host: &mut Host,
     ch: u32,
@@ -65,7 +56,7 @@ pub(super) fn start(
     if host.socket(sid).is_none() {
         return complete(host, ch, user_data, op, Err(libc::EBADF));
     }
-    if is_reader && eager::ring_bound(host, sid) {
+    if is_reader && recv::ring_bound(host, sid) {
         // The host receives (accepts) from the socket's ring, not by request.
         return complete(host, ch, user_data, op, Err(libc::EINVAL));
     }
@@ -114,7 +105,7 @@ pub(super) fn start(
                 // A pull buffer the call drained reads ahead again.
                 let hkey = cx.hkey;
                 if let Some(s) = host.sockets.get_mut(sid as usize) {
-                    if s.ahead.is_active() {
+                    if s.eager.is_active() {
                         rearm(cx.engine, hkey, sid, s);
                     }
                 }
@@ -126,7 +117,7 @@ pub(super) fn start(
 
 /// A shutdown behind queued sends (asynchronous ones included) waits its
 /// turn on `writers`, so the FIN follows the data the host sent before.
-pub(super) fn start_shutdown(
+pub(crate) fn start_shutdown(
     cx: &mut Ctx<'_>,
     host: &mut Host,
     ch: u32,
@@ -154,43 +145,7 @@ pub(super) fn start_shutdown(
     }
 }
 
-/// Answers a call that left its queue: a completion on its channel, or for
-/// an asynchronous send an update of its send queue. Releases the
-/// registration a registered call held.
-pub(super) fn finish(host: &mut Host, p: &Parked, res: Res) {
-    match (p.job, p.call) {
-        (
-            _,
-            Call::Shutdown {
-                reply: false, sock, ..
-            },
-        ) => {
-            if let Err(e) = res {
-                debug!(
-                    host = host.id,
-                    sock,
-                    errno = e,
-                    "unanswered shutdown failed"
-                );
-            }
-        }
-        (Some(job), Call::SendReg { data, .. }) => asyncq::finish_job(host, &job, data, res),
-        (_, Call::SendReg { data, .. } | Call::RecvReg { data, .. }) => {
-            host.registry.release(data.mem);
-            complete(host, p.ch, p.user_data, p.op, res);
-        }
-        _ => complete(host, p.ch, p.user_data, p.op, res),
-    }
-}
-
-/// Tells the host's waiting thread that its call is parked (it stops spinning).
-pub(super) fn announce_parked(host: &Host, ch: u32, user_data: u64) {
-    if let Some(c) = host.region.channel(ch) {
-        host.cursors[ch as usize].mark_parked(&c, user_data);
-    }
-}
-
-fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: bool) {
+pub(crate) fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: bool) {
     host.stats.parked += 1;
     announce_parked(host, p.ch, p.user_data);
     let hkey = cx.hkey;
@@ -221,331 +176,26 @@ fn park(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, mut p: Parked, is_reader: b
     rearm(cx.engine, hkey, sid, sock);
 }
 
-/// Arms the socket for what its parked calls wait on, unless already armed.
-pub(super) fn rearm(engine: &mut dyn Engine, hkey: usize, sid: u32, sock: &mut Sock) {
-    let mut want = sock.wanted_mask();
-    if want & libc::POLLPRI as u32 != 0 && engine.urgent_needs_pollin() {
-        // A readable socket then fires without answering a POLLPRI poll:
-        // `on_socket_ready` re-arms such a socket only every sweep.
-        want |= libc::POLLIN as u32;
-    }
-    if want == 0 || sock.armed_mask & want == want {
-        return;
-    }
-    let mask = want | sock.armed_mask;
-    sock.arm_seq = sock.arm_seq.wrapping_add(1);
-    let token = Token::Socket {
-        host: hkey,
-        sock: sid as usize,
-        gen: sock.gen,
-        seq: sock.arm_seq,
-    };
-    match engine.arm(sock.fd.as_raw_fd(), token.encode(), mask) {
-        Ok(()) => sock.armed_mask = mask,
-        Err(e) => warn!(error = %e, "engine could not arm a socket"),
-    }
-}
-
-fn would_block(p: &Parked) -> Step {
-    if p.nonblocking {
-        Step::Done(Err(libc::EAGAIN))
-    } else {
-        Step::Again
-    }
-}
-
-/// A recv on a pull socket: answered from its read-ahead buffer (the bytes
-/// before anything still in the kernel), end of stream after the data. An
-/// empty buffer is filled once now; still empty, the call waits for the
-/// read-ahead (never two readers of one kernel socket). `None`: not a pull
-/// socket (or MSG_OOB): the kernel path.
-fn pull_step(
-    cx: &mut Ctx<'_>,
-    host: &mut Host,
-    sid: u32,
-    p: &mut Parked,
-    base: *mut u8,
-    total: usize,
-    flags: i32,
-) -> Option<Step> {
-    let pull = matches!(
-        host.sockets.get(sid as usize).map(|s| &s.ahead),
-        Some(eager::Ahead::Pull(_))
-    );
-    if !pull || flags & libc::MSG_OOB != 0 {
-        return None;
-    }
-    let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
-    let mut refilled = false;
-    loop {
-        // SAFETY: base..base+total is a checked arena or registered range
-        // (data_ptr); progress < total.
-        let took =
-            unsafe { eager::pull_take(host, sid, base.add(p.progress), total - p.progress, flags) };
-        let step = match took {
-            PullTake::Empty if !refilled => {
-                refilled = true;
-                if eager::fill(cx, host, sid) {
-                    continue;
-                }
-                if eager::pull_deferring(host, sid) {
-                    // Its host's pull budget is spent and nothing is
-                    // buffered: the kernel serves this recv.
-                    return None;
-                }
-                would_block_after(p)
-            }
-            PullTake::Empty => would_block_after(p),
-            PullTake::Data(n) => {
-                p.progress += n;
-                if p.progress == total || !waitall {
-                    Step::Done(Ok((p.progress as i64, 0)))
-                } else {
-                    continue; // MSG_WAITALL: until filled or the end
-                }
-            }
-            PullTake::End(PullEnd::Eof) => Step::Done(Ok((p.progress as i64, 0))),
-            PullTake::End(PullEnd::Error(e)) if p.progress == 0 => Step::Done(Err(e)),
-            PullTake::End(PullEnd::Error(_)) => Step::Done(Ok((p.progress as i64, 0))),
-        };
-        if let Step::Done(_) = step {
-            if refilled {
-                host.stats.recvs_on_demand += 1;
-            } else {
-                host.stats.recvs_eager += 1;
-            }
-        }
-        return Some(step);
-    }
-}
-
-/// Would block, for a recv that may already have moved bytes.
-fn would_block_after(p: &Parked) -> Step {
-    if p.progress > 0 && p.nonblocking {
-        Step::Done(Ok((p.progress as i64, 0)))
-    } else {
-        would_block(p)
-    }
-}
-
-fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
-    let Some(s) = host.socket(sid) else {
-        return Step::Done(Err(libc::EBADF));
-    };
-    let bytes = arena_bytes(host, p.ch, a);
-    if let Err(e) = addr::parse(&bytes) {
-        return Step::Done(Err(match e {
-            addr::AddrError::TooShort => libc::EINVAL,
-            addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
-        }));
-    }
-    let fd = s.fd.as_raw_fd();
-    let guard = guard::Guard::call(s.host_held);
-    let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
-    drop(guard);
-    if r == Err(libc::EINTR) {
-        guard::interrupted(host, fd);
-    }
-    // EINTR: the guard cut short a connect the host made blocking; the
-    // connection goes on in the background, as after EINPROGRESS.
-    match r {
-        Ok(()) => Step::Done(Ok((0, 0))),
-        Err(libc::EINPROGRESS | libc::EINTR) if p.nonblocking => Step::Done(Err(libc::EINPROGRESS)),
-        Err(libc::EINPROGRESS | libc::EINTR) => {
-            p.progress = 1;
-            Step::Again
-        }
-        Err(e) => Step::Done(Err(e)),
-    }
-}
-
-/// Tries a parked (or new) accept, recv, send or connect once more.
-fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
-    let Some((fd, held)) = host
-        .sockets
-        .get(sid as usize)
-        .map(|s| (s.fd.as_raw_fd(), s.host_held))
-    else {
-        return Step::Done(Err(libc::EBADF));
-    };
-    // An accept: until it returns, accept4 cannot sleep, and it accepts as
-    // the listener's owner (`guard`).
-    let _guard = matches!(p.call, Call::Accept { .. }).then(|| guard::Guard::accept(held));
-    if let Some(job) = &p.job {
-        if let Some(e) = asyncq::job_error(host, job) {
-            return Step::Done(Err(e));
-        }
-    }
-    match p.call {
-        Call::Accept { addr, flags, .. } => loop {
-            // Refuse before accepting: the connection stays in the backlog.
-            if let Err(e) = check_quota(cx.cfg, host) {
-                return Step::Done(Err(e));
-            }
-            match sys::accept(fd) {
-                Ok((nfd, peer)) => {
-                    // Over an admission limit: reset it here and accept the
-                    // next one; the host never sees it.
-                    let Some(admitted) = admission::admit(
-                        cx.cfg,
-                        &cx.shared.conns_per_addr,
-                        host,
-                        sid,
-                        peer.as_bytes(),
-                    ) else {
-                        admission::reset(nfd);
-                        continue;
-                    };
-                    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-                    let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
-                        Ok(id) => id,
-                        Err(e) => {
-                            admission::release(host, &cx.shared.conns_per_addr, &admitted);
-                            return Step::Done(Err(e));
-                        }
-                    };
-                    if let Some(s) = host.sockets.get_mut(id as usize) {
-                        s.admitted = admitted;
-                    }
-                    host.stats.accepts_on_demand += 1;
-                    let policy = host.sockets.get(sid as usize).map(|l| l.policy);
-                    let setup = policy.map_or(0, |pol| eager::setup_accepted(cx, host, id, pol));
-                    let len = write_arena(host, p.ch, addr, peer.as_bytes());
-                    // aux: the address length, and in its high half what
-                    // was set up with the accept (SETUP_*).
-                    return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
-                }
-                Err(libc::EINTR) => {
-                    // The guard cut short an accept the host made blocking.
-                    guard::interrupted(host, fd);
-                    return would_block(p);
-                }
-                Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),
-                Err(e) => return Step::Done(Err(e)),
-            }
-        },
-        Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
-            let Some((base, total)) = data_ptr(host, p) else {
-                return Step::Done(Err(libc::EFAULT));
-            };
-            if total == 0 {
-                return Step::Done(Ok((0, 0)));
-            }
-            let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
-            if let Some(step) = pull_step(cx, host, sid, p, base, total, flags) {
-                return step;
-            }
-            if p.serial == 0 && p.progress == 0 {
-                // Once per request (a parked one is retried).
-                host.stats.recvs_on_demand += 1;
-            }
-            loop {
-                // SAFETY: base..base+total is a checked range of the host's
-                // arena, mapped for the life of `host`; progress < total.
-                let r = unsafe {
-                    sys::recv(
-                        fd,
-                        base.add(p.progress),
-                        total - p.progress,
-                        flags & !libc::MSG_WAITALL,
-                    )
-                };
-                match r {
-                    Ok(0) => return Step::Done(Ok((p.progress as i64, 0))),
-                    Ok(n) => {
-                        p.progress += n;
-                        host.stats.bytes_received += n as u64;
-                        if p.progress == total || !waitall {
-                            return Step::Done(Ok((p.progress as i64, 0)));
-                        }
-                    }
-                    Err(libc::EINTR) => {}
-                    Err(libc::EAGAIN) if p.progress > 0 && (p.nonblocking || !waitall) => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(libc::EAGAIN) => return would_block(p),
-                    Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
-                    Err(e) => return Step::Done(Err(e)),
-                }
-            }
-        }
-        Call::Send { flags, .. } | Call::SendReg { flags, .. } => {
-            let Some((base, total)) = data_ptr(host, p) else {
-                return Step::Done(Err(libc::EFAULT));
-            };
-            // An asynchronous send is all or nothing: bytes after a failure
-            // would leave a hole in the stream.
-            let partial_ok = p.job.is_none();
-            loop {
-                if p.progress == total {
-                    return Step::Done(Ok((total as i64, 0)));
-                }
-                // SAFETY: as for recv; the kernel only reads the range.
-                match unsafe { sys::send(fd, base.add(p.progress), total - p.progress, flags) } {
-                    Ok(n) => {
-                        p.progress += n;
-                        host.stats.bytes_sent += n as u64;
-                    }
-                    Err(libc::EINTR) => {}
-                    Err(libc::EAGAIN) if p.nonblocking && p.progress > 0 => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(libc::EAGAIN) => return would_block(p),
-                    Err(_) if p.progress > 0 && partial_ok => {
-                        return Step::Done(Ok((p.progress as i64, 0)))
-                    }
-                    Err(e) => return Step::Done(Err(e)),
-                }
-            }
-        }
-        Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
-        Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
-            Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
-            Ok(0) => Step::Again,
-            Ok(e) | Err(e) => Step::Done(Err(e)),
-        },
-        _ => Step::Done(Err(libc::EINVAL)),
-    }
-}
-
-/// The memory a send or recv moves: its arena range, or its registered
-/// range (resolved against the server's own registry).
-fn data_ptr(host: &Host, p: &Parked) -> Option<(*mut u8, usize)> {
-    match p.call {
-        Call::Send { data, .. } | Call::Recv { data, .. } => host
-            .region
-            .channel(p.ch)
-            .and_then(|c| c.arena_ptr(data))
-            .map(|b| (b, data.len as usize)),
-        Call::SendReg { data, .. } | Call::RecvReg { data, .. } => host
-            .registry
-            .resolve(data)
-            .ok()
-            .map(|b| (b, data.len as usize)),
-        _ => None,
-    }
-}
-
 /// Drives the socket's write queue; a socket the host closed while
 /// asynchronous sends were queued closes for real once the queue is empty.
-pub(super) fn drive_writers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
+pub(crate) fn drive_writers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     drive(cx, host, sid, false);
     if host
         .sockets
         .get(sid as usize)
         .is_some_and(|s| s.closing && s.writers.is_empty())
     {
-        super::finalize_close(cx, host, sid);
+        finalize_close(cx, host, sid);
     }
 }
 
 /// Retries the parked reads (recv, accept) of a socket in order.
-pub(super) fn drive_readers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
+pub(crate) fn drive_readers(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     drive(cx, host, sid, true);
 }
 
 /// Retries the parked calls of one queue in order until one would block.
-fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
+pub(crate) fn drive(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, readers: bool) {
     loop {
         let Some(sock) = host.any_socket_mut(sid) else {
             return;
@@ -599,7 +249,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
         .map(|s| s.pollers.iter().map(|p| p.0).collect())
         .unwrap_or_default();
     for pkey in pollers {
-        super::poll::recheck(host, pkey);
+        poll::recheck(host, pkey);
     }
     if only_polls && !published && host.polls.len() == polls_before {
         if !host.rearm_later.contains(&sid32) {
@@ -615,7 +265,7 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
 
 /// Re-arms the sockets whose last readiness answered none of their polls
 /// (see `on_socket_ready`); called every sweep.
-pub(super) fn rearm_deferred(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
+pub(crate) fn rearm_deferred(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
     let hkey = cx.hkey;
     let later = std::mem::take(&mut host.rearm_later);
     for &sid in &later {

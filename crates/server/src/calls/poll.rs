@@ -12,9 +12,10 @@
 //! poll that would park beyond it fails with ENOMEM (poll(2)'s errno when
 //! the kernel cannot hold the poll set).
 
-use super::blocking::{announce_parked, rearm};
-use super::eager;
-use super::{arena_bytes, complete, write_arena, Ctx, Res, TimerKey};
+use super::common::{
+    announce_parked, arena_bytes, complete, rearm, write_arena, Ctx, Res, TimerKey,
+};
+use super::eager::recv;
 use crate::host::{Host, ParkedPoll};
 use crate::sys;
 use std::cmp::Reverse;
@@ -29,11 +30,11 @@ pub const MAX_PARKED_POLL_ENTRIES_PER_HOST: usize = 65536;
 
 /// Poll entries in an arena range (each 8 bytes; `Call::decode` checked
 /// that the range holds exactly the count).
-fn entry_count(r: ArenaRange) -> usize {
+pub(crate) fn entry_count(r: ArenaRange) -> usize {
     r.len as usize / 8
 }
 
-fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry> {
+pub(crate) fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry> {
     arena_bytes(host, ch, r)
         .chunks_exact(8)
         .map(|c| PollEntry {
@@ -46,7 +47,11 @@ fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry> {
 
 /// Polls the sockets of a poll set once; writes revents back to the arena.
 /// Returns how many entries are ready.
-fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<PollEntry>), i32> {
+pub(crate) fn evaluate_poll(
+    host: &Host,
+    ch: u32,
+    r: ArenaRange,
+) -> Result<(usize, Vec<PollEntry>), i32> {
     let mut entries = read_entries(host, ch, r);
     let mut pfds = Vec::with_capacity(entries.len());
     let mut idx = Vec::with_capacity(entries.len());
@@ -56,7 +61,7 @@ fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<Poll
     for (i, e) in entries.iter_mut().enumerate() {
         match host.socket(e.sock) {
             Some(s) => {
-                let events = if s.ahead.is_active() {
+                let events = if s.eager.is_active() {
                     e.events & !READ_SIDE
                 } else {
                     e.events
@@ -77,8 +82,8 @@ fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<Poll
     for (pfd, &i) in pfds.iter().zip(&idx) {
         let e = &mut entries[i];
         e.revents = pfd.revents;
-        if eager::reads_ahead(host, e.sock) {
-            e.revents |= eager::poll_revents(host, e.sock, e.events);
+        if recv::reads_ahead(host, e.sock) {
+            e.revents |= recv::poll_revents(host, e.sock, e.events);
         }
     }
     let ready = entries.iter().filter(|e| e.revents != 0).count();
@@ -92,7 +97,7 @@ fn evaluate_poll(host: &Host, ch: u32, r: ArenaRange) -> Result<(usize, Vec<Poll
     Ok((ready, entries))
 }
 
-pub(super) fn start(
+pub(crate) fn start(
     cx: &mut Ctx<'_>,
     host: &mut Host,
     ch: u32,
@@ -156,7 +161,7 @@ pub(super) fn start(
     }
 }
 
-fn finish_poll(host: &mut Host, pkey: usize, res: Res) {
+pub(crate) fn finish_poll(host: &mut Host, pkey: usize, res: Res) {
     let Some(p) = host.polls.remove(pkey) else {
         return;
     };
@@ -171,7 +176,7 @@ fn finish_poll(host: &mut Host, pkey: usize, res: Res) {
     complete(host, p.ch, p.user_data, Op::Poll, res);
 }
 
-pub(super) fn recheck(host: &mut Host, pkey: usize) {
+pub(crate) fn recheck(host: &mut Host, pkey: usize) {
     let Some(p) = host.polls.get(pkey) else {
         return;
     };
@@ -184,7 +189,7 @@ pub(super) fn recheck(host: &mut Host, pkey: usize) {
 }
 
 /// A parked poll's timeout expired.
-pub(super) fn on_poll_timeout(host: &mut Host, pkey: usize, serial: u64) {
+pub(crate) fn on_poll_timeout(host: &mut Host, pkey: usize, serial: u64) {
     let Some(p) = host.polls.get(pkey) else {
         return;
     };

@@ -1,7 +1,7 @@
 //! The epoll engine: one-shot registrations (`EPOLLONESHOT`), re-armed with
 //! `EPOLL_CTL_MOD`.
 
-use super::{Engine, Event};
+use super::event::{Engine, Event};
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

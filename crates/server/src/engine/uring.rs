@@ -6,7 +6,7 @@
 //! An in-flight poll holds a reference to the file, so `forget` must cancel
 //! it, or a closed socket would keep its port until the poll fired.
 
-use super::{Engine, Event};
+use super::event::{Engine, Event};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;

@@ -8,136 +8,23 @@
 //! sleeping it raises `server_sleeping` in every host's region so hosts ring
 //! the doorbell eventfd, which wakes the engine.
 
+mod messages;
+
 use crate::calls::{self, Ctx, Timers};
+use crate::config::{Config, PollMode};
 use crate::engine::{self, Engine, Event};
-use crate::host::{Host, NewHost, Outgoing};
-use crate::registry::Budget;
+use crate::host::{Host, NewHost};
+use crate::shared::Shared;
 use crate::slab::Slab;
 use crate::sys;
 use crate::token::{Token, MAX_HOSTS_PER_WORKER};
-use crate::{Config, PollMode, Shared};
+use messages::read_control;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tcps_proto::fdpass;
-use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
+use tcps_proto::ring::ServerCursor;
 use tracing::{debug, error, info, warn};
-
-/// Executes one registration message of a host and queues its reply
-/// (`send_reply`). An error is a host cut off (its outbox overflowed).
-fn on_control_msg(
-    host: &mut Host,
-    cx: &mut Ctx<'_>,
-    m: ControlMsg,
-    fds: Vec<OwnedFd>,
-) -> Result<(), String> {
-    if crate::adopt::handles(&m) {
-        let (reply, fd) = crate::adopt::on_control(cx.cfg, host, m, fds);
-        return send_reply(host, reply, fd);
-    }
-    if let ControlMsg::Export { handle } = m {
-        let (reply, fd) = crate::inherit::export(host, cx, handle);
-        return send_reply(host, reply, fd);
-    }
-    let handle = m.handle();
-    let res = match m {
-        ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
-        ControlMsg::Deregister { handle } => host.registry.deregister(handle),
-        ControlMsg::Fork { handle } => {
-            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg))
-        }
-        ControlMsg::Inherit { handle } => crate::inherit::claim(host, handle),
-        ControlMsg::Reply { .. } | ControlMsg::Adopted { .. } => Err(libc::EINVAL),
-        // Answered above.
-        ControlMsg::Export { .. }
-        | ControlMsg::SocketAdopt { .. }
-        | ControlMsg::SocketDup { .. } => Err(libc::EINVAL),
-        ControlMsg::FileOpen { handle } => crate::sendfile::open(host, handle, fds),
-        ControlMsg::FileClose { handle } => crate::sendfile::close(host, handle),
-    };
-    debug!(host = host.id, ?m, ?res, "registration");
-    let reply = ControlMsg::Reply {
-        handle,
-        errno: res.err().unwrap_or(0),
-    };
-    send_reply(host, reply, None)
-}
-
-/// Maps the memfd that came with `Register` as registration `handle`,
-/// within the host's budget (a refusal is logged on the 1st, 2nd, 4th, ...).
-fn register(
-    host: &mut Host,
-    cfg: &crate::Config,
-    handle: u32,
-    len: u64,
-    mut fds: Vec<OwnedFd>,
-) -> Result<(), i32> {
-    if fds.len() != 1 {
-        return Err(libc::EINVAL);
-    }
-    let res = host
-        .registry
-        .register(handle, fds.remove(0), len, Budget::of(cfg));
-    if let Err(e @ (libc::ENOSPC | libc::ENOMEM)) = res {
-        if host.note_budget_refusal() {
-            warn!(
-                host = host.id,
-                pid = host.pid,
-                uid = host.uid,
-                len,
-                registrations = host.registry.count(),
-                mapped = host.registry.mapped(),
-                errno = e,
-                refusals = host.budget_refusals,
-                "registration refused: the host is at its budget \
-                 (--max-registrations-per-host, --max-registered-bytes-per-host)"
-            );
-        }
-    }
-    res
-}
-
-/// Most control replies a host may leave unread beyond what its socket
-/// buffer holds; one more and it is cut off (it floods without reading).
-pub const OUTBOX_MAX: usize = 64;
-/// Most control messages taken from one host per engine event, so a host
-/// that floods its control socket cannot monopolize the worker (the rest
-/// waits for the next event).
-const CONTROL_MSGS_PER_EVENT: usize = 32;
-
-/// Sends a control reply without blocking (the server's end of the control
-/// socket is non-blocking): at once if nothing waits before it, else it
-/// joins the host's outbox, flushed when the socket is writable.
-fn send_reply(host: &mut Host, reply: ControlMsg, fd: Option<OwnedFd>) -> Result<(), String> {
-    host.outbox.push_back(Outgoing {
-        bytes: reply.encode(),
-        fd,
-    });
-    flush_outbox(host)?;
-    if host.outbox.len() > OUTBOX_MAX {
-        return Err(format!(
-            "left {} control replies unread (outbox limit {OUTBOX_MAX})",
-            host.outbox.len()
-        ));
-    }
-    Ok(())
-}
-
-/// Sends queued control replies until the socket would block.
-fn flush_outbox(host: &mut Host) -> Result<(), String> {
-    while let Some(out) = host.outbox.front() {
-        let fds: Vec<RawFd> = out.fd.iter().map(|f| f.as_raw_fd()).collect();
-        match fdpass::send_with_fds(host.control.as_raw_fd(), &out.bytes, &fds) {
-            Ok(()) => {
-                host.outbox.pop_front();
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(()),
-            Err(e) => return Err(format!("control socket: {e}")),
-        }
-    }
-    Ok(())
-}
 
 /// The text of a caught panic.
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -172,34 +59,6 @@ fn guarded<R>(host: &mut Host, what: &str, f: impl FnOnce(&mut Host) -> R) -> Op
     }
 }
 
-/// Flushes a host's outbox and takes up to `CONTROL_MSGS_PER_EVENT` of its
-/// control messages. `Some(why)`: the host is to be cut off.
-fn read_control(host: &mut Host, cx: &mut Ctx<'_>) -> Option<String> {
-    if let Err(why) = flush_outbox(host) {
-        return Some(why);
-    }
-    let fd = host.control.as_raw_fd();
-    for _ in 0..CONTROL_MSGS_PER_EVENT {
-        let mut b = [0u8; CONTROL_MSG_LEN + 1];
-        match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return None,
-            Err(e) => return Some(format!("control socket: {e}")),
-            Ok((0, _)) => return Some("detached".to_string()),
-            Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
-                Some(m) => {
-                    if let Err(why) = on_control_msg(host, cx, m, fds) {
-                        return Some(why);
-                    }
-                }
-                None => return Some("sent garbage on the control socket".to_string()),
-            },
-        }
-    }
-    // More may wait: the re-armed socket reports them on the next pass,
-    // after the other hosts had their turn.
-    None
-}
-
 /// Hosts handed over by the acceptor, waiting to be adopted by a worker.
 #[derive(Default)]
 pub struct Inbox {
@@ -214,7 +73,7 @@ const ENGINE_POLL_IDLE: Duration = Duration::from_micros(200);
 /// Longest sleep, so housekeeping never stalls.
 const MAX_SLEEP: Duration = Duration::from_millis(500);
 /// How often every bound send queue is looked at, hot or not (a backstop;
-/// see `calls::asyncq`).
+/// see `calls::sendq`).
 const SWEEP_EVERY: Duration = Duration::from_millis(10);
 /// How often hot send queues are looked at. Not on every pass: each look
 /// pulls the queue's `head` line away from the host, whose next send then
@@ -287,7 +146,7 @@ impl Worker {
         info!(
             worker = self.index,
             engine = self.engine.name(),
-            poll = crate::poll_name(self.cfg.poll),
+            poll = crate::config::poll_name(self.cfg.poll),
             "worker running"
         );
         let mut last_work = Instant::now();
@@ -533,7 +392,7 @@ impl Worker {
         for nh in new {
             if self.hosts.len() >= MAX_HOSTS_PER_WORKER {
                 warn!("worker full; dropping host");
-                crate::control::host_gone(&self.shared, nh.uid);
+                self.shared.host_gone(nh.uid);
                 continue;
             }
             let host = Host::new(nh, self.cfg.max_pull_bytes_per_host);
@@ -597,7 +456,7 @@ impl Worker {
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.engine.forget(host.doorbell.as_raw_fd(), 0);
             self.shared.stats.detach(&host);
-            crate::control::host_gone(&self.shared, host.uid);
+            self.shared.host_gone(host.uid);
             if why == "detached" {
                 info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
             } else {
@@ -608,13 +467,9 @@ impl Worker {
 
     /// Sleeps until a host rings, an engine event, or the next timer.
     fn sleep(&mut self) {
-        for (_, h) in self.hosts.iter() {
-            h.region
-                .header()
-                .server_sleeping
-                .store(1, Ordering::Relaxed);
-        }
-        fence(Ordering::SeqCst);
+        // `server_sleeping = 1` everywhere, one fence; then re-check every
+        // channel (the lost wake-up handshake, `ServerCursor::announce_sleep`).
+        ServerCursor::announce_sleep(self.hosts.iter().map(|(_, h)| h.region.header()));
         let mut pending = self.hosts.iter().any(|(_, h)| {
             (0..h.channels_in_use()).any(|ch| {
                 h.region
@@ -657,10 +512,7 @@ impl Worker {
             self.stats_dirty |= self.poll_engine(Some(timeout)) > 0;
         }
         for (_, h) in self.hosts.iter() {
-            h.region
-                .header()
-                .server_sleeping
-                .store(0, Ordering::Relaxed);
+            ServerCursor::end_sleep(h.region.header());
         }
     }
 
@@ -679,7 +531,7 @@ impl Worker {
                 }
                 calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
                 self.shared.stats.detach(&host);
-                crate::control::host_gone(&self.shared, host.uid);
+                self.shared.host_gone(host.uid);
             }
         }
         let _ = self.shutdown_fd;

@@ -1,0 +1,333 @@
+//! One try of an accept, recv, send, connect or shutdown with a
+//! non-blocking syscall: done, or would block ([`Step::Again`]). A recv on
+//! a pull socket is answered from its pull buffer.
+
+use super::common::{arena_bytes, check_quota, insert_accepted, write_arena, Ctx, Res};
+use super::eager::pullbuf::{PullEnd, PullTake};
+use super::eager::ring::Eager;
+use super::eager::{self, pull, setup};
+use super::sendq::queue;
+use crate::admission;
+use crate::guard;
+use crate::host::{Host, Parked};
+use crate::sys::{self, RawAddr};
+use std::os::fd::AsRawFd;
+use tcps_proto::addr;
+use tcps_proto::msg::{ArenaRange, Call};
+
+pub(crate) enum Step {
+    Done(Res),
+    /// Would block: park (or stay parked) and wait for readiness.
+    Again,
+}
+
+pub(crate) fn would_block(p: &Parked) -> Step {
+    if p.nonblocking {
+        Step::Done(Err(libc::EAGAIN))
+    } else {
+        Step::Again
+    }
+}
+
+/// A recv on a pull socket: answered from its read-ahead buffer (the bytes
+/// before anything still in the kernel), end of stream after the data. An
+/// empty buffer is filled once now; still empty, the call waits for the
+/// read-ahead (never two readers of one kernel socket). `None`: not a pull
+/// socket (or MSG_OOB): the kernel path.
+pub(crate) fn pull_step(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    p: &mut Parked,
+    base: *mut u8,
+    total: usize,
+    flags: i32,
+) -> Option<Step> {
+    let pull = matches!(
+        host.sockets.get(sid as usize).map(|s| &s.eager),
+        Some(Eager::Pull(_))
+    );
+    if !pull || flags & libc::MSG_OOB != 0 {
+        return None;
+    }
+    let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+    let mut refilled = false;
+    loop {
+        // SAFETY: base..base+total is a checked arena or registered range
+        // (data_ptr); progress < total.
+        let took =
+            unsafe { pull::pull_take(host, sid, base.add(p.progress), total - p.progress, flags) };
+        let step = match took {
+            PullTake::Empty if !refilled => {
+                refilled = true;
+                if eager::fill(cx, host, sid) {
+                    continue;
+                }
+                if pull::pull_deferring(host, sid) {
+                    // Its host's pull budget is spent and nothing is
+                    // buffered: the kernel serves this recv.
+                    return None;
+                }
+                would_block_after(p)
+            }
+            PullTake::Empty => would_block_after(p),
+            PullTake::Data(n) => {
+                p.progress += n;
+                if p.progress == total || !waitall {
+                    Step::Done(Ok((p.progress as i64, 0)))
+                } else {
+                    continue; // MSG_WAITALL: until filled or the end
+                }
+            }
+            PullTake::End(PullEnd::Eof) => Step::Done(Ok((p.progress as i64, 0))),
+            PullTake::End(PullEnd::Error(e)) if p.progress == 0 => Step::Done(Err(e)),
+            PullTake::End(PullEnd::Error(_)) => Step::Done(Ok((p.progress as i64, 0))),
+        };
+        if let Step::Done(_) = step {
+            if refilled {
+                host.stats.recvs_on_demand += 1;
+            } else {
+                host.stats.recvs_eager += 1;
+            }
+        }
+        return Some(step);
+    }
+}
+
+/// Would block, for a recv that may already have moved bytes.
+pub(crate) fn would_block_after(p: &Parked) -> Step {
+    if p.progress > 0 && p.nonblocking {
+        Step::Done(Ok((p.progress as i64, 0)))
+    } else {
+        would_block(p)
+    }
+}
+
+pub(crate) fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
+    let Some(s) = host.socket(sid) else {
+        return Step::Done(Err(libc::EBADF));
+    };
+    let bytes = arena_bytes(host, p.ch, a);
+    if let Err(e) = addr::parse(&bytes) {
+        return Step::Done(Err(match e {
+            addr::AddrError::TooShort => libc::EINVAL,
+            addr::AddrError::UnsupportedFamily(_) => libc::EAFNOSUPPORT,
+        }));
+    }
+    let fd = s.fd.as_raw_fd();
+    let guard = guard::Guard::call(s.host_held);
+    let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
+    drop(guard);
+    if r == Err(libc::EINTR) {
+        host.interrupted(fd);
+    }
+    // EINTR: the guard cut short a connect the host made blocking; the
+    // connection goes on in the background, as after EINPROGRESS.
+    match r {
+        Ok(()) => Step::Done(Ok((0, 0))),
+        Err(libc::EINPROGRESS | libc::EINTR) if p.nonblocking => Step::Done(Err(libc::EINPROGRESS)),
+        Err(libc::EINPROGRESS | libc::EINTR) => {
+            p.progress = 1;
+            Step::Again
+        }
+        Err(e) => Step::Done(Err(e)),
+    }
+}
+
+/// Tries a parked (or new) accept, recv, send or connect once more.
+pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parked) -> Step {
+    let Some((fd, held)) = host
+        .sockets
+        .get(sid as usize)
+        .map(|s| (s.fd.as_raw_fd(), s.host_held))
+    else {
+        return Step::Done(Err(libc::EBADF));
+    };
+    // An accept: until it returns, accept4 cannot sleep, and it accepts as
+    // the listener's owner (`guard`).
+    let _guard = matches!(p.call, Call::Accept { .. }).then(|| guard::Guard::accept(held));
+    if let Some(job) = &p.job {
+        if let Some(e) = queue::job_error(host, job) {
+            return Step::Done(Err(e));
+        }
+    }
+    match p.call {
+        Call::Accept { addr, flags, .. } => try_accept(cx, host, sid, fd, p, addr, flags),
+        Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
+            try_recv(cx, host, sid, fd, p, flags)
+        }
+        Call::Send { flags, .. } | Call::SendReg { flags, .. } => try_send(host, fd, p, flags),
+        Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
+        Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
+            Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
+            Ok(0) => Step::Again,
+            Ok(e) | Err(e) => Step::Done(Err(e)),
+        },
+        _ => Step::Done(Err(libc::EINVAL)),
+    }
+}
+
+/// An accept (`flags`: accept4's, the peer's address into `addr`): the
+/// connection admitted, inserted and set up with its listener's policy.
+fn try_accept(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &Parked,
+    addr: ArenaRange,
+    flags: i32,
+) -> Step {
+    loop {
+        // Refuse before accepting: the connection stays in the backlog.
+        if let Err(e) = check_quota(cx.cfg, host) {
+            return Step::Done(Err(e));
+        }
+        match sys::accept(fd) {
+            Ok((nfd, peer)) => {
+                // Over an admission limit: reset it here and accept the
+                // next one; the host never sees it.
+                let Some(admitted) = admission::admit(
+                    cx.cfg,
+                    &cx.shared.conns_per_addr,
+                    host,
+                    sid,
+                    peer.as_bytes(),
+                ) else {
+                    admission::reset(nfd);
+                    continue;
+                };
+                let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+                let id = match insert_accepted(cx, host, sid, nfd, nonblocking) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        admission::release(host, &cx.shared.conns_per_addr, &admitted);
+                        return Step::Done(Err(e));
+                    }
+                };
+                if let Some(s) = host.sockets.get_mut(id as usize) {
+                    s.admitted = admitted;
+                }
+                host.stats.accepts_on_demand += 1;
+                let policy = host.sockets.get(sid as usize).map(|l| l.policy);
+                let setup = policy.map_or(0, |pol| setup::setup_accepted(cx, host, id, pol));
+                let len = write_arena(host, p.ch, addr, peer.as_bytes());
+                // aux: the address length, and in its high half what
+                // was set up with the accept (SETUP_*).
+                return Step::Done(Ok((id as i64, len | u64::from(setup) << 32)));
+            }
+            Err(libc::EINTR) => {
+                // The guard cut short an accept the host made blocking.
+                host.interrupted(fd);
+                return would_block(p);
+            }
+            Err(libc::EAGAIN) | Err(libc::ECONNABORTED) => return would_block(p),
+            Err(e) => return Step::Done(Err(e)),
+        }
+    }
+}
+
+/// A recv into the call's arena or registered range: from the pull buffer
+/// on a pull socket, else from the kernel.
+fn try_recv(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &mut Parked,
+    flags: i32,
+) -> Step {
+    let Some((base, total)) = data_ptr(host, p) else {
+        return Step::Done(Err(libc::EFAULT));
+    };
+    if total == 0 {
+        return Step::Done(Ok((0, 0)));
+    }
+    let waitall = flags & libc::MSG_WAITALL != 0 && flags & libc::MSG_PEEK == 0;
+    if let Some(step) = pull_step(cx, host, sid, p, base, total, flags) {
+        return step;
+    }
+    if p.serial == 0 && p.progress == 0 {
+        // Once per request (a parked one is retried).
+        host.stats.recvs_on_demand += 1;
+    }
+    loop {
+        // SAFETY: base..base+total is a checked range of the host's
+        // arena, mapped for the life of `host`; progress < total.
+        let r = unsafe {
+            sys::recv(
+                fd,
+                base.add(p.progress),
+                total - p.progress,
+                flags & !libc::MSG_WAITALL,
+            )
+        };
+        match r {
+            Ok(0) => return Step::Done(Ok((p.progress as i64, 0))),
+            Ok(n) => {
+                p.progress += n;
+                host.stats.bytes_received += n as u64;
+                if p.progress == total || !waitall {
+                    return Step::Done(Ok((p.progress as i64, 0)));
+                }
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) if p.progress > 0 && (p.nonblocking || !waitall) => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(libc::EAGAIN) => return would_block(p),
+            Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
+            Err(e) => return Step::Done(Err(e)),
+        }
+    }
+}
+
+/// A send from the call's arena or registered range (an asynchronous
+/// send's job, all or nothing).
+fn try_send(host: &mut Host, fd: i32, p: &mut Parked, flags: i32) -> Step {
+    let Some((base, total)) = data_ptr(host, p) else {
+        return Step::Done(Err(libc::EFAULT));
+    };
+    // An asynchronous send is all or nothing: bytes after a failure
+    // would leave a hole in the stream.
+    let partial_ok = p.job.is_none();
+    loop {
+        if p.progress == total {
+            return Step::Done(Ok((total as i64, 0)));
+        }
+        // SAFETY: as for recv; the kernel only reads the range.
+        match unsafe { sys::send(fd, base.add(p.progress), total - p.progress, flags) } {
+            Ok(n) => {
+                p.progress += n;
+                host.stats.bytes_sent += n as u64;
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) if p.nonblocking && p.progress > 0 => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(libc::EAGAIN) => return would_block(p),
+            Err(_) if p.progress > 0 && partial_ok => {
+                return Step::Done(Ok((p.progress as i64, 0)))
+            }
+            Err(e) => return Step::Done(Err(e)),
+        }
+    }
+}
+
+/// The memory a send or recv moves: its arena range, or its registered
+/// range (resolved against the server's own registry).
+pub(crate) fn data_ptr(host: &Host, p: &Parked) -> Option<(*mut u8, usize)> {
+    match p.call {
+        Call::Send { data, .. } | Call::Recv { data, .. } => host
+            .region
+            .channel(p.ch)
+            .and_then(|c| c.arena_ptr(data))
+            .map(|b| (b, data.len as usize)),
+        Call::SendReg { data, .. } | Call::RecvReg { data, .. } => host
+            .registry
+            .resolve(data)
+            .ok()
+            .map(|b| (b, data.len as usize)),
+        _ => None,
+    }
+}

@@ -1,0 +1,105 @@
+//! Closing sockets: the host's `Close` (which waits for queued
+//! asynchronous sends), closing for real, export for `exec`, and a host
+//! going away.
+
+use super::common::{Ctx, Res};
+use super::eager::handover;
+use super::finish::finish;
+use super::poll;
+use super::sendq::queue;
+use crate::engine::Engine;
+use crate::host::Host;
+use std::os::fd::{AsRawFd, OwnedFd};
+use tracing::debug;
+
+pub(crate) fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
+    host.socket(sock).ok_or(libc::EBADF)?;
+    // The host reads no more: unbind its ring (or stop pulling) now.
+    unbind_eager(cx, host, sock);
+    let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
+    if !s.has_jobs() {
+        finalize_close(cx, host, sock);
+        return Ok((0, 0));
+    }
+    // Asynchronous sends still queued: like close(2) with data in the send
+    // buffer, the call returns now and the data still goes out; the socket
+    // closes for real when its last job finished. Other parked calls end.
+    s.closing = true;
+    let readers = std::mem::take(&mut s.readers);
+    let (jobs, others): (Vec<_>, Vec<_>) = s.writers.drain(..).partition(|p| p.job.is_some());
+    s.writers.extend(jobs);
+    let pollers = std::mem::take(&mut s.pollers);
+    for p in readers.iter().chain(others.iter()) {
+        finish(host, p, Err(libc::EBADF));
+    }
+    for (pkey, _) in pollers {
+        poll::recheck(host, pkey);
+    }
+    Ok((0, 0))
+}
+
+/// Closes a socket now: answers its parked calls with EBADF, frees its
+/// send queue and its slot.
+pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
+    // Its ring is unbound before its id can be reused.
+    unbind_eager(cx, host, sock);
+    let Some(s) = host.sockets.remove(sock as usize) else {
+        return;
+    };
+    cx.engine.forget(s.fd.as_raw_fd(), 0);
+    crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
+    for p in s.readers.iter().chain(s.writers.iter()) {
+        finish(host, p, Err(libc::EBADF));
+    }
+    crate::closer::close_socket(s.fd, s.may_linger);
+    if let Some(q) = s.queue {
+        queue::unbind(host, q);
+    }
+    for (pkey, _) in s.pollers {
+        poll::recheck(host, pkey);
+    }
+}
+
+/// `ControlMsg::Export`: takes socket `sock` out of the host's table and
+/// releases what `finalize_close` releases (its engine registration, its
+/// admission count, its send queue), without closing it: the kernel socket
+/// is returned for the host. The caller checked nothing is parked on it.
+pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Option<OwnedFd> {
+    let s = host.sockets.remove(sock as usize)?;
+    // Also a disarmed epoll registration stays until removed: a later
+    // descriptor with the same number could never be armed.
+    cx.engine.forget(s.fd.as_raw_fd(), 0);
+    crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
+    if let Some(q) = s.queue {
+        queue::unbind(host, q);
+    }
+    Some(s.fd)
+}
+
+/// Closes every socket of a host that is going away. Parked calls are not
+/// answered: the host is dead or being cut off.
+pub fn close_all(engine: &mut dyn Engine, shared: &crate::shared::Shared, host: &mut Host) {
+    for k in host.sockets.keys() {
+        if let Some(s) = host.sockets.remove(k) {
+            engine.forget(s.fd.as_raw_fd(), 0);
+            crate::admission::release(host, &shared.conns_per_addr, &s.admitted);
+            crate::closer::close_socket(s.fd, s.may_linger);
+        }
+    }
+}
+
+/// Unbinds socket `sid`'s receive or accept ring (`eager::handover`) and
+/// closes the connections its accept ring published and the host never took.
+fn unbind_eager(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
+    for (_, id, gen) in handover::unbind(host, sid) {
+        if host.sockets.get(id as usize).is_some_and(|s| s.gen == gen) {
+            debug!(
+                host = host.id,
+                listener = sid,
+                sock = id,
+                "closing a connection accepted ahead and never taken"
+            );
+            finalize_close(cx, host, id);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Receive rings (push): binding one to a socket, receiving into it on
+//! readiness, stopping it; and the POLLIN readiness of every socket that
+//! receives (accepts) eagerly, which comes from its ring or buffer.
+
+use super::pullbuf::PullEnd;
+use super::ring::{note_paused, pause_threshold, Eager, RecvRing};
+use crate::config::EagerRecv;
+use crate::host::Host;
+use crate::sys;
+use std::os::fd::AsRawFd;
+use tcps_proto::eager::{AcceptRingProducer, RecvRingProducer, KIND_BYTES};
+
+/// Binds receive ring `sid` to socket `sid` (push). False if it has none.
+pub(crate) fn bind_recv(host: &mut Host, sid: u32) -> bool {
+    let Some(ring) = host.region.recv_ring(sid) else {
+        return false;
+    };
+    let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.closing) else {
+        return false;
+    };
+    RecvRingProducer::new(ring).bind(sid, KIND_BYTES);
+    s.eager = Eager::Recv(RecvRing::default());
+    true
+}
+
+// Both fills stop at a short read: a `recv` that returned less than it
+// asked for emptied the socket's receive queue, so one more `recv` would
+// only fetch EAGAIN (a system call per readiness event saved). Nothing is
+// lost: the socket is re-armed, and a one-shot arm on a socket with data
+// (or a FIN) already queued fires at once.
+
+/// Most bytes read into one ring per readiness event, so one busy socket
+/// cannot hold the worker (it stays armed and is served again).
+pub(crate) const FILL_BUDGET_RINGS: u32 = 2;
+
+pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
+    let Host {
+        region,
+        sockets,
+        stats,
+        eager_paused,
+        ..
+    } = host;
+    let Some(sock) = sockets.get_mut(sid as usize) else {
+        return false;
+    };
+    let fd = sock.fd.as_raw_fd();
+    let Eager::Recv(st) = &mut sock.eager else {
+        return false;
+    };
+    if st.paused || st.ended {
+        return false;
+    }
+    let Some(ring) = region.recv_ring(sid).map(RecvRingProducer::new) else {
+        return false;
+    };
+    let size = ring.size();
+    let threshold = pause_threshold(size);
+    let start = st.tail;
+    let (mut used, c) = ring.look(st.tail, st.consumed, 1);
+    st.consumed = c;
+    let mut end = None;
+    loop {
+        let free = size - used;
+        if st.tail.wrapping_sub(start) >= FILL_BUDGET_RINGS * size {
+            break; // budget spent: the socket stays armed and comes back
+        }
+        if free < threshold {
+            // Pause: publish, then `paused = 1; fence; re-read head`
+            // (the lost-kick handshake, `RecvRingProducer::pause`).
+            (used, st.consumed) = ring.pause(st.tail, st.consumed, 1);
+            if size - used >= threshold {
+                ring.unpause();
+                continue;
+            }
+            st.paused = true;
+            note_paused(eager_paused, sid);
+            break;
+        }
+        let (p, n) = ring.span_ptr(st.tail, free);
+        // SAFETY: p..p+n is the free span of this socket's ring inside the
+        // mapped region (span_ptr bounds it); the host reads only
+        // head..tail, and a host that writes here only corrupts its own
+        // stream. No Rust reference to the span is formed.
+        match unsafe { sys::recv(fd, p, n, 0) } {
+            Ok(0) => {
+                end = Some(Ok(()));
+                break;
+            }
+            Ok(k) => {
+                st.tail = st.tail.wrapping_add(k as u32);
+                used += k as u32;
+                stats.recvs_eager += 1;
+                stats.bytes_ahead += k as u64;
+                stats.bytes_received += k as u64;
+                if k < n {
+                    break; // a short read: drained (see above FILL_BUDGET_RINGS)
+                }
+            }
+            Err(libc::EINTR) => {}
+            Err(libc::EAGAIN) => break,
+            Err(e) => {
+                end = Some(Err(e));
+                break;
+            }
+        }
+    }
+    if let Some(e) = end {
+        st.ended = true;
+        st.end = Some(match e {
+            Ok(()) => PullEnd::Eof,
+            Err(e) => PullEnd::Error(e),
+        });
+    }
+    let moved = st.tail != start || end.is_some();
+    if moved {
+        ring.publish(st.tail, end);
+    }
+    moved
+}
+
+/// Stops socket `sid` receiving ahead into its receive ring (its policy
+/// becomes `Off`): the bytes already in the ring stay there for the host,
+/// then `END_STOPPED` (stored after the last `tail`) tells it to go on with
+/// requests; the kernel keeps everything newer. A ring that already ended
+/// (EOF or error published) is left as it is: the host reads the end there.
+/// Used by `setsockopt(TCPS_EAGER_RECV, 0)` (before exec) and by a fork
+/// snapshot.
+pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
+    let Some(s) = host.socket_mut(sid) else {
+        return;
+    };
+    s.policy.recv = EagerRecv::Off;
+    if !matches!(&s.eager, Eager::Recv(b) if !b.ended) {
+        return;
+    }
+    s.eager = Eager::None;
+    host.eager_paused.retain(|&p| p != sid);
+    if let Some(ring) = host.region.recv_ring(sid) {
+        RecvRingProducer::new(ring).stop();
+    }
+}
+
+/// POLLIN-side readiness of a socket that reads ahead, for the events
+/// `events` asked: from its ring or buffer, never from the kernel.
+pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
+    let Some(s) = host.socket(sid) else {
+        return 0;
+    };
+    let want_in = events & (libc::POLLIN | libc::POLLRDNORM);
+    let want = want_in | (events & libc::POLLRDHUP);
+    let ready = |end: Option<Result<(), i32>>, data: bool| -> i16 {
+        let mut r = 0;
+        if data {
+            r |= want_in;
+        }
+        match end {
+            Some(Ok(())) => r |= want_in | (want & libc::POLLRDHUP),
+            Some(Err(_)) => r |= want_in | libc::POLLERR,
+            None => {}
+        }
+        r
+    };
+    match &s.eager {
+        Eager::None => 0,
+        Eager::Pull(p) => ready(
+            p.end.map(|e| match e {
+                PullEnd::Eof => Ok(()),
+                PullEnd::Error(e) => Err(e),
+            }),
+            p.len() > 0,
+        ),
+        Eager::Recv(b) => {
+            let Some(r) = host.region.recv_ring(sid).map(RecvRingProducer::new) else {
+                return 0;
+            };
+            let used = r.look(b.tail, b.consumed, 1).0;
+            let end = if !b.ended {
+                None
+            } else {
+                Some(r.end_error().map_or(Ok(()), Err))
+            };
+            ready(end, used > 0)
+        }
+        Eager::Accept(a) => {
+            let Some(r) = host.region.recv_ring(sid).map(AcceptRingProducer::new) else {
+                return 0;
+            };
+            let used = r.look(a.tail, a.consumed).0;
+            ready(None, used > 0)
+        }
+    }
+}
+
+/// Whether socket `sid` reads ahead (its POLLIN readiness is ours).
+pub(crate) fn reads_ahead(host: &Host, sid: u32) -> bool {
+    host.socket(sid).is_some_and(|s| s.eager.is_active())
+}
+
+/// Whether a `Recv` must be refused (the socket's receive ring is bound: the
+/// host reads the ring) or an `Accept` (its accept ring is bound).
+pub(crate) fn ring_bound(host: &Host, sid: u32) -> bool {
+    host.socket(sid)
+        .is_some_and(|s| matches!(s.eager, Eager::Recv(_) | Eager::Accept(_)))
+}
