@@ -7,7 +7,7 @@
 //! -1 with `errno` set on error and never unwinds into C.
 
 use crate::attach::last_attach_error;
-use crate::{Client, PollFd};
+use crate::client::{Client, PollFd};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_long, CStr, CString, OsStr};
 use std::io;

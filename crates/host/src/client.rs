@@ -8,14 +8,15 @@
 
 use crate::attach::{self, default_path};
 use crate::channel::{Conn, HostStats, Lease};
+use crate::socket::Socket;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use tcps_proto::eager::SOL_TCPS;
 use tcps_proto::msg::{
     PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
 };
-use tcps_proto::recvq::SOL_TCPS;
 use tcps_proto::{addr, Completion, Op, Request};
 
 /// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
@@ -108,7 +109,21 @@ impl Client {
 
     /// Counters of this attachment, summed over its channels.
     pub fn stats(&self) -> HostStats {
-        self.conn.stats()
+        let mut s = self.conn.stats();
+        let a = self.conn.sendq.stats(&self.conn.socks);
+        s.async_sends = a.sends;
+        s.async_fallbacks = a.fallbacks;
+        s.kicks = a.kicks;
+        s.registered_misuse = a.misuse;
+        s.bytes_copied += a.bytes_copied;
+        s.bytes_sent += a.bytes_sent;
+        let r = self.conn.socks.recv_stats();
+        s.ring_recvs = r.ring_recvs;
+        s.ring_accepts = r.ring_accepts;
+        s.recv_kicks = r.recv_kicks;
+        s.bytes_received += r.bytes_received;
+        s.bytes_copied += r.bytes_copied;
+        s
     }
 
     /// Runs `f` on a checked-out channel with an arena range of at least
@@ -208,7 +223,7 @@ impl Client {
         let mut r = request(Op::Listen, s);
         r.args[0] = signed(backlog.into());
         let c = self.simple(r)?;
-        self.ahead_listened(s, c.aux);
+        self.eager_listened(s, c.aux);
         Ok(())
     }
 
@@ -238,7 +253,7 @@ impl Client {
         // aux's high half: what the server set up with the accept (SETUP_*).
         let setup = (c.aux >> 32) as u32;
         let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        self.ahead_new_socket(id, nonblocking, setup, self.local_rcvtimeo(s), true);
+        self.new_socket_record(id, nonblocking, setup, self.local_rcvtimeo(s), true);
         Ok((id, len))
     }
 
@@ -327,7 +342,7 @@ impl Client {
         self.take_async_error(s)?;
         let mut r = request(Op::Shutdown, s);
         r.args[0] = signed(how.into());
-        if !self.async_failed(s) && self.ahead_shutdown_unanswered(s, how) {
+        if !self.sendq_failed(s) && self.eager_shutdown_unanswered(s, how) {
             r.args[1] = SHUTDOWN_NO_REPLY;
             return self.conn.post(r);
         }
@@ -347,11 +362,11 @@ impl Client {
     /// may want; one inherited, already closed or unknown) waits for the
     /// server's answer, as with the kernel.
     pub fn close(&self, s: u32) -> io::Result<()> {
-        let accepted_open = self.ahead_close(s);
-        self.async_close(s);
-        // Out of the table before the server can hand the id out again; our
+        let accepted_open = self.conn.socks.close_recv(s);
+        self.sendq_close(s);
+        // Out of the record before the server can hand the id out again; our
         // copy closes after the server's (the port is free on return).
-        let kfd = self.conn.kfds.take(s);
+        let kfd = self.conn.socks.get(s).and_then(Socket::take_kfd);
         let mut r = request(Op::Close, s);
         let res = if accepted_open {
             r.args[0] = CLOSE_NO_REPLY;
@@ -360,7 +375,7 @@ impl Client {
             self.simple(r).map(drop)
         };
         if let Some(fd) = kfd {
-            crate::kernelfd::close(fd);
+            crate::sys::close(fd);
         }
         res
     }
@@ -381,7 +396,7 @@ impl Client {
         } else {
             self.kernel_setsockopt(s, level, name, value, at_server)?;
         }
-        self.ahead_setsockopt(s, level, name, value);
+        self.eager_setsockopt(s, level, name, value);
         Ok(())
     }
 
@@ -445,7 +460,7 @@ impl Client {
     /// entries (EINVAL beyond).
     ///
     /// Readability of sockets with rings is answered locally when that
-    /// settles the call (see `ahead::ring_poll`).
+    /// settles the call (see `eager::poll`).
     pub fn poll(&self, fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
         if fds.len() > MAX_POLL_ENTRIES as usize {
             return Err(errno(libc::EINVAL));
@@ -514,8 +529,9 @@ impl Client {
         let mut res = self.simple(r)?.result;
         let nb = i64::from(libc::O_NONBLOCK);
         if cmd == libc::F_SETFL {
-            self.async_set_nonblocking(s, arg & nb != 0);
-            self.ahead_set_nonblocking(s, arg & nb != 0);
+            if let Ok(sock) = self.conn.socks.get_or_insert(s) {
+                sock.set_nonblocking(arg & nb != 0);
+            }
         } else if cmd == libc::F_GETFL {
             match self.local_nonblocking(s) {
                 Some(true) => res |= nb,
