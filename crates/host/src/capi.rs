@@ -535,7 +535,7 @@ pub struct TcpsStats {
     pub async_fallbacks: u64,
     pub kicks: u64,
     pub registered_misuse: u64,
-    // Appended in protocol version 3 (process-ahead).
+    // Appended in protocol version 3 (eager receive and accept).
     pub round_trips: u64,
     pub ring_recvs: u64,
     pub ring_accepts: u64,

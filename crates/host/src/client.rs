@@ -241,7 +241,7 @@ impl Client {
     /// which may exceed `addr_out.len()` (the copy is then truncated).
     ///
     /// A listener with an accept ring (`docs/PROTOCOL.md` §10) hands out
-    /// connections the server accepted ahead, with no request.
+    /// connections the server accepted eagerly, with no request.
     pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
         if let Some(r) = self.ring_accept(s, flags, addr_out)? {
             return Ok(r);
@@ -521,7 +521,7 @@ impl Client {
 
     /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`). O_NONBLOCK is
     /// the library's own view (an `accept4(SOCK_NONBLOCK)` of a connection
-    /// the server accepted ahead is non-blocking here, not at the server).
+    /// the server accepted eagerly is non-blocking here, not at the server).
     pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
         let mut r = request(Op::Fcntl, s);
         r.args[0] = signed(cmd.into());
