@@ -5,7 +5,8 @@
 #                            C examples, `cargo test --release --workspace`
 #                            (unit + integration tests, both engines), then every
 #                            end-to-end script tests/*.sh
-#   scripts/test.sh --quick  unit tests only (`--lib`) and the proto crate's tests
+#   scripts/test.sh --quick  unit tests only (`--lib`), the proto crate's tests
+#                            and its loom models of the ring handshakes
 #
 # Environment: TCPS_IT_SEED replays a seed of the rogue-host garbage test.
 set -euo pipefail
@@ -15,18 +16,28 @@ quick=0
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The loom models of the ring handshakes (crates/proto/src/loom_tests.rs):
+# proto built with `--cfg loom`, in a target directory of its own so the
+# other RUSTFLAGS do not rebuild the workspace.
+loom() {
+    step 'RUSTFLAGS="--cfg loom" cargo test -p tcps-proto --release --lib loom_tests'
+    RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+        cargo test -p tcps-proto --release --lib loom_tests
+}
+
 if [ "$quick" = 1 ]; then
     step "cargo test --release --workspace --lib"
     cargo test --release --workspace --lib
     step "cargo test --release -p tcps-proto"
     cargo test --release -p tcps-proto
+    loom
     echo "test.sh --quick: ok"
     exit 0
 fi
@@ -78,6 +89,7 @@ fi
 failed=()
 step "cargo test --release --workspace"
 cargo test --release --workspace --no-fail-fast || failed+=("cargo test --release --workspace")
+loom || failed+=("loom models (tcps-proto)")
 
 shopt -s nullglob
 scripts=(tests/*.sh)

@@ -15,7 +15,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tcps::Client;
-use tcps_proto::recvq::{
+use tcps_proto::eager::{
     SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
 };
 

@@ -12,8 +12,8 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
-use tcps_proto::recvq::*;
-use tcps_proto::{Completion, Op, Request};
+use tcps_proto::eager::*;
+use tcps_proto::{Call, Completion};
 
 /// Channel 0 driven by hand ([`RawCalls`]), with the rings read by hand.
 struct Raw(RawCalls);
@@ -31,11 +31,7 @@ impl Raw {
     }
 
     fn kick(&self, sock: u32) {
-        self.post(Request {
-            op: Op::RecvKick as u16,
-            sock,
-            ..Default::default()
-        });
+        self.post(Call::RecvKick { sock }.encode());
     }
 
     fn ring(&self, sock: u32) -> tcps_proto::region::RecvRingRef<'_> {
@@ -59,11 +55,21 @@ impl Raw {
 
     fn setsockopt_int(&self, sock: u32, level: i32, name: i32, v: i32) -> Completion {
         self.arena(512, &v.to_ne_bytes());
-        self.op(Op::SetSockOpt, sock, &[level as u64, name as u64], (512, 4))
+        self.run(Call::SetSockOpt {
+            sock,
+            level,
+            name,
+            value: span(512, 4),
+        })
     }
 
     fn getsockopt_int(&self, sock: u32, level: i32, name: i32) -> Result<i32, i32> {
-        let c = self.op(Op::GetSockOpt, sock, &[level as u64, name as u64], (512, 4));
+        let c = self.run(Call::GetSockOpt {
+            sock,
+            level,
+            name,
+            value: span(512, 4),
+        });
         if c.result < 0 {
             return Err(c.errno);
         }
@@ -97,9 +103,15 @@ fn listener(raw: &Raw) -> (u32, u16, Completion) {
     let l = raw.h.adopt_socket(fd, false).expect("SocketAdopt");
     // SAFETY: our copy; the server keeps its own.
     unsafe { libc::close(fd) };
-    let lc = raw.op(Op::Listen, l, &[16], (0, 0));
+    let lc = raw.run(Call::Listen {
+        sock: l,
+        backlog: 16,
+    });
     assert_eq!(lc.result, 0);
-    let c = raw.op(Op::GetSockName, l, &[], (0, 128));
+    let c = raw.run(Call::GetSockName {
+        sock: l,
+        addr: span(0, 128),
+    });
     assert_eq!(c.result, 0);
     let a = raw.arena_out(0, 4);
     (l, u16::from_be_bytes([a[2], a[3]]), lc)
@@ -154,11 +166,19 @@ fn process_ahead(engine: &str) {
     raw.ring(s).ctl().head.store(5, Ordering::Release);
 
     // Requests the host library never sends: EINVAL.
-    let c = raw.op(Op::Accept, l, &[0], (0, 128));
+    let c = raw.run(Call::Accept {
+        sock: l,
+        addr: span(0, 128),
+        flags: 0,
+    });
     assert_eq!(c.errno, libc::EINVAL);
-    let c = raw.op(Op::Recv, s, &[0], (0, 100));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 100),
+        flags: 0,
+    });
     assert_eq!(c.errno, libc::EINVAL);
-    let c = raw.op(Op::RecvBind, s, &[], (0, 0));
+    let c = raw.run(Call::RecvBind { sock: s });
     assert_eq!(c.result as u64, RECV_MODE_RING);
 
     // Policy options.
@@ -251,7 +271,11 @@ fn process_ahead(engine: &str) {
     entry.extend_from_slice(&(libc::POLLIN | libc::POLLRDHUP).to_ne_bytes());
     entry.extend_from_slice(&0i16.to_ne_bytes());
     raw.arena(1024, &entry);
-    let c = raw.op(Op::Poll, 0, &[1, 0], (1024, 8));
+    let c = raw.run(Call::Poll {
+        entries: span(1024, 8),
+        n: 1,
+        timeout_ms: 0,
+    });
     assert_eq!(c.result, 1, "{c:?}");
     let ev = raw.arena_out(1024, 8);
     let revents = i16::from_ne_bytes([ev[6], ev[7]]);
@@ -262,17 +286,36 @@ fn process_ahead(engine: &str) {
 
     // The connection still sends (the server did not touch the write side).
     raw.arena(0, b"bye");
-    assert_eq!(raw.op(Op::Send, s, &[0], (0, 3)).result, 3);
+    let send = Call::Send {
+        sock: s,
+        data: span(0, 3),
+        flags: 0,
+    };
+    assert_eq!(raw.run(send).result, 3);
     let mut b = [0u8; 3];
     c1.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"bye");
-    assert_eq!(raw.op(Op::Close, s, &[], (0, 0)).result, 0);
+    assert_eq!(
+        raw.run(Call::Close {
+            sock: s,
+            reply: true
+        })
+        .result,
+        0
+    );
     assert_eq!(raw.ring(s).ctl().owner.load(Ordering::Acquire), 0);
 
     // A connection accepted ahead and never taken closes with its listener.
     let mut c2 = TcpStream::connect(("127.0.0.1", port)).unwrap();
     raw.wait_tail(l, 2 * ACCEPT_RECORD_SIZE);
-    assert_eq!(raw.op(Op::Close, l, &[], (0, 0)).result, 0);
+    assert_eq!(
+        raw.run(Call::Close {
+            sock: l,
+            reply: true
+        })
+        .result,
+        0
+    );
     c2.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let mut b = [0u8; 1];
     match c2.read(&mut b) {
@@ -311,7 +354,11 @@ fn pull(engine: &str) {
     let (l, port, lc) = listener(&raw);
     assert_eq!(lc.aux, RECV_MODE_NONE);
     let mut c1 = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let c = raw.op(Op::Accept, l, &[0], (0, 128));
+    let c = raw.run(Call::Accept {
+        sock: l,
+        addr: span(0, 128),
+        flags: 0,
+    });
     assert!(c.result >= 0, "{c:?}");
     assert_eq!(c.aux & 0xffff_ffff, 16);
     assert_eq!(
@@ -321,26 +368,46 @@ fn pull(engine: &str) {
     );
     let s = c.result as u32;
     assert_eq!(
-        raw.op(Op::RecvBind, s, &[], (0, 0)).result as u64,
+        raw.run(Call::RecvBind { sock: s }).result as u64,
         RECV_MODE_PULL
     );
     c1.write_all(b"abcdef").unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let c = raw.op(Op::Recv, s, &[libc::MSG_PEEK as u64], (0, 4));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 4),
+        flags: libc::MSG_PEEK,
+    });
     assert_eq!(c.result, 4);
     assert_eq!(raw.arena_out(0, 4), b"abcd");
-    let c = raw.op(Op::Recv, s, &[0], (0, 4));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 4),
+        flags: 0,
+    });
     assert_eq!(c.result, 4);
     assert_eq!(raw.arena_out(0, 4), b"abcd");
-    let c = raw.op(Op::Recv, s, &[0], (0, 100));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 100),
+        flags: 0,
+    });
     assert_eq!(c.result, 2);
     assert_eq!(raw.arena_out(0, 2), b"ef");
     c1.write_all(b"xyz").unwrap();
     c1.shutdown(Shutdown::Write).unwrap();
-    let c = raw.op(Op::Recv, s, &[libc::MSG_WAITALL as u64], (0, 100));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 100),
+        flags: libc::MSG_WAITALL,
+    });
     assert_eq!(c.result, 3, "WAITALL stops at the end of stream");
     assert_eq!(raw.arena_out(0, 3), b"xyz");
-    let c = raw.op(Op::Recv, s, &[0], (0, 100));
+    let c = raw.run(Call::Recv {
+        sock: s,
+        data: span(0, 100),
+        flags: 0,
+    });
     assert_eq!(c.result, 0);
     drop(c1);
 }

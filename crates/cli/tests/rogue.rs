@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tcps_proto::layout::{ChannelCtl, Layout, HEADER_SIZE};
-use tcps_proto::{Completion, Op, Request};
+use tcps_proto::{Call, Completion, Op, Request};
 
 /// Waits (bounded) until the rogue is cut off or `cq_tail` of channel 0
 /// reaches `want`; returns "cut off" or the completions.
@@ -75,8 +75,7 @@ fn forged_indices(engine: &str) {
         0,
         &Request {
             user_data: 5,
-            op: Op::Nop as u16,
-            ..Default::default()
+            ..Call::Nop.encode()
         },
     );
     h2.ring();
@@ -104,8 +103,7 @@ fn forged_indices(engine: &str) {
                 published,
                 &Request {
                     user_data: published as u64,
-                    op: Op::Nop as u16,
-                    ..Default::default()
+                    ..Call::Nop.encode()
                 },
             );
             published += 1;
@@ -138,8 +136,7 @@ fn forged_indices(engine: &str) {
         0,
         &Request {
             user_data: 77,
-            op: Op::Nop as u16,
-            ..Default::default()
+            ..Call::Nop.encode()
         },
     );
     last.ctl().req_tail.store(1, Ordering::Release);
@@ -325,8 +322,7 @@ fn region_cannot_be_resized(engine: &str) {
         0,
         &Request {
             user_data: 3,
-            op: Op::Nop as u16,
-            ..Default::default()
+            ..Call::Nop.encode()
         },
     );
     h.ring();

@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, CONTROL_MSG_LEN};
-use tcps_proto::{Op, Request};
+use tcps_proto::Call;
 
 // ---- a raw host on channel 0 ------------------------------------------------
 
@@ -289,29 +289,35 @@ fn parked_send_with_queue(srv: &Server) -> (Raw, u32, TcpStream, TcpListener) {
         s < raw.h.region.layout().send_queues,
         "socket {s} has a queue"
     );
-    raw.arena(0, &4096i32.to_ne_bytes());
-    let c = raw.op(
-        Op::SetSockOpt,
-        s,
-        &[libc::SOL_SOCKET as u64, libc::SO_SNDBUF as u64],
-        (0, 4),
-    );
+    let c = raw.run_with(&4096i32.to_ne_bytes(), |value| Call::SetSockOpt {
+        sock: s,
+        level: libc::SOL_SOCKET,
+        name: libc::SO_SNDBUF,
+        value,
+    });
     assert_eq!(c.result, 0, "SO_SNDBUF: {c:?}");
-    raw.arena(0, &sockaddr(l.local_addr().unwrap()));
-    let c = raw.op(Op::Connect, s, &[], (0, 16));
+    let c = raw.run_with(&sockaddr(l.local_addr().unwrap()), |addr| Call::Connect {
+        sock: s,
+        addr,
+    });
     assert_eq!(c.result, 0, "connect: {c:?}");
     let (peer, _) = l.accept().unwrap();
     set_rcvbuf(&peer, 4096);
     // A whole arena of data: far more than both buffers hold.
     let arena = raw.h.region.layout().arena_size;
-    raw.post(Request {
-        op: Op::Send as u16,
+    raw.post(
+        Call::Send {
+            sock: s,
+            data: span(0, arena),
+            flags: 0,
+        }
+        .encode(),
+    );
+    let c = raw.run(Call::AsyncBind {
         sock: s,
-        buf_off: 0,
-        buf_len: arena,
-        ..Default::default()
+        queue: s,
+        start: 0,
     });
-    let c = raw.op(Op::AsyncBind, s, &[u64::from(s), 0], (0, 0));
     assert_eq!(c.result, 0, "AsyncBind: {c:?}");
     (raw, s, peer, l)
 }
@@ -335,11 +341,7 @@ fn send_queue_overrun_is_final(engine: &str) {
         // Overrun: one descriptor more than the credits allow.
         let over = done.wrapping_add(entries + 1);
         sq.ctl().head.store(over, Ordering::Release);
-        raw.post(Request {
-            op: Op::AsyncKick as u16,
-            sock: s,
-            ..Default::default()
-        });
+        raw.post(Call::AsyncKick { sock: s }.encode());
         // A server that resets the queue publishes done = head at once.
         let w = Instant::now();
         while sq.ctl().done.load(Ordering::Acquire) != over
@@ -351,11 +353,7 @@ fn send_queue_overrun_is_final(engine: &str) {
         sq.ctl()
             .head
             .store(over.wrapping_add(entries), Ordering::Release);
-        raw.post(Request {
-            op: Op::AsyncKick as u16,
-            sock: s,
-            ..Default::default()
-        });
+        raw.post(Call::AsyncKick { sock: s }.encode());
         rounds += 1;
     }
     // Let the server take what was posted.
@@ -519,7 +517,11 @@ fn parked_poll_entries_are_budgeted() {
     let srv = Server::start("uring", &["--poll", "adaptive", "--socket-mode", "666"]);
     let raw = Raw::new(&srv);
     let l = raw.socket_bound("127.0.0.1:0".parse().unwrap());
-    assert_eq!(raw.op(Op::Listen, l, &[16], (0, 0)).result, 0, "listen");
+    let listen = Call::Listen {
+        sock: l,
+        backlog: 16,
+    };
+    assert_eq!(raw.run(listen).result, 0, "listen");
     // 4096 entries, all the idle listener, for POLLIN: never ready.
     let mut set = Vec::with_capacity(4096 * 8);
     for _ in 0..4096 {
@@ -530,15 +532,14 @@ fn parked_poll_entries_are_budgeted() {
     raw.arena(0, &set);
     let first = raw.posted();
     for _ in 0..17 {
-        let mut r = Request {
-            op: Op::Poll as u16,
-            buf_off: 0,
-            buf_len: set.len() as u32,
-            ..Default::default()
-        };
-        r.args[0] = 4096;
-        r.args[1] = -1i64 as u64;
-        raw.post(r);
+        raw.post(
+            Call::Poll {
+                entries: span(0, set.len() as u32),
+                n: 4096,
+                timeout_ms: -1,
+            }
+            .encode(),
+        );
     }
     // 16 polls park (65,536 entries); the 17th is refused.
     let c = raw
@@ -546,7 +547,7 @@ fn parked_poll_entries_are_budgeted() {
         .expect("the poll beyond the budget was parked too");
     assert_eq!(c.user_data, u64::from(first) + 17, "{c:?}");
     assert_eq!(c.errno, libc::ENOMEM, "{c:?}");
-    let c = raw.op(Op::Nop, 0, &[], (0, 0));
+    let c = raw.run(Call::Nop);
     assert_eq!((c.result, c.errno), (0, 0), "a Nop after: {c:?}");
     fresh_host_works(&srv, Duration::from_millis(500));
 }

@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 use tcps::Client;
-use tcps_proto::{Completion, Op};
+use tcps_proto::Call;
 
 /// A server that `nobody` may attach to (another change makes 0660 the
 /// default mode of the control socket).
@@ -81,15 +81,14 @@ impl Raw {
         Raw(RawCalls::new(h))
     }
 
-    /// `op` with `input` at the start of the arena as its range.
-    fn op_with(&self, op: Op, sock: u32, args: &[u64], input: &[u8]) -> Completion {
-        self.arena(0, input);
-        self.op(op, sock, args, (0, input.len() as u32))
-    }
-
     /// The errno of a raw setsockopt (0: it succeeded).
     fn setsockopt(&self, sock: u32, level: i32, name: i32, value: &[u8]) -> i32 {
-        let c = self.op_with(Op::SetSockOpt, sock, &[level as u64, name as u64], value);
+        let c = self.run_with(value, |value| Call::SetSockOpt {
+            sock,
+            level,
+            name,
+            value,
+        });
         if c.result < 0 {
             c.errno
         } else {
@@ -267,18 +266,17 @@ fn server_refuses_privileged_options_and_socket_ops(engine: &str) {
         0
     );
     // No socket and no bind for a local host.
-    let c = raw.op_with(
-        Op::Socket,
-        0,
-        &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
-        &[],
-    );
+    let c = raw.run(Call::Socket {
+        domain: libc::AF_INET,
+        ty: libc::SOCK_STREAM,
+        protocol: 0,
+    });
     assert_eq!(
         (c.result, errno_name(c.errno)),
         (-1, "EPERM".into()),
         "Op::Socket"
     );
-    let c = raw.op_with(Op::Bind, s4, &[], &sockaddr_in(0));
+    let c = raw.run_with(&sockaddr_in(0), |addr| Call::Bind { sock: s4, addr });
     assert_eq!(
         (c.result, errno_name(c.errno)),
         (-1, "EPERM".into()),
@@ -475,16 +473,16 @@ fn child_setuid_exec() {
     mark("peer-euid", 0);
     // Complete the attach over the socket the child connected.
     let raw = Raw::new(attach_over(ctl));
-    let c = raw.op_with(
-        Op::Socket,
-        0,
-        &[libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0],
-        &[],
-    );
+    let c = raw.run(Call::Socket {
+        domain: libc::AF_INET,
+        ty: libc::SOCK_STREAM,
+        protocol: 0,
+    });
     let server_bind = if c.result < 0 {
         c.errno
     } else {
-        let b = raw.op_with(Op::Bind, c.result as u32, &[], &sockaddr_in(port));
+        let sock = c.result as u32;
+        let b = raw.run_with(&sockaddr_in(port), |addr| Call::Bind { sock, addr });
         if b.result < 0 {
             b.errno
         } else {
@@ -662,24 +660,24 @@ fn pointer_options_are_refused(engine: &str) {
         .map(|v| errno_name(raw.setsockopt(s, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, v)))
         .collect();
     assert_eq!(answers, vec!["EPERM"; 3], "SO_ATTACH_FILTER answers");
-    let c = raw.op_with(
-        Op::GetSockOpt,
-        s,
-        &[libc::SOL_SOCKET as u64, libc::SO_GET_FILTER as u64],
-        &[0u8; 64],
-    );
+    let c = raw.run_with(&[0u8; 64], |value| Call::GetSockOpt {
+        sock: s,
+        level: libc::SOL_SOCKET,
+        name: libc::SO_GET_FILTER,
+        value,
+    });
     assert_eq!(
         (c.result, errno_name(c.errno)),
         (-1, "EPERM".into()),
         "SO_GET_FILTER"
     );
     // A pointer-free read still works.
-    let c = raw.op_with(
-        Op::GetSockOpt,
-        s,
-        &[libc::SOL_SOCKET as u64, libc::SO_TYPE as u64],
-        &[0u8; 4],
-    );
+    let c = raw.run_with(&[0u8; 4], |value| Call::GetSockOpt {
+        sock: s,
+        level: libc::SOL_SOCKET,
+        name: libc::SO_TYPE,
+        value,
+    });
     assert_eq!(c.result, 0, "SO_TYPE: {c:?}");
 }
 

@@ -38,6 +38,9 @@ pub mod ring;
 pub mod sendq;
 mod sync;
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 // TEMPORARY: removed when server/host switch (the old name of `eager`).
 pub use eager as recvq;
 

@@ -1,7 +1,36 @@
-//! The atomics and fences the ring types use: std's, or loom's when the
-//! crate is built with `--cfg loom` for the model tests (`tests/loom.rs`).
+//! The atomics, fences and futex calls of the receive/accept rings and the
+//! send queues: std's and the kernel's, or loom's when the crate is built
+//! with `--cfg loom` for the model tests (`src/loom_tests.rs`).
 //!
+//! Under loom the control blocks ([`crate::eager::RecvRingCtl`],
+//! [`crate::sendq::SendQueueCtl`]) hold loom atomics and are built on the
+//! heap by the model tests, never mapped, so the handshakes the model checks
+//! are the very functions the server and the host call. A futex wait cannot
+//! be modelled: under loom `wait` returns at once (the model checks the
+//! decision to sleep instead) and `wake_all` does nothing (the model checks
+//! that the waker saw the sleeper).
+
 #[cfg(loom)]
-pub use loom::sync::atomic::{fence, Ordering};
+pub use loom::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
-pub use std::sync::atomic::{fence, Ordering};
+pub use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use std::time::Duration;
+
+/// Sleeps while `*word == expected`, at most `timeout` (see [`crate::futex::wait`]).
+#[cfg(not(loom))]
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    crate::futex::wait(word, expected, timeout)
+}
+
+/// Wakes every thread sleeping on `word` (see [`crate::futex::wake_all`]).
+#[cfg(not(loom))]
+pub fn wake_all(word: &AtomicU32) {
+    crate::futex::wake_all(word)
+}
+
+#[cfg(loom)]
+pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {}
+
+#[cfg(loom)]
+pub fn wake_all(_word: &AtomicU32) {}

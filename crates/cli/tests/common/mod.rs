@@ -989,6 +989,11 @@ pub fn require_root(why: &str) {
     assert_eq!(euid, 0, "this test must run as root: {why}");
 }
 
+/// `len` bytes at `off` of a channel arena, as a call names them.
+pub fn span(off: u32, len: u32) -> tcps_proto::msg::ArenaRange {
+    tcps_proto::msg::ArenaRange { off, len }
+}
+
 /// Channel 0 of a [`RawHost`] driven one request at a time, in order: the
 /// raw-protocol tests' synchronous calls (requests and completions by hand,
 /// no host library).
@@ -1058,23 +1063,21 @@ impl RawCalls {
             .expect("no completion within 5 s")
     }
 
-    /// `op` on `sock` with `args`, its arena range `buf` (offset, length).
-    pub fn op(
+    /// Posts `call` (built with the protocol's encoder) and returns its
+    /// completion (within 5 s).
+    pub fn run(&self, call: tcps_proto::Call) -> tcps_proto::Completion {
+        self.call(call.encode())
+    }
+
+    /// Writes `input` at the start of channel 0's arena, then runs the call
+    /// `call` builds on that range.
+    pub fn run_with(
         &self,
-        op: tcps_proto::Op,
-        sock: u32,
-        args: &[u64],
-        buf: (u32, u32),
+        input: &[u8],
+        call: impl FnOnce(tcps_proto::msg::ArenaRange) -> tcps_proto::Call,
     ) -> tcps_proto::Completion {
-        let mut r = tcps_proto::Request {
-            op: op as u16,
-            sock,
-            buf_off: buf.0,
-            buf_len: buf.1,
-            ..Default::default()
-        };
-        r.args[..args.len()].copy_from_slice(args);
-        self.call(r)
+        self.arena(0, input);
+        self.run(call(span(0, input.len() as u32)))
     }
 
     /// Writes `b` into channel 0's arena at `off`.

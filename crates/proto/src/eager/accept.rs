@@ -60,7 +60,7 @@ impl<'a> AcceptRingProducer<'a> {
     /// Publishes the records before `tail` (one store for a batch) and wakes
     /// a sleeping host thread.
     pub fn publish(&self, tail: u32) {
-        recv::publish(self.ctl(), tail, None)
+        recv::publish(self.ctl(), tail, None);
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`
@@ -124,7 +124,13 @@ impl<'a> AcceptRingConsumer<'a> {
     /// consumes it (see [`RecvRingConsumer::consume`]). Returns the record
     /// and whether a kick must be posted.
     pub fn take(&self, cur: &mut RecvCursor) -> Option<(AcceptRecord, bool)> {
-        if !self.ready(cur.consumed) {
+        self.take_before(cur, self.inner.tail())
+    }
+
+    /// [`take`](Self::take) with `tail` as the caller read it (from
+    /// [`RecvRingConsumer::tail`], e.g. to wait on it when nothing is there).
+    pub fn take_before(&self, cur: &mut RecvCursor, tail: u32) -> Option<(AcceptRecord, bool)> {
+        if self.inner.available(tail, cur.consumed) < ACCEPT_RECORD_SIZE {
             return None;
         }
         let rec = self.inner.ring().read_record(cur.consumed);
@@ -195,6 +201,22 @@ mod tests {
             assert!(c.take(&mut cur).is_none());
             assert_eq!(c.end(), END_NONE);
         }
+    }
+
+    #[test]
+    fn take_before_stops_at_the_tail_the_caller_read() {
+        let r = region();
+        let ring = r.recv_ring(0).unwrap();
+        let (p, c) = (AcceptRingProducer::new(ring), AcceptRingConsumer::new(ring));
+        p.bind(0);
+        let mut cur = c.start();
+        let seen = c.ring().tail();
+        p.write(0, &rec(1));
+        p.publish(ACCEPT_RECORD_SIZE);
+        assert!(c.take_before(&mut cur, seen).is_none());
+        assert_eq!(cur.consumed, 0, "nothing consumed");
+        let (got, _) = c.take_before(&mut cur, c.ring().tail()).unwrap();
+        assert_eq!(got, rec(1));
     }
 
     #[test]

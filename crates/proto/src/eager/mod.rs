@@ -46,7 +46,7 @@
 
 mod accept;
 pub mod ctl;
-mod recv;
+pub(crate) mod recv;
 
 pub use accept::{AcceptRingConsumer, AcceptRingProducer};
 pub use ctl::*;

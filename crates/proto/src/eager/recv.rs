@@ -28,9 +28,8 @@ use super::ctl::{
     available, kick_pending, look, used, RecvRingCtl, END_EOF, END_ERROR, END_NONE, END_STOPPED,
     KIND_FREE,
 };
-use crate::futex;
 use crate::region::RecvRingRef;
-use crate::sync::{fence, Ordering};
+use crate::sync::{self, fence, Ordering};
 use std::time::Duration;
 
 /// What a receive (or accept) ring holds, as `tcps stat` shows it: read-only
@@ -47,7 +46,8 @@ pub struct RingSnapshot {
 /// acquires it), then the end of stream after it (`end_errno` first, `end`
 /// last with release, so a host that sees `end` sees the errno and the
 /// final `tail`); fences and wakes a host thread sleeping on `tail`.
-pub(super) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>) {
+/// Returns whether it woke a sleeper (for the model tests).
+pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>) -> bool {
     ctl.tail.store(tail, Ordering::Release);
     match end {
         Some(Ok(())) => ctl.end.store(END_EOF, Ordering::Release),
@@ -57,22 +57,24 @@ pub(super) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>
         }
         None => {}
     }
-    wake_if_waiting(ctl);
+    wake_if_waiting(ctl)
 }
 
 /// Dekker against the host's "host_waiting += 1; fence; load tail": the
 /// fence orders the stores before it against the load of `host_waiting`.
-pub(super) fn wake_if_waiting(ctl: &RecvRingCtl) {
+pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> bool {
     fence(Ordering::SeqCst);
-    if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-        futex::wake_all(&ctl.tail);
+    let waiting = ctl.host_waiting.load(Ordering::Relaxed) != 0;
+    if waiting {
+        sync::wake_all(&ctl.tail);
     }
+    waiting
 }
 
 /// The server's pause: publish what it has, then `paused = 1; fence;
 /// re-read head` (Dekker against the host's "store head; fence; load
 /// paused"). Returns the fresh [`look`].
-pub(super) fn pause(ctl: &RecvRingCtl, tail: u32, consumed: u32, record: u32) -> (u32, u32) {
+pub(crate) fn pause(ctl: &RecvRingCtl, tail: u32, consumed: u32, record: u32) -> (u32, u32) {
     ctl.tail.store(tail, Ordering::Release);
     // Relaxed: the fence below orders it before the re-read of `head`.
     ctl.paused.store(1, Ordering::Relaxed);
@@ -80,13 +82,63 @@ pub(super) fn pause(ctl: &RecvRingCtl, tail: u32, consumed: u32, record: u32) ->
     look(tail, ctl.head.load(Ordering::Acquire), consumed, record)
 }
 
-/// The host's consume: store `head` (release: the server may overwrite
-/// the bytes before it only after seeing it), fence against the server's
-/// "store paused; fence; load head", then load `paused`.
-pub(super) fn consume(ctl: &RecvRingCtl, head: u32) -> bool {
-    ctl.head.store(head, Ordering::Release);
+/// The host's consume: advances `cur` by `n`, stores `head` (release: the
+/// server may overwrite the bytes before it only after seeing it), fences
+/// against the server's "store paused; fence; load head", then loads
+/// `paused`. Returns whether to kick (paused, and no kick of ours unseen).
+pub(crate) fn consume(ctl: &RecvRingCtl, cur: &mut RecvCursor, n: u32) -> bool {
+    cur.consumed = cur.consumed.wrapping_add(n);
+    ctl.head.store(cur.consumed, Ordering::Release);
     fence(Ordering::SeqCst);
-    ctl.paused.load(Ordering::Acquire) != 0
+    ctl.paused.load(Ordering::Acquire) != 0 && take_kick(ctl, cur)
+}
+
+/// Whether to post a kick now (none of ours is unseen); counts it as sent.
+pub(crate) fn take_kick(ctl: &RecvRingCtl, cur: &mut RecvCursor) -> bool {
+    let seen = ctl.kicks_seen.load(Ordering::Acquire);
+    if kick_pending(seen, cur.kicks_sent) {
+        return false;
+    }
+    cur.kicks_sent = seen.wrapping_add(1);
+    true
+}
+
+/// Nothing new since `seen`: `tail` unmoved and no end (both acquire).
+pub(crate) fn is_quiet(ctl: &RecvRingCtl, seen: u32) -> bool {
+    ctl.tail.load(Ordering::Acquire) == seen && ctl.end.load(Ordering::Acquire) == END_NONE
+}
+
+/// Registers a sleeper (a counter, not a flag: several threads may wait on
+/// one ring), then fences against the server's "store tail; fence; load
+/// host_waiting".
+pub(crate) fn wait_prepare(ctl: &RecvRingCtl) {
+    ctl.host_waiting.fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::SeqCst);
+}
+
+/// Unregisters a sleeper.
+pub(crate) fn wait_done(ctl: &RecvRingCtl) {
+    ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// The server counts a kick taken (release: with the state the kick
+/// changed), then fences before it re-reads `head` (Dekker against the
+/// host's "store head; fence; load paused, kicks_seen"): a host that skips
+/// a kick because its last one is unseen has stored `head` before looking,
+/// so either this re-read sees that `head` or the host sees the kick
+/// counted and kicks again. Without the fence both may miss (store
+/// buffering; `loom_tests::receive_ring_unseen_kick_is_not_lost` finds it)
+/// and the ring stayed paused until the server's 10 ms sweep. One fence per
+/// kick, and kicks come only from paused rings.
+pub(crate) fn set_kicks_seen(ctl: &RecvRingCtl, kicks: u32) {
+    ctl.kicks_seen.store(kicks, Ordering::Release);
+    fence(Ordering::SeqCst);
+}
+
+/// Reads the host's `head` once (acquire: its copy-out of the bytes before
+/// it is done) and clamps it: `(used, consumed)`, see [`look`].
+pub(crate) fn look_head(ctl: &RecvRingCtl, tail: u32, consumed: u32, record: u32) -> (u32, u32) {
+    look(tail, ctl.head.load(Ordering::Acquire), consumed, record)
 }
 
 /// The host's cursor in one receive or accept ring (private memory).
@@ -154,18 +206,13 @@ impl<'a> RecvRingProducer<'a> {
     /// bytes before it is done) and clamps it: `(used, consumed)`, see
     /// [`look`]. `record` is 1 for a byte ring.
     pub fn look(&self, tail: u32, consumed: u32, record: u32) -> (u32, u32) {
-        look(
-            tail,
-            self.ring.ctl().head.load(Ordering::Acquire),
-            consumed,
-            record,
-        )
+        look_head(self.ring.ctl(), tail, consumed, record)
     }
 
     /// Publishes `tail` and, if given, the end of stream after it; wakes a
     /// sleeping host thread. `end`: `Ok(())` EOF, `Err(errno)` an error.
     pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) {
-        publish(self.ring.ctl(), tail, end)
+        publish(self.ring.ctl(), tail, end);
     }
 
     /// The ring is (nearly) full: publishes `tail`, sets `paused`, fences and
@@ -184,9 +231,11 @@ impl<'a> RecvRingProducer<'a> {
     }
 
     /// Publishes how many `Op::RecvKick`s of this ring the server took
-    /// (release: with the state the kick changed).
+    /// (release: with the state the kick changed), then fences: call it
+    /// before re-reading `head` with [`look`](Self::look) (the server's
+    /// `resume` after a kick does).
     pub fn set_kicks_seen(&self, kicks: u32) {
-        self.ring.ctl().kicks_seen.store(kicks, Ordering::Release);
+        set_kicks_seen(self.ring.ctl(), kicks)
     }
 
     /// Stops receiving ahead: `END_STOPPED` after the last `tail` (release),
@@ -317,12 +366,7 @@ impl<'a> RecvRingConsumer<'a> {
     /// Whether to post a kick now (none of ours is unseen); counts it as
     /// sent.
     pub fn take_kick(&self, cur: &mut RecvCursor) -> bool {
-        let seen = self.ring.ctl().kicks_seen.load(Ordering::Acquire);
-        if kick_pending(seen, cur.kicks_sent) {
-            return false;
-        }
-        cur.kicks_sent = seen.wrapping_add(1);
-        true
+        take_kick(self.ring.ctl(), cur)
     }
 
     /// Marks `n` bytes (or a record) consumed: stores `head` (release) and
@@ -330,27 +374,24 @@ impl<'a> RecvRingConsumer<'a> {
     /// whether a kick must be posted (the ring is paused and no kick of ours
     /// is unseen; the kick is counted as sent).
     pub fn consume(&self, cur: &mut RecvCursor, n: u32) -> bool {
-        cur.consumed = cur.consumed.wrapping_add(n);
-        consume(self.ring.ctl(), cur.consumed) && self.take_kick(cur)
+        consume(self.ring.ctl(), cur, n)
     }
 
     /// Nothing new since `seen`: `tail` unmoved and no end.
     pub fn is_quiet(&self, seen: u32) -> bool {
-        self.tail() == seen && self.end() == END_NONE
+        is_quiet(self.ring.ctl(), seen)
     }
 
-    /// Registers a sleeper (a counter, not a flag: several threads may wait
-    /// on one ring), then fences against the server's "store tail; fence;
-    /// load host_waiting". Re-check with [`is_quiet`](Self::is_quiet) after
-    /// this, sleep, then call [`wait_done`](Self::wait_done).
+    /// Registers a sleeper and fences (see [`wait`](Self::wait)). Re-check
+    /// with [`is_quiet`](Self::is_quiet) after this, sleep, then call
+    /// [`wait_done`](Self::wait_done).
     pub fn wait_prepare(&self) {
-        self.ring.ctl().host_waiting.fetch_add(1, Ordering::AcqRel);
-        fence(Ordering::SeqCst);
+        wait_prepare(self.ring.ctl())
     }
 
     /// Unregisters a sleeper.
     pub fn wait_done(&self) {
-        self.ring.ctl().host_waiting.fetch_sub(1, Ordering::AcqRel);
+        wait_done(self.ring.ctl())
     }
 
     /// Sleeps until `tail` moves from `seen` or `end` is set, at most
@@ -358,7 +399,7 @@ impl<'a> RecvRingConsumer<'a> {
     pub fn wait(&self, seen: u32, slice: Duration) {
         self.wait_prepare();
         if self.is_quiet(seen) {
-            futex::wait(&self.ring.ctl().tail, seen, slice);
+            sync::wait(&self.ring.ctl().tail, seen, slice);
         }
         self.wait_done();
     }

@@ -1,7 +1,7 @@
 //! The send queue's shared layout: its control block, the descriptor and
 //! the pure sequence arithmetic (see the module above for the protocol).
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64};
 
 /// Bytes of a send queue's control block.
 pub const SQ_CTL_SIZE: usize = 192;
@@ -39,7 +39,31 @@ pub struct SendQueueCtl {
     _pad2: [u8; 52],
 }
 
+// Under loom the atomics are loom's (bigger); the block is then never mapped.
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<SendQueueCtl>() == SQ_CTL_SIZE);
+
+#[cfg(all(test, loom))]
+impl SendQueueCtl {
+    /// A zeroed control block on the heap, for the model tests.
+    pub(crate) fn zeroed() -> Self {
+        SendQueueCtl {
+            head: AtomicU32::new(0),
+            host_waiting: AtomicU32::new(0),
+            _pad0: [0; 56],
+            done: AtomicU32::new(0),
+            error: AtomicI32::new(0),
+            error_seq: AtomicU32::new(0),
+            misuse: AtomicU32::new(0),
+            bytes_done: AtomicU64::new(0),
+            _pad1: [0; 40],
+            active: AtomicU32::new(0),
+            kicks_seen: AtomicU32::new(0),
+            owner: AtomicU32::new(0),
+            _pad2: [0; 52],
+        }
+    }
+}
 
 /// One asynchronous send: `len` bytes at `off` in registration `mem`.
 #[repr(C)]

@@ -44,7 +44,7 @@
 //! protocol above; the layout and the pure arithmetic are in [`ctl`].
 
 pub mod ctl;
-mod queue;
+pub(crate) mod queue;
 
 pub use ctl::*;
 pub use queue::{Overrun, SendQueueConsumer, SendQueueProducer};

@@ -29,17 +29,69 @@
 //! its shape checked before the server resolves its memory.
 
 use super::ctl::{is_done, SendDesc, SendQueueCtl, DESC_FLAGS, MAX_REGISTRATIONS};
-use crate::futex;
 use crate::region::SendQueueRef;
-use crate::sync::{fence, Ordering};
+use crate::sync::{self, fence, Ordering};
 use std::time::Duration;
 
 /// Dekker against the host's "host_waiting += 1; fence; load done".
-fn wake_if_waiting(ctl: &SendQueueCtl) {
+/// Returns whether it woke a sleeper (for the model tests).
+pub(crate) fn wake_if_waiting(ctl: &SendQueueCtl) -> bool {
     fence(Ordering::SeqCst);
-    if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-        futex::wake_all(&ctl.done);
+    let waiting = ctl.host_waiting.load(Ordering::Relaxed) != 0;
+    if waiting {
+        sync::wake_all(&ctl.done);
     }
+    waiting
+}
+
+/// The server publishes `done` (release: with the error and counters
+/// before it) and wakes a host thread sleeping on it.
+pub(crate) fn publish_done(ctl: &SendQueueCtl, done: u32) -> bool {
+    ctl.done.store(done, Ordering::Release);
+    wake_if_waiting(ctl)
+}
+
+/// The host registers a sleeper (a counter: several threads may wait on
+/// one queue) and fences against the server's "store done; fence; load
+/// host_waiting"; then re-checks. Returns whether `done` is still `seen`
+/// (sleep), registered either way: call [`wait_done`] after.
+pub(crate) fn wait_prepare(ctl: &SendQueueCtl, seen: u32) -> bool {
+    ctl.host_waiting.fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::SeqCst);
+    ctl.done.load(Ordering::Acquire) == seen
+}
+
+/// The host publishes descriptors up to `head` (release: their bytes).
+pub(crate) fn publish_head(ctl: &SendQueueCtl, head: u32) {
+    ctl.head.store(head, Ordering::Release);
+}
+
+/// The host's kick test after publishing (see
+/// [`SendQueueProducer::needs_kick`]).
+pub(crate) fn needs_kick(ctl: &SendQueueCtl, kicks_sent: &mut u32) -> bool {
+    let kick = ctl.active.load(Ordering::Relaxed) == 0
+        && ctl.kicks_seen.load(Ordering::Relaxed) == *kicks_sent;
+    if kick {
+        *kicks_sent = kicks_sent.wrapping_add(1);
+    }
+    kick
+}
+
+/// The server goes cold: `active = 0`, fence (see
+/// [`SendQueueConsumer::deactivate`]).
+pub(crate) fn deactivate(ctl: &SendQueueCtl) {
+    ctl.active.store(0, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Whether the host published past `ingested`.
+pub(crate) fn has_new(ctl: &SendQueueCtl, ingested: u32) -> bool {
+    ctl.head.load(Ordering::Acquire) != ingested
+}
+
+/// The host unregisters a sleeper.
+pub(crate) fn wait_done(ctl: &SendQueueCtl) {
+    ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The host's side of a send queue. A view; the host's cursor (`head`,
@@ -83,7 +135,7 @@ impl<'a> SendQueueProducer<'a> {
         let seq = *head;
         self.sq.write_desc(seq, d);
         *head = seq.wrapping_add(1);
-        self.sq.ctl().head.store(*head, Ordering::Release);
+        publish_head(self.sq.ctl(), *head);
         seq
     }
 
@@ -93,13 +145,7 @@ impl<'a> SendQueueProducer<'a> {
     /// stale `active = 1` is covered by the server's re-read after clearing
     /// it and its second look; the kick request itself fences.
     pub fn needs_kick(&self, kicks_sent: &mut u32) -> bool {
-        let ctl = self.sq.ctl();
-        let kick = ctl.active.load(Ordering::Relaxed) == 0
-            && ctl.kicks_seen.load(Ordering::Relaxed) == *kicks_sent;
-        if kick {
-            *kicks_sent = kicks_sent.wrapping_add(1);
-        }
-        kick
+        needs_kick(self.sq.ctl(), kicks_sent)
     }
 
     /// Descriptors finished (acquire: with `error`, `misuse` before it).
@@ -138,12 +184,10 @@ impl<'a> SendQueueProducer<'a> {
     /// futex-waits, unregisters.
     pub fn wait(&self, seen: u32, max: Duration) {
         let ctl = self.sq.ctl();
-        ctl.host_waiting.fetch_add(1, Ordering::AcqRel);
-        fence(Ordering::SeqCst);
-        if ctl.done.load(Ordering::Acquire) == seen {
-            futex::wait(&ctl.done, seen, max);
+        if wait_prepare(ctl, seen) {
+            sync::wait(&ctl.done, seen, max);
         }
-        ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
+        wait_done(ctl);
     }
 }
 
@@ -210,8 +254,7 @@ impl<'a> SendQueueConsumer<'a> {
     /// [`has_new`](Self::has_new) sees a `head` the host stored before it
     /// loaded `active` (and otherwise the host sees 0 and kicks).
     pub fn deactivate(&self) {
-        self.sq.ctl().active.store(0, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        deactivate(self.sq.ctl())
     }
 
     /// After [`deactivate`](Self::deactivate) found new descriptors: stays
@@ -222,7 +265,7 @@ impl<'a> SendQueueConsumer<'a> {
 
     /// Whether the host published past `ingested`.
     pub fn has_new(&self, ingested: u32) -> bool {
-        self.sq.ctl().head.load(Ordering::Acquire) != ingested
+        has_new(self.sq.ctl(), ingested)
     }
 
     /// Reads `head` once (acquire: the descriptors before it are written)
@@ -289,9 +332,7 @@ impl<'a> SendQueueConsumer<'a> {
     /// Publishes `done` (release: with the error and counters before it)
     /// and wakes a host thread sleeping on it.
     pub fn publish_done(&self, done: u32) {
-        let ctl = self.sq.ctl();
-        ctl.done.store(done, Ordering::Release);
-        wake_if_waiting(ctl);
+        publish_done(self.sq.ctl(), done);
     }
 }
 

@@ -1,0 +1,209 @@
+//! Model tests of the ring handshakes with loom: every interleaving (and
+//! every weak-memory outcome loom models) of the two sides is run.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p tcps-proto --release --lib loom_tests`
+//! (scripts/test.sh does, with `CARGO_TARGET_DIR=target/loom`).
+//!
+//! **Why a lib module over the control blocks, not the region types.**
+//! loom cannot model memory shared through `mmap`: its atomics are objects
+//! of its own, not views of a mapped word, and a `RecvRingRef` is a raw
+//! pointer into a mapping. So under `--cfg loom` the control blocks
+//! ([`RecvRingCtl`], [`SendQueueCtl`]) are built from loom's atomics
+//! (crate::sync) and allocated on the heap, and the models call the very
+//! functions the producer/consumer types are made of (the handshake cores
+//! in `eager::recv` and `sendq::queue`, which are crate-private, hence a
+//! lib module rather than `tests/loom.rs`). The ring bytes, descriptors and
+//! futex syscalls are left out: the races are on the control words. A
+//! futex wait is modelled as the *decision* to sleep; a lost wake-up is a
+//! sleeper the waker did not see.
+//!
+//! Properties:
+//!
+//! * lost wake-up (receive ring, send queue): a host that decided to sleep
+//!   was seen by the server's publish (`host_waiting != 0` after its fence);
+//! * lost kick (receive/accept ring): a server that stays paused after its
+//!   re-read of `head` is seen by the host's consume, which then kicks;
+//!   and a host that skips a kick because its last one is unseen is seen
+//!   by the server's handling of that kick. (This model found a real gap:
+//!   the server stored `kicks_seen` and re-read `head` with no fence
+//!   between, so both sides could miss each other and the ring stayed
+//!   paused until the 10 ms sweep; `set_kicks_seen` now fences.)
+//!
+//! The send queue's cold transition is deliberately *not* a Dekker pair
+//! (the host's hot path has no fence; the server's second look a little
+//! later and its sweep bound the delay):
+//! [`send_queue_cold_needs_the_second_look`] has loom find the interleaving
+//! where neither side sees the other, so the second look stays necessary.
+//! The channel rings' sleep handshakes (`ServerCursor`/`HostCursor`) are
+//! not modelled here: their words live in the mapped channel block
+//! (`layout::ChannelCtl`, std atomics) next to slots written through raw
+//! pointers; they are the same store/fence/load pattern as the ones above.
+
+use crate::eager::ctl::{RecvRingCtl, ACCEPT_RECORD_SIZE};
+use crate::eager::recv::{self, RecvCursor};
+use crate::sendq::ctl::SendQueueCtl;
+use crate::sendq::queue;
+use loom::sync::atomic::Ordering;
+use loom::sync::Arc;
+use loom::thread;
+
+const SIZE: u32 = 4096;
+/// `pause_threshold(4096)` at the server.
+const THRESHOLD: u32 = 1024;
+
+/// Runs `host` on a thread of its own against `server` on this one, both
+/// on `ctl`; returns their results.
+fn race<C: Send + Sync + 'static>(
+    ctl: C,
+    host: impl FnOnce(&C) -> bool + Send + 'static,
+    server: impl FnOnce(&C) -> bool,
+) -> (bool, bool) {
+    let ctl = Arc::new(ctl);
+    let h = {
+        let ctl = ctl.clone();
+        thread::spawn(move || host(&ctl))
+    };
+    let s = server(&ctl);
+    (h.join().unwrap(), s)
+}
+
+/// The host registers and re-checks `tail`; true: it futex-waits (and
+/// stays registered until woken, so no `wait_done` in the model).
+fn ring_sleeper(ctl: &RecvRingCtl) -> bool {
+    recv::wait_prepare(ctl);
+    recv::is_quiet(ctl, 0)
+}
+
+#[test]
+fn receive_ring_publish_never_misses_a_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
+            recv::publish(c, 100, None)
+        });
+        assert!(!slept || woke, "lost wake-up: the host sleeps, unseen");
+    });
+}
+
+#[test]
+fn receive_ring_end_never_misses_a_sleeper() {
+    loom::model(|| {
+        // EOF with no data: only `end` moves.
+        let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
+            recv::publish(c, 0, Some(Ok(())))
+        });
+        assert!(!slept || woke, "lost wake-up at end of stream");
+    });
+}
+
+/// The server paused a full byte ring while the host consumed half of it.
+#[test]
+fn receive_ring_pause_never_loses_the_kick() {
+    loom::model(|| {
+        let (kicked, stays_paused) = race(
+            RecvRingCtl::zeroed(),
+            |c| recv::consume(c, &mut RecvCursor::default(), SIZE / 2),
+            |c| SIZE - recv::pause(c, SIZE, 0, 1).0 < THRESHOLD,
+        );
+        assert!(!stays_paused || kicked, "lost kick: paused, host unaware");
+    });
+}
+
+/// The same on an accept ring (whole records, capacity 2).
+#[test]
+fn accept_ring_pause_never_loses_the_kick() {
+    loom::model(|| {
+        let cap = 2 * ACCEPT_RECORD_SIZE;
+        let (kicked, stays_paused) = race(
+            RecvRingCtl::zeroed(),
+            |c| recv::consume(c, &mut RecvCursor::default(), ACCEPT_RECORD_SIZE),
+            |c| recv::pause(c, cap, 0, ACCEPT_RECORD_SIZE).0 >= cap,
+        );
+        assert!(!stays_paused || kicked, "lost kick on an accept ring");
+    });
+}
+
+/// A host whose kick is still unseen skips the next one; the server's
+/// handling of that kick (`set_kicks_seen`, then `resume` reads `head`)
+/// must then see the host's consume, or the host must see the kick counted
+/// and kick again.
+#[test]
+fn receive_ring_unseen_kick_is_not_lost() {
+    loom::model(|| {
+        let ctl = RecvRingCtl::zeroed();
+        ctl.paused.store(1, Ordering::Relaxed);
+        let (kicked, stays_paused) = race(
+            ctl,
+            |c| {
+                // One kick posted already (unseen so far).
+                let mut cur = RecvCursor {
+                    consumed: 0,
+                    kicks_sent: 1,
+                };
+                recv::consume(c, &mut cur, SIZE / 2)
+            },
+            |c| {
+                // The server takes that kick.
+                recv::set_kicks_seen(c, 1);
+                SIZE - recv::look_head(c, SIZE, 0, 1).0 < THRESHOLD
+            },
+        );
+        assert!(!stays_paused || kicked, "lost kick behind an unseen one");
+    });
+}
+
+#[test]
+fn send_queue_done_never_misses_a_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(
+            SendQueueCtl::zeroed(),
+            |c| queue::wait_prepare(c, 0),
+            |c| queue::publish_done(c, 1),
+        );
+        assert!(!slept || woke, "lost wake-up on a send queue");
+    });
+}
+
+/// The server's failure path wakes too (`fail_overrun`: error, then the
+/// same fence and look).
+#[test]
+fn send_queue_error_never_misses_a_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(
+            SendQueueCtl::zeroed(),
+            // A host out of credits sleeps until `done` moves or an error
+            // appears; its re-check reads both.
+            |c| queue::wait_prepare(c, 0) && c.error.load(Ordering::Acquire) == 0,
+            |c| {
+                c.error.store(libc::EPROTO, Ordering::Release);
+                queue::wake_if_waiting(c)
+            },
+        );
+        assert!(!slept || woke, "lost wake-up at a send queue error");
+    });
+}
+
+/// The hot path has no fence: a host store of `head` racing the server's
+/// `active = 0` may be missed by both sides (the host sees the stale
+/// `active = 1`, the server the stale `head`). That is why a queue that
+/// went cold gets a second look (`RECHECK_AFTER`) and the sweep. The model
+/// asserts the strong property and expects loom to find the interleaving.
+#[test]
+#[should_panic(expected = "neither side saw the other")]
+fn send_queue_cold_needs_the_second_look() {
+    loom::model(|| {
+        let ctl = SendQueueCtl::zeroed();
+        ctl.active.store(1, Ordering::Relaxed);
+        let (kicked, found) = race(
+            ctl,
+            |c| {
+                queue::publish_head(c, 1);
+                queue::needs_kick(c, &mut 0)
+            },
+            |c| {
+                queue::deactivate(c);
+                queue::has_new(c, 0)
+            },
+        );
+        assert!(kicked || found, "neither side saw the other");
+    });
+}
