@@ -19,7 +19,7 @@ use tcps_proto::layout::SERVER_DEDICATED_CORES;
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::RingFull;
 use tcps_proto::sendq::SendQueueProducer;
-use tcps_proto::{Region, Request};
+use tcps_proto::{Call, Region};
 
 /// How long one futex sleep lasts, and how often a sleeping call checks
 /// whether the server is still alive.
@@ -323,7 +323,8 @@ impl Conn {
 
     /// Publishes a request that gets no completion (`AsyncKick`) on some
     /// channel, ringing the doorbell if the server sleeps.
-    pub(crate) fn post(&self, req: Request) -> io::Result<()> {
+    pub(crate) fn post(&self, call: Call) -> io::Result<()> {
+        let req = call.encode();
         let index = self.choose();
         let slot = &self.slots[index as usize];
         let ch = self.channel(index);

@@ -7,7 +7,7 @@ use crate::sys::errno;
 use std::io;
 use std::time::{Duration, Instant};
 use tcps_proto::eager::{AcceptRecord, AcceptRingConsumer, ACCEPT_ERROR, END_NONE};
-use tcps_proto::{Op, Request};
+use tcps_proto::Call;
 
 impl Client {
     /// accept4(2) from the listener's accept ring: `Ok(None)` if it has
@@ -33,10 +33,10 @@ impl Client {
             if g.mode != Mode::Accept {
                 return Ok(None); // closed meanwhile: the server will say so
             }
-            // Read before looking for a record: the wait below sleeps only
-            // while `tail` is still this.
+            // One read of `tail` for the look and the wait below (which
+            // sleeps only while `tail` is still this).
             let tail = ring.tail();
-            if let Some((rec, kick)) = acc.take(&mut g.cur) {
+            if let Some((rec, kick)) = acc.take_before(&mut g.cur, tail) {
                 if rec.flags & ACCEPT_ERROR != 0 {
                     // The server stopped accepting eagerly at this error;
                     // the next accept that finds the ring empty asks again.
@@ -79,11 +79,7 @@ impl Client {
                 // answers this (one round trip, once per listener).
                 g.demand = true;
                 drop(g);
-                self.simple_call(Request {
-                    op: Op::RecvBind as u16,
-                    sock: s,
-                    ..Default::default()
-                })?;
+                self.simple_call(Call::RecvBind { sock: s })?;
                 continue;
             }
             let kick = (first || paused) && acc.take_kick(&mut g.cur);

@@ -14,7 +14,7 @@ use tcps_proto::eager::{
     RecvRingConsumer, END_ERROR, END_STOPPED, KIND_ACCEPT, KIND_BYTES, RECV_MODE_RING,
     SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ, SOL_TCPS, TCPS_EAGER_RECV,
 };
-use tcps_proto::{Op, Request};
+use tcps_proto::Call;
 
 /// The longest single futex sleep on a ring (server liveness checks).
 const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -170,11 +170,7 @@ impl Client {
         if mode != Mode::Unknown {
             return Ok(mode);
         }
-        let r = self.simple_call(Request {
-            op: Op::RecvBind as u16,
-            sock: s,
-            ..Default::default()
-        });
+        let r = self.simple_call(Call::RecvBind { sock: s });
         let ring = self.conn.recv_ring(s);
         let mode = match r {
             Ok(c) if c.result as u64 == RECV_MODE_RING => match ring.map(|r| r.kind()) {
@@ -207,24 +203,19 @@ impl Client {
         if let Some(nb) = sock.nonblocking() {
             return Ok(nb);
         }
-        let mut r = Request {
-            op: Op::Fcntl as u16,
+        let getfl = Call::Fcntl {
             sock: s,
-            ..Default::default()
+            cmd: libc::F_GETFL,
+            arg: 0,
         };
-        r.args[0] = libc::F_GETFL as u64;
-        let fl = self.simple_call(r)?.result;
+        let fl = self.simple_call(getfl)?.result;
         Ok(sock.learn_nonblocking(fl & i64::from(libc::O_NONBLOCK) != 0))
     }
 
     pub(super) fn post_kick(&self, s: u32) -> io::Result<()> {
         let kicks = &self.conn.socks.recv_counters.kicks;
         kicks.fetch_add(1, Ordering::Relaxed);
-        self.conn.post(Request {
-            op: Op::RecvKick as u16,
-            sock: s,
-            ..Default::default()
-        })
+        self.conn.post(Call::RecvKick { sock: s })
     }
 
     /// Sleeps until the ring's `tail` moves from `seen` or `end` is set, at

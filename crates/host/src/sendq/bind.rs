@@ -8,7 +8,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use tcps_proto::sendq::SendQueueProducer;
-use tcps_proto::{Op, Request};
+use tcps_proto::Call;
 
 use super::shared::Orphan;
 
@@ -30,13 +30,12 @@ impl Client {
             return Ok(g);
         };
         sq.reset_head();
-        let mut r = Request {
-            op: Op::AsyncBind as u16,
+        let bind = Call::AsyncBind {
             sock: s,
-            ..Default::default()
+            queue: s,
+            start: 0,
         };
-        r.args[0] = u64::from(s);
-        match self.simple_call(r) {
+        match self.simple_call(bind) {
             Ok(c) => {
                 // O_NONBLOCK as this library tracks it (an eagerly accepted
                 // socket made non-blocking by accept4 is blocking at the

@@ -7,7 +7,8 @@ use crate::client::Client;
 use crate::sys::errno;
 use std::io;
 use std::sync::PoisonError;
-use tcps_proto::{Op, Request};
+use tcps_proto::msg::MemRange;
+use tcps_proto::{Call, Op};
 
 /// Default size of the staging pool of copying asynchronous sends.
 const DEFAULT_POOL_KIB: usize = 16 * 1024;
@@ -129,19 +130,26 @@ impl Client {
             }
         }
         let flags = self.local_flags(s, flags);
-        let mut r = Request {
-            op: op as u16,
-            sock: s,
-            ..Default::default()
-        };
-        r.args = [
-            u64::from(mem),
+        // `mem` passed `offset_of`: a registration's handle, which fits.
+        let data = MemRange {
+            mem: mem as u16,
             off,
-            u64::from(len32),
-            flags as i64 as u64,
-            0,
-        ];
-        let c = self.simple_call(r)?;
+            len: len32,
+        };
+        let call = if op == Op::SendReg {
+            Call::SendReg {
+                sock: s,
+                data,
+                flags,
+            }
+        } else {
+            Call::RecvReg {
+                sock: s,
+                data,
+                flags,
+            }
+        };
+        let c = self.simple_call(call)?;
         let n = usize::try_from(c.result)
             .ok()
             .filter(|&n| n <= len)

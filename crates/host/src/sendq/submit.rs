@@ -13,7 +13,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tcps_proto::sendq::{self, SendDesc, SendQueueProducer, DESC_CHECKSUM, DESC_MORE};
-use tcps_proto::{Op, Request};
+use tcps_proto::Call;
 
 /// Flags an asynchronous send accepts.
 const ASYNC_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_MORE | libc::MSG_NOSIGNAL;
@@ -250,11 +250,7 @@ impl Client {
         if kick {
             let kicks = &self.conn.sendq.counters.kicks;
             kicks.fetch_add(1, Ordering::Relaxed);
-            self.conn.post(Request {
-                op: Op::AsyncKick as u16,
-                sock: sub.s,
-                ..Default::default()
-            })?;
+            self.conn.post(Call::AsyncKick { sock: sub.s })?;
         }
         Ok(io)
     }
