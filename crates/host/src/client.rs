@@ -265,8 +265,11 @@ impl Client {
     /// requests; the result is short if a request was (a non-blocking
     /// socket), and an error only if nothing was sent.
     pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
-        self.take_async_error(s)?;
-        let flags = self.local_flags(s, flags);
+        let sock = self.conn.socks.get(s);
+        if let Some(sock) = sock {
+            self.async_error_of(sock)?;
+        }
+        let flags = sock.map_or(flags, |k| k.request_flags(flags));
         self.with_channel(libc::EPIPE, buf.len().min(1), buf.len(), |l| {
             let chunk = (l.room() as usize).max(1);
             let mut total = 0;
@@ -310,11 +313,12 @@ impl Client {
     /// (less when the call shares a busy channel). A socket with a receive
     /// ring (`docs/PROTOCOL.md` §10) is read from it, with no request.
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        self.take_async_error(s)?;
-        if let Some(n) = self.ring_recv(s, buf, flags)? {
+        let sock = self.conn.socks.get_or_insert(s)?;
+        self.async_error_of(sock)?;
+        if let Some(n) = self.ring_recv(s, sock, buf, flags)? {
             return Ok(n);
         }
-        let flags = self.local_flags(s, flags);
+        let flags = sock.request_flags(flags);
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
             let r = Call::Recv {

@@ -178,6 +178,16 @@ impl Socket {
         self.nonblocking.store(NB_UNKNOWN, Ordering::Relaxed);
     }
 
+    /// `flags` of a request on the socket, with `MSG_DONTWAIT` if it is
+    /// non-blocking here (the server may think it blocking).
+    pub fn request_flags(&self, flags: i32) -> i32 {
+        if self.nonblocking() == Some(true) {
+            flags | libc::MSG_DONTWAIT
+        } else {
+            flags
+        }
+    }
+
     /// This process's descriptor of the socket, if it has one.
     pub fn kfd(&self) -> Option<RawFd> {
         let v = self.kfd.load(Ordering::Acquire);

@@ -7,11 +7,11 @@
 //! A channel's rings have `ring_entries` slots and the server completes
 //! requests in any order (a call that would block is parked and completed
 //! later), so one channel carries calls of several host threads at once.
-//! Each [`Slot`] keeps the host's state of its channel behind a mutex that
+//! Each `Slot` (`conn`) keeps the host's state of its channel behind a mutex that
 //! is held only for short critical sections (submit, drain, release), never
 //! while waiting:
 //!
-//! * the [`HostCursor`] and the last request tag;
+//! * the `HostCursor` and the last request tag;
 //! * the *users* table: one entry per call holding a piece of the channel
 //!   (its current tag, its arena range, where its request is). It is the
 //!   arena allocator (first fit over the gaps between ranges), the set of
@@ -36,7 +36,7 @@
 //! address, an option, a poll array). Only when no channel has ring and
 //! arena room does a thread back off and retry.
 //!
-//! **Small calls** (at most [`STAGE`] bytes of arena: addresses, options,
+//! **Small calls** (at most `STAGE` bytes of arena: addresses, options,
 //! small sends and recvs, no data at all) are *staged*: checkout only picks
 //! a channel; the lease mirrors its range in a buffer of its own; `exchange`
 //! reserves the range, copies the input in and submits under one lock, and
@@ -62,6 +62,13 @@
 //! copied out. A lease dropped while its request is still in flight (the
 //! thread unwinds, or gives up because the server died) leaves its entry
 //! `Abandoned`: the range is freed when that completion is drained.
+//!
+//! Files: `conn` (the attachment: region, pool of channel slots, liveness,
+//! posting requests that get no completion, counters), `checkout` (picking
+//! a channel and an arena range), `lease` (one call's exchange: submit,
+//! spin, sleep, drain), `state` (a channel's users table, arena allocator
+//! and mailbox). They import downwards only: `checkout` → `lease` →
+//! `conn` → `state`.
 
 mod checkout;
 mod conn;

@@ -52,10 +52,10 @@ impl Client {
     pub(crate) fn ring_recv(
         &self,
         s: u32,
+        sock: &Socket,
         buf: &mut [u8],
         flags: i32,
     ) -> io::Result<Option<usize>> {
-        let sock = self.conn.socks.get_or_insert(s)?;
         if self.recv_mode(s, sock)? != Mode::Bytes {
             return Ok(None);
         }
@@ -168,7 +168,8 @@ impl Client {
     /// valid and unchanged until [`recv_consume`](Self::recv_consume)
     /// releases them. EOPNOTSUPP if the socket has no receive ring.
     pub fn recv_view(&self, s: u32, max: usize, flags: i32) -> io::Result<(*const u8, usize)> {
-        self.take_async_error(s)?;
+        let sock = self.conn.socks.get_or_insert(s)?;
+        self.async_error_of(sock)?;
         if flags & !libc::MSG_DONTWAIT != 0 {
             return Err(errno(libc::EINVAL));
         }
@@ -176,13 +177,13 @@ impl Client {
         // nor consumes.
         let mut probe = [0u8; 1];
         let flags = flags | libc::MSG_PEEK | libc::MSG_TRUNC;
-        match self.ring_recv(s, &mut probe, flags)? {
+        match self.ring_recv(s, sock, &mut probe, flags)? {
             None => return Err(errno(libc::EOPNOTSUPP)),
             Some(0) => return Ok((std::ptr::null(), 0)),
             Some(_) => {}
         }
         let ring = self.conn.recv_ring(s).ok_or(errno(libc::EOPNOTSUPP))?;
-        let g = self.conn.socks.get_or_insert(s)?.recv.lock();
+        let g = sock.recv.lock();
         if g.mode != Mode::Bytes {
             return Err(errno(libc::EBADF));
         }

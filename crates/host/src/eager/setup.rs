@@ -78,12 +78,10 @@ impl Client {
 
     /// A socket whose receive mode is still unknown receives by plain
     /// requests from now on (no `RecvBind`): zero-copy registered receives.
-    pub(crate) fn eager_prefer_plain(&self, s: u32) {
-        if let Ok(sock) = self.conn.socks.get_or_insert(s) {
-            let mut g = sock.recv.lock();
-            if g.mode == Mode::Unknown {
-                g.mode = Mode::Plain;
-            }
+    pub(crate) fn eager_prefer_plain(&self, sock: &Socket) {
+        let mut g = sock.recv.lock();
+        if g.mode == Mode::Unknown {
+            g.mode = Mode::Plain;
         }
     }
 
@@ -131,17 +129,6 @@ impl Client {
     /// O_NONBLOCK of `s` as this library tracks it.
     pub(crate) fn local_nonblocking(&self, s: u32) -> Option<bool> {
         self.conn.socks.get(s)?.nonblocking()
-    }
-
-    /// `flags` of a request on `s`, with `MSG_DONTWAIT` if the socket is
-    /// non-blocking here (the server may think it blocking: see
-    /// `crate::socket`).
-    pub(crate) fn local_flags(&self, s: u32, flags: i32) -> i32 {
-        if self.local_nonblocking(s) == Some(true) {
-            flags | libc::MSG_DONTWAIT
-        } else {
-            flags
-        }
     }
 
     /// SO_RCVTIMEO of `s` as set through this library.

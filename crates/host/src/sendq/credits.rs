@@ -5,7 +5,7 @@
 
 use super::shared::IoHandle;
 use crate::client::Client;
-use crate::socket::{Pending, SendSide};
+use crate::socket::{Pending, SendSide, Socket};
 use crate::sys::errno;
 use std::collections::VecDeque;
 use std::io;
@@ -182,9 +182,14 @@ impl Client {
     /// The error of an earlier asynchronous send on `s` not yet reported
     /// (each is reported once, by the next call on the socket).
     pub(crate) fn take_async_error(&self, s: u32) -> io::Result<()> {
-        let Some(sock) = self.conn.socks.get(s) else {
-            return Ok(());
-        };
+        match self.conn.socks.get(s) {
+            Some(sock) => self.async_error_of(sock),
+            None => Ok(()),
+        }
+    }
+
+    /// [`take_async_error`](Self::take_async_error) of a socket's record.
+    pub(crate) fn async_error_of(&self, sock: &Socket) -> io::Result<()> {
         let mut g = sock.send.lock();
         if g.error == 0 {
             self.refresh_bound(&mut g);

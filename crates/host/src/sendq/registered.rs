@@ -114,22 +114,28 @@ impl Client {
     ) -> io::Result<usize> {
         let len32 = u32::try_from(len).map_err(|_| errno(libc::EINVAL))?;
         let off = self.conn.memory.offset_of(mem, ptr, len)?;
-        self.take_async_error(s)?;
-        if op == Op::RecvReg {
+        let sock = match op {
+            Op::RecvReg => Some(self.conn.socks.get_or_insert(s)?),
+            _ => self.conn.socks.get(s),
+        };
+        if let Some(sock) = sock {
+            self.async_error_of(sock)?;
+        }
+        if let (Op::RecvReg, Some(sock)) = (op, sock) {
             // A socket whose first receive is into registered memory keeps
             // receiving on demand, straight into it (no copy): it gets no
             // ring unless the server set one up at accept.
-            self.eager_prefer_plain(s);
+            self.eager_prefer_plain(sock);
             // A socket with a receive ring: copy from it (one copy, counted).
             // SAFETY: `ptr..ptr+len` lies inside a registration (checked
             // above), memory this process owns and lets the server write;
             // nothing else reads it during the call.
             let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            if let Some(n) = self.ring_recv(s, buf, flags)? {
+            if let Some(n) = self.ring_recv(s, sock, buf, flags)? {
                 return Ok(n);
             }
         }
-        let flags = self.local_flags(s, flags);
+        let flags = sock.map_or(flags, |k| k.request_flags(flags));
         // `mem` passed `offset_of`: a registration's handle, which fits.
         let data = MemRange {
             mem: mem as u16,
