@@ -11,10 +11,11 @@
 //! Modules, bottom up (each uses only those before it): `table` and `sys`
 //! (building blocks), `socket` (the per-socket record), `control`,
 //! `attach` and `memory` (the control socket, the handshake, registered
-//! memory), `channel` (the attachment: channel pool and the wait loop),
-//! `client` (encodes each call), and the calls that extend `Client`:
-//! `kernelfd` (the host's own kernel descriptors), `eager` (receiving and
-//! accepting from the rings the server fills eagerly), `sendq`
+//! memory), `sendq::shared` (the attachment's send-queue state),
+//! `channel` (the attachment: channel pool and the wait loop), `client`
+//! (encodes each call), and the calls that extend `Client`: `kernelfd`
+//! (the host's own kernel descriptors), `eager` (receiving and accepting
+//! from the rings the server fills eagerly), the rest of `sendq`
 //! (asynchronous send queues and registered memory), then `capi`.
 
 mod attach;
