@@ -7,6 +7,8 @@
 #                            end-to-end script tests/*.sh
 #   scripts/test.sh --quick  unit tests only (`--lib`), the proto crate's tests
 #                            and its loom models of the ring handshakes
+#   Both tiers also check the tree's shape (scripts/structure.py: file and
+#   function length, import circles, ring atomics outside proto).
 #
 # Environment: TCPS_IT_SEED replays a seed of the rogue-host garbage test.
 set -euo pipefail
@@ -16,7 +18,7 @@ quick=0
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -32,7 +34,13 @@ loom() {
         cargo test -p tcps-proto --release --lib loom_tests
 }
 
+structure() {
+    step "scripts/structure.py"
+    python3 scripts/structure.py
+}
+
 if [ "$quick" = 1 ]; then
+    structure
     step "cargo test --release --workspace --lib"
     cargo test --release --workspace --lib
     step "cargo test --release -p tcps-proto"
@@ -90,6 +98,7 @@ failed=()
 step "cargo test --release --workspace"
 cargo test --release --workspace --no-fail-fast || failed+=("cargo test --release --workspace")
 loom || failed+=("loom models (tcps-proto)")
+structure || failed+=("scripts/structure.py")
 
 shopt -s nullglob
 scripts=(tests/*.sh)

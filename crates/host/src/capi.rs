@@ -7,7 +7,7 @@
 //! -1 with `errno` set on error and never unwinds into C.
 
 use crate::attach::last_attach_error;
-use crate::{Client, PollFd};
+use crate::client::{Client, PollFd};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_long, CStr, CString, OsStr};
 use std::io;
@@ -535,7 +535,7 @@ pub struct TcpsStats {
     pub async_fallbacks: u64,
     pub kicks: u64,
     pub registered_misuse: u64,
-    // Appended in protocol version 3 (process-ahead).
+    // Appended in protocol version 3 (eager receive and accept).
     pub round_trips: u64,
     pub ring_recvs: u64,
     pub ring_accepts: u64,

@@ -2,7 +2,7 @@
 //! "Asynchronous sends and registered memory").
 
 use crate::capi::{errno, ffi, in_bytes, sock, with_client};
-use crate::IoHandle;
+use crate::sendq::IoHandle;
 use std::ffi::c_int;
 use std::time::Duration;
 

@@ -8,15 +8,14 @@
 
 use crate::attach::{self, default_path};
 use crate::channel::{Conn, HostStats, Lease};
+use crate::socket::Socket;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use tcps_proto::msg::{
-    PollEntry, CLOSE_NO_REPLY, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
-};
-use tcps_proto::recvq::SOL_TCPS;
-use tcps_proto::{addr, Completion, Op, Request};
+use tcps_proto::eager::SOL_TCPS;
+use tcps_proto::msg::{ArenaRange, PollEntry, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
+use tcps_proto::{addr, Call, Completion};
 
 /// One entry of [`Client::poll`]: a tcps socket, the events wanted, the
 /// events that occurred (`POLLIN`, `POLLOUT`, ... as in poll(2)).
@@ -36,17 +35,12 @@ fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
 
-fn request(op: Op, sock: u32) -> Request {
-    Request {
-        op: op as u16,
-        sock,
-        ..Default::default()
+/// A range of `len` bytes at arena offset 0 of the call's piece.
+fn range(len: usize) -> ArenaRange {
+    ArenaRange {
+        off: 0,
+        len: len as u32,
     }
-}
-
-/// A signed argument as the request carries it (sign-extended).
-fn signed(v: i64) -> u64 {
-    v as u64
 }
 
 fn socket_id(c: &Completion) -> io::Result<u32> {
@@ -108,7 +102,21 @@ impl Client {
 
     /// Counters of this attachment, summed over its channels.
     pub fn stats(&self) -> HostStats {
-        self.conn.stats()
+        let mut s = self.conn.stats();
+        let a = self.conn.sendq.stats(&self.conn.socks);
+        s.async_sends = a.sends;
+        s.async_fallbacks = a.fallbacks;
+        s.kicks = a.kicks;
+        s.registered_misuse = a.misuse;
+        s.bytes_copied += a.bytes_copied;
+        s.bytes_sent += a.bytes_sent;
+        let r = self.conn.socks.recv_stats();
+        s.ring_recvs = r.ring_recvs;
+        s.ring_accepts = r.ring_accepts;
+        s.recv_kicks = r.recv_kicks;
+        s.bytes_received += r.bytes_received;
+        s.bytes_copied += r.bytes_copied;
+        s
     }
 
     /// Runs `f` on a checked-out channel with an arena range of at least
@@ -127,22 +135,20 @@ impl Client {
     }
 
     /// A call with no arena traffic.
-    pub(crate) fn simple_call(&self, req: Request) -> io::Result<Completion> {
-        self.simple(req)
+    pub(crate) fn simple_call(&self, call: Call) -> io::Result<Completion> {
+        self.with_channel(libc::ENOTCONN, 0, 0, |l| l.exchange(call.encode()))
     }
 
-    /// A call with no arena traffic.
-    fn simple(&self, req: Request) -> io::Result<Completion> {
-        self.with_channel(libc::ENOTCONN, 0, 0, |l| l.exchange(req))
-    }
-
-    /// A call whose only input is `bytes` at arena offset 0.
-    fn with_input(&self, mut req: Request, bytes: &[u8]) -> io::Result<Completion> {
+    /// A call whose only input is `bytes` at arena offset 0 (`call` gets
+    /// their range).
+    fn with_input(
+        &self,
+        call: impl FnOnce(ArenaRange) -> Call,
+        bytes: &[u8],
+    ) -> io::Result<Completion> {
         self.with_channel(libc::ENOTCONN, bytes.len(), bytes.len(), |l| {
             l.put(0, bytes)?;
-            req.buf_off = 0;
-            req.buf_len = bytes.len() as u32;
-            l.exchange(req)
+            l.exchange(call(range(bytes.len())).encode())
         })
     }
 
@@ -151,15 +157,13 @@ impl Client {
     /// having copied up to `out.len()` bytes of it into `out`.
     fn with_output(
         &self,
-        mut req: Request,
+        call: impl FnOnce(ArenaRange) -> Call,
         out: &mut [u8],
         max: u32,
     ) -> io::Result<(Completion, usize)> {
         let cap = out.len().min(max as usize);
         self.with_channel(libc::ENOTCONN, cap, cap, |l| {
-            req.buf_off = 0;
-            req.buf_len = cap as u32;
-            let c = l.exchange(req)?;
+            let c = l.exchange(call(range(cap)).encode())?;
             // The length is in aux's low half (Accept: SETUP_* in the high one).
             let full = (c.aux & 0xffff_ffff).min(u64::from(max)) as usize;
             let n = full.min(cap);
@@ -170,7 +174,7 @@ impl Client {
 
     /// Round trip without a socket call (measures the channel itself).
     pub fn nop(&self) -> io::Result<()> {
-        self.simple(request(Op::Nop, 0)).map(drop)
+        self.simple_call(Call::Nop).map(drop)
     }
 
     /// socket(2): returns the new tcps socket id. `ty` may include
@@ -205,10 +209,8 @@ impl Client {
     /// server takes the listener over (its accept ring is set up).
     pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
         self.kernel_listen(s, backlog)?;
-        let mut r = request(Op::Listen, s);
-        r.args[0] = signed(backlog.into());
-        let c = self.simple(r)?;
-        self.ahead_listened(s, c.aux);
+        let c = self.simple_call(Call::Listen { sock: s, backlog })?;
+        self.eager_listened(s, c.aux);
         Ok(())
     }
 
@@ -226,19 +228,23 @@ impl Client {
     /// which may exceed `addr_out.len()` (the copy is then truncated).
     ///
     /// A listener with an accept ring (`docs/PROTOCOL.md` §10) hands out
-    /// connections the server accepted ahead, with no request.
+    /// connections the server accepted eagerly, with no request.
     pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
         if let Some(r) = self.ring_accept(s, flags, addr_out)? {
             return Ok(r);
         }
-        let mut r = request(Op::Accept, s);
-        r.args[0] = signed((flags & !libc::SOCK_CLOEXEC).into());
-        let (c, len) = self.with_output(r, addr_out, MAX_ADDR_LEN)?;
+        let flags_out = flags & !libc::SOCK_CLOEXEC;
+        let accept = |addr| Call::Accept {
+            sock: s,
+            addr,
+            flags: flags_out,
+        };
+        let (c, len) = self.with_output(accept, addr_out, MAX_ADDR_LEN)?;
         let id = socket_id(&c)?;
         // aux's high half: what the server set up with the accept (SETUP_*).
         let setup = (c.aux >> 32) as u32;
         let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        self.ahead_new_socket(id, nonblocking, setup, self.local_rcvtimeo(s), true);
+        self.new_socket_record(id, nonblocking, setup, self.local_rcvtimeo(s), true);
         Ok((id, len))
     }
 
@@ -251,25 +257,31 @@ impl Client {
         if sockaddr.len() > MAX_ADDR_LEN as usize {
             return Err(errno(libc::EINVAL));
         }
-        self.with_input(request(Op::Connect, s), sockaddr).map(drop)
+        let connect = |addr| Call::Connect { sock: s, addr };
+        self.with_input(connect, sockaddr).map(drop)
     }
 
     /// send(2). Data larger than the call's arena range goes in range-sized
     /// requests; the result is short if a request was (a non-blocking
     /// socket), and an error only if nothing was sent.
     pub fn send(&self, s: u32, buf: &[u8], flags: i32) -> io::Result<usize> {
-        self.take_async_error(s)?;
-        let flags = self.local_flags(s, flags);
+        let sock = self.conn.socks.get(s);
+        if let Some(sock) = sock {
+            self.async_error_of(sock)?;
+        }
+        let flags = sock.map_or(flags, |k| k.request_flags(flags));
         self.with_channel(libc::EPIPE, buf.len().min(1), buf.len(), |l| {
             let chunk = (l.room() as usize).max(1);
             let mut total = 0;
             loop {
                 let piece = &buf[total..buf.len().min(total + chunk)];
-                let mut r = request(Op::Send, s);
-                r.buf_len = piece.len() as u32;
-                r.args[0] = signed(flags.into());
+                let r = Call::Send {
+                    sock: s,
+                    data: range(piece.len()),
+                    flags,
+                };
                 l.put(0, piece)?;
-                let n = match l.exchange(r).and_then(|c| count(&c, piece.len())) {
+                let n = match l.exchange(r.encode()).and_then(|c| count(&c, piece.len())) {
                     Ok(n) => n,
                     Err(e) if total == 0 => return Err(e),
                     Err(_) => return Ok(total),
@@ -301,17 +313,20 @@ impl Client {
     /// (less when the call shares a busy channel). A socket with a receive
     /// ring (`docs/PROTOCOL.md` §10) is read from it, with no request.
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        self.take_async_error(s)?;
-        if let Some(n) = self.ring_recv(s, buf, flags)? {
+        let sock = self.conn.socks.get_or_insert(s)?;
+        self.async_error_of(sock)?;
+        if let Some(n) = self.ring_recv(s, sock, buf, flags)? {
             return Ok(n);
         }
-        let flags = self.local_flags(s, flags);
+        let flags = sock.request_flags(flags);
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
-            let mut r = request(Op::Recv, s);
-            r.buf_len = cap as u32;
-            r.args[0] = signed(flags.into());
-            let n = count(&l.exchange(r)?, cap)?;
+            let r = Call::Recv {
+                sock: s,
+                data: range(cap),
+                flags,
+            };
+            let n = count(&l.exchange(r.encode())?, cap)?;
             l.count_network(0, n);
             l.get(0, &mut buf[..n])?;
             Ok(n)
@@ -325,13 +340,21 @@ impl Client {
     /// socket's earlier sends); any other waits for the server's answer.
     pub fn shutdown(&self, s: u32, how: i32) -> io::Result<()> {
         self.take_async_error(s)?;
-        let mut r = request(Op::Shutdown, s);
-        r.args[0] = signed(how.into());
-        if !self.async_failed(s) && self.ahead_shutdown_unanswered(s, how) {
-            r.args[1] = SHUTDOWN_NO_REPLY;
-            return self.conn.post(r);
+        if !self.sendq_failed(s) && self.eager_shutdown_unanswered(s, how) {
+            let reply = false;
+            return self.conn.post(Call::Shutdown {
+                sock: s,
+                how,
+                reply,
+            });
         }
-        self.simple(r).map(drop)
+        let reply = true;
+        self.simple_call(Call::Shutdown {
+            sock: s,
+            how,
+            reply,
+        })
+        .map(drop)
     }
 
     /// close(2). Asynchronous sends still in flight are not lost: the
@@ -347,20 +370,22 @@ impl Client {
     /// may want; one inherited, already closed or unknown) waits for the
     /// server's answer, as with the kernel.
     pub fn close(&self, s: u32) -> io::Result<()> {
-        let accepted_open = self.ahead_close(s);
-        self.async_close(s);
-        // Out of the table before the server can hand the id out again; our
+        let accepted_open = self.conn.socks.close_recv(s);
+        self.sendq_close(s);
+        // Out of the record before the server can hand the id out again; our
         // copy closes after the server's (the port is free on return).
-        let kfd = self.conn.kfds.take(s);
-        let mut r = request(Op::Close, s);
+        let kfd = self.conn.socks.get(s).and_then(Socket::take_kfd);
         let res = if accepted_open {
-            r.args[0] = CLOSE_NO_REPLY;
-            self.conn.post(r)
+            self.conn.post(Call::Close {
+                sock: s,
+                reply: false,
+            })
         } else {
-            self.simple(r).map(drop)
+            let reply = true;
+            self.simple_call(Call::Close { sock: s, reply }).map(drop)
         };
         if let Some(fd) = kfd {
-            crate::kernelfd::close(fd);
+            crate::sys::close(fd);
         }
         res
     }
@@ -371,17 +396,20 @@ impl Client {
             return Err(errno(libc::EINVAL));
         }
         let at_server = || {
-            let mut r = request(Op::SetSockOpt, s);
-            r.args[0] = signed(level.into());
-            r.args[1] = signed(name.into());
-            self.with_input(r, value).map(drop)
+            let set = |value| Call::SetSockOpt {
+                sock: s,
+                level,
+                name,
+                value,
+            };
+            self.with_input(set, value).map(drop)
         };
         if level == SOL_TCPS {
             at_server()?;
         } else {
             self.kernel_setsockopt(s, level, name, value, at_server)?;
         }
-        self.ahead_setsockopt(s, level, name, value);
+        self.eager_setsockopt(s, level, name, value);
         Ok(())
     }
 
@@ -393,10 +421,13 @@ impl Client {
     /// value's length, truncated to the space given as Linux does.
     pub fn getsockopt(&self, s: u32, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
         let at_server = |out: &mut [u8]| {
-            let mut r = request(Op::GetSockOpt, s);
-            r.args[0] = signed(level.into());
-            r.args[1] = signed(name.into());
-            let (_, len) = self.with_output(r, out, MAX_OPT_LEN)?;
+            let get = |value| Call::GetSockOpt {
+                sock: s,
+                level,
+                name,
+                value,
+            };
+            let (_, len) = self.with_output(get, out, MAX_OPT_LEN)?;
             Ok(len.min(out.len()))
         };
         if level == SOL_TCPS {
@@ -423,7 +454,11 @@ impl Client {
             return r;
         }
         Ok(self
-            .with_output(request(Op::GetSockName, s), out, MAX_ADDR_LEN)?
+            .with_output(
+                |addr| Call::GetSockName { sock: s, addr },
+                out,
+                MAX_ADDR_LEN,
+            )?
             .1)
     }
 
@@ -436,7 +471,11 @@ impl Client {
     /// getpeername(2) into raw `sockaddr` bytes; returns the full length.
     pub fn getpeername_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
         Ok(self
-            .with_output(request(Op::GetPeerName, s), out, MAX_ADDR_LEN)?
+            .with_output(
+                |addr| Call::GetPeerName { sock: s, addr },
+                out,
+                MAX_ADDR_LEN,
+            )?
             .1)
     }
 
@@ -445,7 +484,7 @@ impl Client {
     /// entries (EINVAL beyond).
     ///
     /// Readability of sockets with rings is answered locally when that
-    /// settles the call (see `ahead::ring_poll`).
+    /// settles the call (see `eager::poll`).
     pub fn poll(&self, fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
         if fds.len() > MAX_POLL_ENTRIES as usize {
             return Err(errno(libc::EINVAL));
@@ -464,11 +503,12 @@ impl Client {
                 e[4..6].copy_from_slice(&f.events.to_ne_bytes());
                 l.put((i * POLL_ENTRY_LEN) as u32, &e)?;
             }
-            let mut r = request(Op::Poll, 0);
-            r.buf_len = (fds.len() * POLL_ENTRY_LEN) as u32;
-            r.args[0] = fds.len() as u64;
-            r.args[1] = signed(timeout_ms.into());
-            let n = count(&l.exchange(r)?, fds.len())?;
+            let r = Call::Poll {
+                entries: range(fds.len() * POLL_ENTRY_LEN),
+                n: fds.len() as u32,
+                timeout_ms: timeout_ms.into(),
+            };
+            let n = count(&l.exchange(r.encode())?, fds.len())?;
             for (i, f) in fds.iter_mut().enumerate() {
                 let mut rev = [0u8; 2];
                 l.get((i * POLL_ENTRY_LEN + 6) as u32, &mut rev)?;
@@ -492,12 +532,14 @@ impl Client {
     /// through this process. One non-blocking attempt: may send less, or
     /// fail with EAGAIN.
     pub fn sendfile(&self, s: u32, file: u32, offset: u64, len: u32) -> io::Result<usize> {
-        let mut r = request(Op::SendFile, s);
-        r.args[0] = u64::from(file);
-        r.args[1] = offset;
-        r.args[2] = u64::from(len);
+        let r = Call::SendFile {
+            sock: s,
+            file,
+            offset,
+            count: len,
+        };
         self.with_channel(libc::EPIPE, 0, 0, |l| {
-            let n = count(&l.exchange(r)?, len as usize)?;
+            let n = count(&l.exchange(r.encode())?, len as usize)?;
             // Sent by the server, copied by nobody: no bytes_copied.
             l.count_network(n, 0);
             Ok(n)
@@ -506,16 +548,14 @@ impl Client {
 
     /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`). O_NONBLOCK is
     /// the library's own view (an `accept4(SOCK_NONBLOCK)` of a connection
-    /// the server accepted ahead is non-blocking here, not at the server).
+    /// the server accepted eagerly is non-blocking here, not at the server).
     pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
-        let mut r = request(Op::Fcntl, s);
-        r.args[0] = signed(cmd.into());
-        r.args[1] = signed(arg);
-        let mut res = self.simple(r)?.result;
+        let mut res = self.simple_call(Call::Fcntl { sock: s, cmd, arg })?.result;
         let nb = i64::from(libc::O_NONBLOCK);
         if cmd == libc::F_SETFL {
-            self.async_set_nonblocking(s, arg & nb != 0);
-            self.ahead_set_nonblocking(s, arg & nb != 0);
+            if let Ok(sock) = self.conn.socks.get_or_insert(s) {
+                sock.set_nonblocking(arg & nb != 0);
+            }
         } else if cmd == libc::F_GETFL {
             match self.local_nonblocking(s) {
                 Some(true) => res |= nb,

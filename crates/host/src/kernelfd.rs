@@ -13,136 +13,12 @@
 //! made and used with raw system calls: under the preload library libc's
 //! socket functions are interposed.
 
-use crate::table::SockTable;
-use crate::Client;
+use crate::client::Client;
+use crate::socket::Socket;
+use crate::sys::{self, check, close, move_high, new_tcp_socket};
 use std::io;
 use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
-use std::sync::OnceLock;
 use tcps_proto::handshake::ControlMsg;
-
-/// `fd + 1` of socket id `i` (0: none).
-pub(crate) struct KernelFds {
-    fds: SockTable<i32>,
-}
-
-fn last_errno() -> io::Error {
-    io::Error::last_os_error()
-}
-
-/// The lowest number our descriptors take: half the descriptor limit, at
-/// most 32768, so they stay clear of the numbers a program uses.
-fn high_base() -> i32 {
-    static BASE: OnceLock<i32> = OnceLock::new();
-    *BASE.get_or_init(|| {
-        // SAFETY: getrlimit writes into a local rlimit.
-        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-            return 0;
-        }
-        (r.rlim_cur / 2).min(32768) as i32
-    })
-}
-
-/// Moves `fd` (ours) to a high number, close-on-exec; keeps it where it is
-/// if that fails. Returns the descriptor to use.
-pub(crate) fn move_high(fd: RawFd) -> RawFd {
-    let base = high_base();
-    if fd >= base {
-        return fd;
-    }
-    // SAFETY: F_DUPFD_CLOEXEC on our descriptor; the result is checked.
-    let high = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base) } as i32;
-    if high < 0 {
-        return fd;
-    }
-    close(fd);
-    high
-}
-
-/// close(2) without the preload library's interposition.
-pub(crate) fn close(fd: RawFd) {
-    // SAFETY: closing a descriptor this library owns.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
-}
-
-/// A result of a raw system call: -1 is the errno.
-pub(crate) fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
-    if rc < 0 {
-        Err(last_errno())
-    } else {
-        Ok(rc)
-    }
-}
-
-/// A new TCP socket of this process (close-on-exec, at a high number).
-pub(crate) fn new_tcp_socket(domain: i32, protocol: i32) -> io::Result<RawFd> {
-    let ty = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
-    // SAFETY: socket(2) with integer arguments.
-    let fd = check(unsafe { libc::syscall(libc::SYS_socket, domain, ty, protocol) })? as RawFd;
-    Ok(move_high(fd))
-}
-
-impl KernelFds {
-    pub fn new() -> KernelFds {
-        KernelFds {
-            fds: SockTable::new(),
-        }
-    }
-
-    /// The descriptor of socket `s`, if this process has one.
-    pub fn get(&self, s: u32) -> Option<RawFd> {
-        let v = *self.fds.get(s)?.lock();
-        (v > 0).then_some(v - 1)
-    }
-
-    /// Records `fd` as socket `s`'s (closing one recorded before).
-    pub fn set(&self, s: u32, fd: RawFd) {
-        let Some(slot) = self.fds.get_or_insert(s) else {
-            close(fd);
-            return;
-        };
-        let old = std::mem::replace(&mut *slot.lock(), fd + 1);
-        if old > 0 {
-            close(old - 1);
-        }
-    }
-
-    /// Takes socket `s`'s descriptor out (the caller closes it).
-    pub fn take(&self, s: u32) -> Option<RawFd> {
-        let v = std::mem::take(&mut *self.fds.get(s)?.lock());
-        (v > 0).then_some(v - 1)
-    }
-
-    /// Closes socket `s`'s descriptor, if any (its id is handed out anew).
-    pub fn forget(&self, s: u32) {
-        if let Some(fd) = self.take(s) {
-            close(fd);
-        }
-    }
-
-    /// Every (socket, descriptor) pair (fork: the child keeps them).
-    pub fn all(&self) -> Vec<(u32, RawFd)> {
-        let mut out = Vec::new();
-        self.fds.for_each(|id, v| {
-            if *v > 0 {
-                out.push((id, *v - 1));
-            }
-        });
-        out
-    }
-}
-
-impl Drop for KernelFds {
-    fn drop(&mut self) {
-        self.fds.for_each(|_, v| {
-            if *v > 0 {
-                close(*v - 1);
-                *v = 0;
-            }
-        });
-    }
-}
 
 /// Socket options the server must also know when the host sets them on its
 /// own descriptor: it times out parked calls itself (its copy is
@@ -155,40 +31,23 @@ fn is_eperm(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EPERM)
 }
 
-fn sys_setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> io::Result<()> {
-    // SAFETY: `value` is readable for its length.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_setsockopt,
-            fd,
-            level,
-            name,
-            value.as_ptr(),
-            value.len() as libc::socklen_t,
-        )
-    })
-    .map(drop)
-}
-
-fn sys_getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
-    let mut len = out.len() as libc::socklen_t;
-    // SAFETY: `out` is writable for `len` bytes; `len` is a valid socklen_t.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_getsockopt,
-            fd,
-            level,
-            name,
-            out.as_mut_ptr(),
-            &mut len as *mut libc::socklen_t,
-        )
-    })?;
-    Ok((len as usize).min(out.len()))
-}
-
 static NEXT_NONCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 impl Client {
+    /// This process's descriptor of socket `s`, if it has one.
+    fn own_fd(&self, s: u32) -> Option<RawFd> {
+        self.conn.socks.get(s)?.kfd()
+    }
+
+    /// Records `fd` as socket `s`'s (closing one recorded before; closing
+    /// `fd` if `s` can have no record).
+    fn keep_kernel_fd(&self, s: u32, fd: RawFd) {
+        match self.conn.socks.get_or_insert(s) {
+            Ok(sock) => sock.set_kfd(fd),
+            Err(_) => close(fd),
+        }
+    }
+
     /// socket(2) in this process, handed to the server once
     /// (`ControlMsg::SocketAdopt`); returns the new tcps socket id.
     pub(crate) fn new_kernel_socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<u32> {
@@ -218,8 +77,8 @@ impl Client {
         };
         match id {
             Ok(id) => {
-                self.ahead_new_socket(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
-                self.conn.kfds.set(id, fd);
+                self.new_socket_record(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
+                self.keep_kernel_fd(id, fd);
                 Ok(id)
             }
             Err(e) => {
@@ -233,7 +92,7 @@ impl Client {
     /// (a connection the server accepted) a duplicate of the server's
     /// (`ControlMsg::SocketDup`), kept from then on.
     pub(crate) fn kernel_fd(&self, s: u32) -> io::Result<RawFd> {
-        if let Some(fd) = self.conn.kfds.get(s) {
+        if let Some(fd) = self.own_fd(s) {
             return Ok(fd);
         }
         let mut got = self
@@ -244,7 +103,7 @@ impl Client {
             return Err(io::Error::from_raw_os_error(libc::EPROTO));
         }
         let fd = move_high(got.remove(0).into_raw_fd());
-        self.conn.kfds.set(s, fd);
+        self.keep_kernel_fd(s, fd);
         Ok(fd)
     }
 
@@ -272,7 +131,7 @@ impl Client {
 
     /// getsockname(2) on this process's descriptor, if it has one.
     pub(crate) fn kernel_getsockname(&self, s: u32, out: &mut [u8]) -> Option<io::Result<usize>> {
-        let fd = self.conn.kfds.get(s)?;
+        let fd = self.own_fd(s)?;
         let mut ss = [0u8; 128];
         let mut len = ss.len() as libc::socklen_t;
         // SAFETY: `ss` is writable for `len` bytes.
@@ -305,8 +164,8 @@ impl Client {
         value: &[u8],
         at_server: impl Fn() -> io::Result<()>,
     ) -> io::Result<()> {
-        if let Some(fd) = self.conn.kfds.get(s) {
-            sys_setsockopt(fd, level, name, value)?;
+        if let Some(fd) = self.own_fd(s) {
+            sys::setsockopt(fd, level, name, value)?;
             return if server_must_know(level, name) {
                 at_server()
             } else {
@@ -314,7 +173,7 @@ impl Client {
             };
         }
         match at_server() {
-            Err(e) if is_eperm(&e) => sys_setsockopt(self.kernel_fd(s)?, level, name, value),
+            Err(e) if is_eperm(&e) => sys::setsockopt(self.kernel_fd(s)?, level, name, value),
             r => r,
         }
     }
@@ -329,11 +188,11 @@ impl Client {
         out: &mut [u8],
         at_server: impl Fn(&mut [u8]) -> io::Result<usize>,
     ) -> io::Result<usize> {
-        if let Some(fd) = self.conn.kfds.get(s) {
-            return sys_getsockopt(fd, level, name, out);
+        if let Some(fd) = self.own_fd(s) {
+            return sys::getsockopt(fd, level, name, out);
         }
         match at_server(out) {
-            Err(e) if is_eperm(&e) => sys_getsockopt(self.kernel_fd(s)?, level, name, out),
+            Err(e) if is_eperm(&e) => sys::getsockopt(self.kernel_fd(s)?, level, name, out),
             r => r,
         }
     }
@@ -342,7 +201,7 @@ impl Client {
     /// with it (for a forked child, whose new attachment inherits the same
     /// socket ids: see [`Client::adopt_kernel_fds`]).
     pub fn kernel_fds(&self) -> Vec<(u32, RawFd)> {
-        self.conn.kfds.all()
+        self.conn.socks.kernel_fds()
     }
 
     /// Takes over descriptors listed by [`Client::kernel_fds`] in the parent
@@ -350,14 +209,16 @@ impl Client {
     /// sockets.
     pub fn adopt_kernel_fds(&self, fds: &[(u32, RawFd)]) {
         for &(s, fd) in fds {
-            self.conn.kfds.set(s, fd);
+            self.keep_kernel_fd(s, fd);
         }
     }
 
     /// Closes this process's own descriptor of socket `s`, if any (the
     /// socket was handed back with `ControlMsg::Export`).
     pub fn forget_kernel_fd(&self, s: u32) {
-        self.conn.kfds.forget(s);
+        if let Some(fd) = self.conn.socks.get(s).and_then(Socket::take_kfd) {
+            close(fd);
+        }
     }
 
     /// One message on the attachment's control socket and the server's

@@ -8,25 +8,31 @@
 //! * [`Client`] is the Rust API: BSD socket calls on tcps socket ids.
 //! * [`capi`] is the C ABI of `include/tcps.h` (`libtcps.so`).
 //!
-//! Modules: [`attach`](Client::attach) does the control-socket handshake and
-//! maps the region; `channel` owns the channel pool and the wait loop;
-//! `client` encodes each call; `memory` registers memory with the server;
-//! `asyncsend` queues asynchronous sends; `ahead` receives and accepts
-//! from the rings the server fills ahead (process-ahead).
+//! Modules, bottom up (each uses only those before it): `table` and `sys`
+//! (building blocks), `socket` (the per-socket record), `control`,
+//! `attach` and `memory` (the control socket, the handshake, registered
+//! memory), `sendq::shared` (the attachment's send-queue state),
+//! `channel` (the attachment: channel pool and the wait loop), `client`
+//! (encodes each call), and the calls that extend `Client`: `kernelfd`
+//! (the host's own kernel descriptors), `eager` (receiving and accepting
+//! from the rings the server fills eagerly), the rest of `sendq`
+//! (asynchronous send queues and registered memory), then `capi`.
 
-mod ahead;
-mod asyncsend;
 mod attach;
 pub mod capi;
 mod capi_async;
 mod channel;
 mod client;
 mod control;
+mod eager;
 mod kernelfd;
 mod memory;
+mod sendq;
+mod socket;
+mod sys;
 mod table;
 
-pub use asyncsend::IoHandle;
 pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
+pub use sendq::IoHandle;

@@ -1,9 +1,9 @@
-//! Per-socket host state (asynchronous sends, process-ahead receive), found
-//! by socket id without a global lock: a two-level table of lazily created
-//! entries that live as long as the attachment (a socket id reused after
-//! close finds its entry reset). Each entry has a spin lock: held for a few
-//! dozen instructions (or one bounded copy out of a receive ring), never
-//! across a wait.
+//! The two building blocks of the per-socket record (`crate::socket`): a
+//! table found by socket id without a global lock (two levels of lazily
+//! created entries that live as long as the attachment; a socket id reused
+//! after close finds its entry reset), and the spin lock that guards each
+//! part of an entry: held for a few dozen instructions (or one bounded copy
+//! out of a receive ring), never across a wait.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -22,6 +22,12 @@ pub struct SpinLock<T> {
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Send for SpinLock<T> {}
+
+impl<T: Default> Default for SpinLock<T> {
+    fn default() -> SpinLock<T> {
+        SpinLock::new(T::default())
+    }
+}
 
 impl<T> SpinLock<T> {
     pub fn new(v: T) -> SpinLock<T> {
@@ -72,7 +78,7 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
-type Chunk<T> = Box<[OnceLock<SpinLock<T>>]>;
+type Chunk<T> = Box<[OnceLock<T>]>;
 
 pub struct SockTable<T> {
     chunks: Box<[OnceLock<Chunk<T>>]>,
@@ -87,7 +93,7 @@ impl<T: Default> SockTable<T> {
 
     /// The entry of socket `s`, if it was ever created.
     #[inline]
-    pub fn get(&self, s: u32) -> Option<&SpinLock<T>> {
+    pub fn get(&self, s: u32) -> Option<&T> {
         let s = s as usize;
         self.chunks.get(s / CHUNK)?.get()?[s % CHUNK].get()
     }
@@ -95,34 +101,33 @@ impl<T: Default> SockTable<T> {
     /// The entry of socket `s`, created on first use; `None` for an id
     /// beyond any the server hands out.
     #[inline]
-    pub fn get_or_insert(&self, s: u32) -> Option<&SpinLock<T>> {
+    pub fn get_or_insert(&self, s: u32) -> Option<&T> {
         let s = s as usize;
         let chunk = self
             .chunks
             .get(s / CHUNK)?
             .get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
-        Some(chunk[s % CHUNK].get_or_init(|| SpinLock::new(T::default())))
+        Some(chunk[s % CHUNK].get_or_init(T::default))
     }
 
-    /// Calls `f` with every created entry and its socket id (each locked
-    /// in turn).
-    pub fn for_each(&self, mut f: impl FnMut(u32, &mut T)) {
+    /// Calls `f` with every created entry and its socket id.
+    pub fn for_each(&self, mut f: impl FnMut(u32, &T)) {
         for (c, chunk) in self.chunks.iter().enumerate() {
             let Some(chunk) = chunk.get() else { continue };
             for (i, e) in chunk.iter().enumerate() {
-                if let Some(l) = e.get() {
-                    f((c * CHUNK + i) as u32, &mut l.lock());
+                if let Some(e) = e.get() {
+                    f((c * CHUNK + i) as u32, e);
                 }
             }
         }
     }
 
-    /// Whether `f` holds for any entry (each locked in turn).
-    pub fn any(&self, mut f: impl FnMut(&mut T) -> bool) -> bool {
+    /// Whether `f` holds for any entry.
+    pub fn any(&self, f: impl FnMut(&T) -> bool) -> bool {
         self.chunks
             .iter()
             .filter_map(OnceLock::get)
             .flat_map(|c| c.iter().filter_map(OnceLock::get))
-            .any(|l| f(&mut l.lock()))
+            .any(f)
     }
 }

@@ -45,8 +45,8 @@ fn may_cross_exec(id: u32) {
     if let Some(c) = crate::state::client() {
         let r = c.setsockopt_int(
             id,
-            tcps_proto::recvq::SOL_TCPS,
-            tcps_proto::recvq::TCPS_EAGER_RECV,
+            tcps_proto::eager::SOL_TCPS,
+            tcps_proto::eager::TCPS_EAGER_RECV,
             0,
         );
         debug!("tcps socket {id} may cross exec: receiving ahead stopped ({r:?})");

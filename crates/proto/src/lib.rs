@@ -41,9 +41,6 @@ mod sync;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-// TEMPORARY: removed when server/host switch (the old name of `eager`).
-pub use eager as recvq;
-
 pub use layout::{Layout, MAGIC, VERSION};
 pub use msg::{Call, Completion, Op, Request};
 pub use region::Region;

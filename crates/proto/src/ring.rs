@@ -172,6 +172,13 @@ impl ServerCursor {
         fence(Ordering::SeqCst);
         Ok(ch.ctl().host_waiting.load(Ordering::Relaxed) != 0)
     }
+
+    /// Wakes every host thread sleeping on the channel's `cq_tail`: after
+    /// [`complete`](Self::complete) returned true, or when the server stops
+    /// (the sleepers then see `server_alive == 0`).
+    pub fn wake_host(ch: &ChannelRef<'_>) {
+        crate::futex::wake_all(&ch.ctl().cq_tail);
+    }
 }
 
 /// The host's private view of one channel.

@@ -1,8 +1,16 @@
 //! One call's exchange on a checked-out channel: submit, spin, sleep, drain,
 //! hand over other threads' completions, release.
 
-use super::state::*;
-use super::*;
+use super::conn::{
+    bump, Backoff, Conn, Slot, LAST_CHANNEL, MIN_SPIN_NS, RING_FULL_PATIENCE, SLEEP_SLICE, STAGE,
+};
+use super::state::{round_up, ChanState, Use, UseState};
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tcps_proto::region::ChannelRef;
+use tcps_proto::ring::{self, HostCursor, RingFull};
+use tcps_proto::{Completion, Request};
 
 /// A call's piece of a channel: an entry in its users table and an arena
 /// range of [`room`](Lease::room) bytes. Offsets given to
@@ -170,7 +178,7 @@ impl<'a> Lease<'a> {
             return Err(errno(libc::EINVAL));
         }
         let on_socket = tcps_proto::Op::from_u16(req.op).is_some_and(tcps_proto::Op::names_socket);
-        if on_socket && self.conn.ahead.closed_unanswered(req.sock) {
+        if on_socket && self.conn.socks.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
         let (seen, must_ring) = self.submit(&mut req)?;
@@ -184,7 +192,7 @@ impl<'a> Lease<'a> {
         }
         if c.errno != 0 {
             if on_socket {
-                self.conn.ahead.note_error(req.sock, c.errno);
+                self.conn.socks.note_error(req.sock, c.errno);
             }
             return Err(errno(if c.errno > 0 { c.errno } else { libc::EIO }));
         }
@@ -249,7 +257,7 @@ impl<'a> Lease<'a> {
                     if must_ring {
                         bump(&slot.stats.doorbells);
                     }
-                    let seen = self.ch.ctl().cq_head.load(Ordering::Relaxed);
+                    let seen = HostCursor::consumed(&self.ch);
                     return Ok((seen, must_ring));
                 }
                 // The ring is full: the general path below waits.
@@ -291,7 +299,7 @@ impl<'a> Lease<'a> {
                     // Our completion will be published at or after the
                     // host's consumed index, which only holders of the lock
                     // advance.
-                    let seen = self.ch.ctl().cq_head.load(Ordering::Relaxed);
+                    let seen = HostCursor::consumed(&self.ch);
                     return Ok((seen, must_ring));
                 }
                 // Impossible while each channel carries fewer calls than it
@@ -373,10 +381,10 @@ impl<'a> Lease<'a> {
         if spun && c.is_some() {
             bump(&slot.stats.spins_satisfied);
         }
-        let seen = self.ch.ctl().cq_head.load(Ordering::Relaxed);
+        let seen = HostCursor::consumed(&self.ch);
         drop(st);
         if wake {
-            futex::wake_all(&self.ch.ctl().cq_tail);
+            HostCursor::wake_sleepers(&self.ch);
         }
         (c, seen)
     }
@@ -413,7 +421,6 @@ impl<'a> Lease<'a> {
     /// steals that CPU and the budget shrinks.
     fn spin_wait(&mut self, mut seen: u32) -> Option<Completion> {
         let conn = self.conn;
-        let ctl = self.ch.ctl();
         let budget = conn.spin_budget_ns.load(Ordering::Relaxed);
         let max = conn.spin.as_nanos() as u64;
         let start = Instant::now();
@@ -425,10 +432,10 @@ impl<'a> Lease<'a> {
             // another thread have taken ours meanwhile; then `cq_tail` moving
             // tells. (Polling `cq_tail` always would pull the server's line
             // away from it on every completion.)
-            let head = ctl.cq_head.load(Ordering::Relaxed);
+            let head = HostCursor::consumed(&self.ch);
             let published = self.ch.completion_stamp(head) == ring::stamp(head, entries);
             let shared = self.slot.users.load(Ordering::Relaxed) > 1;
-            if published || (shared && ctl.cq_tail.load(Ordering::Acquire) != seen) {
+            if published || (shared && HostCursor::published(&self.ch) != seen) {
                 let (c, now) = self.try_take(true);
                 seen = now;
                 if let Some(c) = c {
@@ -448,7 +455,7 @@ impl<'a> Lease<'a> {
             // A parked call waits for its socket (a client's request, a
             // connection): sleep now instead of burning the CPU the
             // application and the server need.
-            if ctl.parked_tag.load(Ordering::Acquire) == self.tag as u32 {
+            if HostCursor::parked(&self.ch, self.tag) {
                 return None;
             }
             if start.elapsed().as_nanos() as u64 >= budget {
@@ -461,7 +468,6 @@ impl<'a> Lease<'a> {
 
     fn sleep_wait(&mut self) -> io::Result<Completion> {
         let slot = self.slot;
-        let ctl = self.ch.ctl();
         let mut last_check = Instant::now();
         loop {
             let mut st = slot.lock();
@@ -472,20 +478,17 @@ impl<'a> Lease<'a> {
                 // "store cq_tail; fence; load host_waiting"). `host_waiting`
                 // stays set while any thread of this channel is registered.
                 st.sleepers += 1;
-                ctl.host_waiting.store(1, Ordering::Relaxed);
-                fence(Ordering::SeqCst);
-                let tail = ctl.cq_tail.load(Ordering::Acquire);
-                if tail == ctl.cq_head.load(Ordering::Relaxed) {
+                if let Some(tail) = HostCursor::register_sleeper(&self.ch) {
                     bump(&slot.stats.sleeps);
                     sleep_on = Some(tail);
                 } else {
                     // Published meanwhile: drain it on the next turn.
-                    unregister(&mut st, ctl);
+                    unregister(&mut st, &self.ch);
                 }
             }
             drop(st);
             if wake {
-                futex::wake_all(&ctl.cq_tail);
+                HostCursor::wake_sleepers(&self.ch);
             }
             if let Some(c) = got {
                 return Ok(c);
@@ -497,8 +500,8 @@ impl<'a> Lease<'a> {
                 // Everything up to `tail` was drained under the lock, so our
                 // completion changes `cq_tail` from `tail`: the wait returns
                 // at once, or the server's wake (host_waiting is set) ends it.
-                futex::wait(&ctl.cq_tail, tail, SLEEP_SLICE);
-                unregister(&mut slot.lock(), ctl);
+                HostCursor::sleep(&self.ch, tail, SLEEP_SLICE);
+                unregister(&mut slot.lock(), &self.ch);
             }
             if last_check.elapsed() >= SLEEP_SLICE {
                 last_check = Instant::now();
@@ -516,10 +519,10 @@ impl<'a> Lease<'a> {
 }
 
 /// A sleeper leaves; the last one clears `host_waiting`.
-fn unregister(st: &mut ChanState, ctl: &ChannelCtl) {
+fn unregister(st: &mut ChanState, ch: &ChannelRef<'_>) {
     st.sleepers = st.sleepers.saturating_sub(1);
     if st.sleepers == 0 {
-        ctl.host_waiting.store(0, Ordering::Relaxed);
+        HostCursor::clear_waiting(ch);
     }
 }
 

@@ -2,7 +2,17 @@
 //! the channel: tag, arena range, where the request is), which is also the
 //! arena allocator, and the mailbox of completions drained for others.
 
-use super::*;
+use tcps_proto::ring::HostCursor;
+use tcps_proto::Completion;
+
+/// Arena ranges start and end on multiples of this (poll arrays need 8).
+const GRANULE: u32 = 64;
+/// A call on an idle channel leaves 1/SHARE_DIV of the arena free, and a
+/// call sharing a channel gets at most 1/SHARE_DIV of its free arena (at
+/// least a granule, and at least what it must have): a parked call never
+/// takes all the room, the grants shrink geometrically, and a channel's ring
+/// slots, not its arena, bound how many parked calls it carries.
+const SHARE_DIV: u32 = 16;
 
 pub(super) fn round_up(n: u32) -> u32 {
     n.div_ceil(GRANULE) * GRANULE

@@ -56,7 +56,7 @@ struct Shared {
     hosts: Mutex<Vec<Host>>,
     hosts_gone: AtomicU64,
     pub doorbells: AtomicU64,
-    /// Process-ahead (`Fake::with_rings`): listeners get accept rings,
+    /// Eager receive and accept (`Fake::with_rings`): listeners get accept rings,
     /// accepted and connected sockets byte rings (eager receive push).
     rings: bool,
     /// Connections the fake may hand out on accept rings (it invents them).
@@ -104,7 +104,7 @@ impl Fake {
         )
     }
 
-    /// A fake with process-ahead: listen binds an accept ring (the fake
+    /// A fake with eager receive and accept: listen binds an accept ring (the fake
     /// accepts ahead [`offer`](Fake::offer)ed connections once the host
     /// kicked), accepted connections come with a byte ring
     /// (`SETUP_RECV_RING`), `RecvBind` binds one; sends loop back into the
@@ -746,8 +746,8 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         | Call::RecvReg { .. }
         | Call::AsyncBind { .. }
         | Call::SendFile { .. } => fail(&mut c, libc::EOPNOTSUPP),
-        // No process-ahead either: every socket receives on demand.
-        Call::RecvBind { .. } => done(&mut c, tcps_proto::recvq::RECV_MODE_NONE as i64),
+        // No eager receive either: every socket receives on demand.
+        Call::RecvBind { .. } => done(&mut c, tcps_proto::eager::RECV_MODE_NONE as i64),
         Call::AsyncKick { .. } | Call::RecvKick { .. } => None,
     }
 }
@@ -776,7 +776,7 @@ fn handle_ring(
     ch: &ChannelRef<'_>,
     req: &tcps_proto::Request,
 ) -> Option<Completion> {
-    use tcps_proto::recvq::*;
+    use tcps_proto::eager::*;
     let mut c = Completion {
         user_data: req.user_data,
         op: req.op,
@@ -861,7 +861,7 @@ fn handle_ring(
 /// publishes ends, and accepts offered connections ahead on listeners the
 /// host kicked. True if anything moved.
 fn pump(sh: &Shared, st: &mut State, region: &Region) -> bool {
-    use tcps_proto::recvq::*;
+    use tcps_proto::eager::*;
     let mut did = false;
     let mut new_conns = Vec::new();
     let ids: Vec<u32> = st.socks.keys().copied().collect();

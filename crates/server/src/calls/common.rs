@@ -12,7 +12,8 @@ use std::collections::BinaryHeap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
 use tcps_proto::msg::ArenaRange;
-use tcps_proto::{futex, Completion, Op};
+use tcps_proto::ring::ServerCursor;
+use tcps_proto::{Completion, Op};
 use tracing::warn;
 
 /// A call's outcome: `(result, aux)` or an errno.
@@ -58,7 +59,7 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
         aux,
     };
     match host.cursors[ch as usize].complete(&chan, &c) {
-        Ok(true) => futex::wake_all(&chan.ctl().cq_tail),
+        Ok(true) => ServerCursor::wake_host(&chan),
         Ok(false) => {}
         Err(e) => host.doomed = Some(format!("channel {ch}: {e}")),
     }

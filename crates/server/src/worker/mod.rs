@@ -526,7 +526,7 @@ impl Worker {
                 // Wake every sleeping host thread: they see server_alive == 0.
                 for ch in 0..host.layout.n_channels {
                     if let Some(c) = host.region.channel(ch) {
-                        tcps_proto::futex::wake_all(&c.ctl().cq_tail);
+                        tcps_proto::ring::ServerCursor::wake_host(&c);
                     }
                 }
                 calls::close_all(self.engine.as_mut(), &self.shared, &mut host);

@@ -1,4 +1,4 @@
-//! Process-ahead on the host (PROTOCOL §10) against the fake server in ring
+//! Eager receive and accept on the host (PROTOCOL §10) against the fake server in ring
 //! mode: accept rings, byte rings, kicks, local poll, tracked O_NONBLOCK and
 //! SO_RCVTIMEO.
 

@@ -1,0 +1,202 @@
+//! What the server finished: refreshing a socket's books from its queue
+//! (`done`, the first error, the debug-mode misuse count), freeing what
+//! finished, waiting for credits or for one send, and reporting a failed
+//! send once.
+
+use super::shared::IoHandle;
+use crate::client::Client;
+use crate::socket::{Pending, SendSide, Socket};
+use crate::sys::errno;
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+use tcps_proto::sendq::{self, SendQueueProducer};
+
+/// The longest single futex sleep while waiting for a queue.
+pub(super) const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+impl Client {
+    /// Reads `done`, the error and the misuse count of the socket's queue,
+    /// and forgets (frees) the descriptors that finished.
+    pub(super) fn refresh(&self, g: &mut SendSide, sq: &SendQueueProducer<'_>) {
+        let done = sq.done();
+        g.done = done;
+        if g.error == 0 {
+            let e = sq.error();
+            if e != 0 {
+                g.error = e;
+            }
+        }
+        let st = &self.conn.sendq;
+        if st.debug.load(Ordering::Relaxed) {
+            let m = sq.misuse();
+            if m != g.misuse_seen {
+                let n = m.wrapping_sub(g.misuse_seen);
+                g.misuse_seen = m;
+                st.counters
+                    .misused
+                    .fetch_add(u64::from(n), Ordering::Relaxed);
+                eprintln!(
+                    "tcps: {n} registered buffer(s) were written while their asynchronous send was in flight (TCPS_DEBUG_REGISTERED)"
+                );
+            }
+        }
+        self.forget_done(&mut g.pending, done);
+    }
+
+    /// [`refresh`](Self::refresh) for a socket bound to a queue (else nothing).
+    pub(super) fn refresh_bound(&self, g: &mut SendSide) {
+        if let Some(q) = g.queue {
+            let sq = self.conn.send_queue(q);
+            self.refresh(g, &sq);
+        }
+    }
+
+    /// Drops the finished descriptors of `pending`, freeing staged bytes.
+    pub(super) fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32) {
+        while let Some(p) = pending.front() {
+            if !sendq::is_done(p.seq, done) {
+                break;
+            }
+            if let (Some((off, n)), Ok(pool)) = (p.pool, self.pool()) {
+                pool.free(off, n);
+            }
+            pending.pop_front();
+        }
+    }
+
+    /// Frees what the orphaned queues finished, and forgets the queues the
+    /// server released.
+    pub(super) fn reap_orphans(&self) {
+        let st = &self.conn.sendq;
+        let mut orphans = st.orphans.lock().unwrap_or_else(PoisonError::into_inner);
+        orphans.retain_mut(|o| {
+            let sq = self.conn.send_queue(o.queue);
+            let released = sq.released();
+            let done = sq.done();
+            if released {
+                // The server is finished with the queue: everything is done.
+                self.forget_done(&mut o.pending, done.wrapping_add(1 << 30));
+                return false;
+            }
+            self.forget_done(&mut o.pending, done);
+            true
+        });
+    }
+
+    /// Sleeps until the queue's `done` moves from `seen` (or `max` passes,
+    /// at most a slice). ECONNRESET if the server died.
+    pub(super) fn wait_queue(
+        &self,
+        sq: &SendQueueProducer<'_>,
+        seen: u32,
+        max: Duration,
+    ) -> io::Result<()> {
+        sq.wait(seen, max.min(WAIT_SLICE));
+        if !self.conn.server_alive() {
+            return Err(errno(libc::ECONNRESET));
+        }
+        Ok(())
+    }
+
+    /// Whether the send `io` finished: `Ok(true)` sent, `Ok(false)` still in
+    /// flight, an error if it (or an earlier send of its socket) failed.
+    pub fn io_done(&self, io: IoHandle) -> io::Result<bool> {
+        if io == IoHandle::DONE {
+            return Ok(true);
+        }
+        let (q, gen, seq) = io.parts();
+        let cur = self.conn.sendq.gens.get(q as usize);
+        let cur = cur.ok_or(errno(libc::EINVAL))?;
+        if cur.load(Ordering::Acquire) & 0xff != gen {
+            // The queue was bound anew, which happens only after every send
+            // of its old socket finished.
+            return Ok(true);
+        }
+        let sq = self.conn.send_queue(q);
+        if !sendq::is_done(seq, sq.done()) {
+            self.conn.check_open(libc::ECONNRESET)?;
+            return Ok(false);
+        }
+        if let Some(e) = sq.failed(seq) {
+            return Err(errno(e));
+        }
+        Ok(true)
+    }
+
+    /// Waits until the send `io` finished: Ok once sent, its error if it
+    /// failed, ETIMEDOUT after `timeout` (`None`: no limit).
+    pub fn io_wait(&self, io: IoHandle, timeout: Option<Duration>) -> io::Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if self.io_done(io)? {
+                return Ok(());
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Err(errno(libc::ETIMEDOUT)),
+                },
+                None => WAIT_SLICE,
+            };
+            let (q, _, _) = io.parts();
+            let sq = self.conn.send_queue(q);
+            let seen = sq.done();
+            if !self.io_done(io)? {
+                self.wait_queue(&sq, seen, left)?;
+            }
+        }
+    }
+
+    /// Waits until every asynchronous send of socket `s` finished (Ok), or
+    /// returns the first failure.
+    pub fn flush_async(&self, s: u32, timeout: Option<Duration>) -> io::Result<()> {
+        let Some(sock) = self.conn.socks.get(s) else {
+            return Ok(());
+        };
+        let last = {
+            let g = sock.send.lock();
+            match g.queue {
+                Some(q) if g.head != g.done || !g.pending.is_empty() => {
+                    IoHandle::new(q, g.gen, g.head.wrapping_sub(1))
+                }
+                _ => return Ok(()),
+            }
+        };
+        self.io_wait(last, timeout)?;
+        // Bring the socket's books up to date (frees staging, reads the
+        // debug-mode misuse count).
+        self.refresh_bound(&mut sock.send.lock());
+        Ok(())
+    }
+
+    /// Whether an asynchronous send on `s` failed (reported or not): the
+    /// connection is broken.
+    pub(crate) fn sendq_failed(&self, s: u32) -> bool {
+        let sock = self.conn.socks.get(s);
+        sock.is_some_and(|k| k.send.lock().error != 0)
+    }
+
+    /// The error of an earlier asynchronous send on `s` not yet reported
+    /// (each is reported once, by the next call on the socket).
+    pub(crate) fn take_async_error(&self, s: u32) -> io::Result<()> {
+        match self.conn.socks.get(s) {
+            Some(sock) => self.async_error_of(sock),
+            None => Ok(()),
+        }
+    }
+
+    /// [`take_async_error`](Self::take_async_error) of a socket's record.
+    pub(crate) fn async_error_of(&self, sock: &Socket) -> io::Result<()> {
+        let mut g = sock.send.lock();
+        if g.error == 0 {
+            self.refresh_bound(&mut g);
+        }
+        if g.error != 0 && !g.reported {
+            return Err(g.report());
+        }
+        Ok(())
+    }
+}
