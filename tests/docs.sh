@@ -27,4 +27,12 @@ for f in README.md docs/*.md; do
         [ -z "$target" ] || [ -e "$dir/$target" ] || fail "$f links to $target, which does not exist"
     done < <(grep -oE '\]\([^)#:]+\)' "$f" | sed -E 's/^\]\((.*)\)$/\1/' || true)
 done
+# Every source file a doc names (`....rs`, as a path or its tail) exists.
+for f in README.md docs/*.md; do
+    while read -r src; do
+        [ -z "$src" ] && continue
+        find crates examples -path "*$src" 2>/dev/null | grep -q . ||
+            fail "$f names $src, which no longer exists"
+    done < <(grep -ohE '`[A-Za-z0-9_/.-]+\.rs`' "$f" | tr -d '`' | sort -u || true)
+done
 echo "docs.sh: ok"

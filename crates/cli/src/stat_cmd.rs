@@ -27,7 +27,7 @@ Counters (since each host attached; with --watch: during the last interval):
               requests that went to the kernel (on demand)
   RECV e/d    receives served ahead (into receive rings or answered from the
               read-ahead buffer) / Recv requests that went to the kernel
-  AHEAD       bytes received ahead of the host's recv calls
+  EAGER       bytes received eagerly (ahead of the host's recv calls)
   IN, OUT     bytes received from / sent to the network for the host
   REFUSED c/s connections reset by admission limits (--max-conns-per-*) /
               sockets refused by --max-sockets-per-host
@@ -343,7 +343,7 @@ fn counter_cells(c: &Value) -> Vec<String> {
             num(c, "accepts_on_demand")
         ),
         format!("{}/{}", num(c, "recvs_eager"), num(c, "recvs_on_demand")),
-        bytes(num(c, "bytes_ahead")),
+        bytes(num(c, "bytes_eager")),
         bytes(num(c, "bytes_received")),
         bytes(num(c, "bytes_sent")),
         format!("{}/{}", num(c, "refused_conns"), num(c, "refused_sockets")),
@@ -468,7 +468,7 @@ fn counters_section(v: &Value, hosts: &[&Value], prev: Option<(&Value, Duration)
             "RTRIPS",
             "ACCEPT e/d",
             "RECV e/d",
-            "AHEAD",
+            "EAGER",
             "IN",
             "OUT",
             "REFUSED c/s",

@@ -155,7 +155,7 @@ fn stat_reports_a_host(engine: &str) {
     assert_eq!(counter(h, "accepts_eager"), 0, "{ctx}");
     assert_eq!(counter(h, "recvs_on_demand"), recvs, "{ctx}");
     assert_eq!(counter(h, "recvs_eager"), 0, "{ctx}");
-    assert_eq!(counter(h, "bytes_ahead"), 0, "{ctx}");
+    assert_eq!(counter(h, "bytes_eager"), 0, "{ctx}");
     assert!(h["counters"]["recv_kicks"].is_u64(), "{ctx}");
     assert_eq!(h["uid"].as_u64(), Some(unsafe { libc::getuid() } as u64));
     assert_eq!(h["depths"]["sockets"].as_u64(), Some(4), "{ctx}");

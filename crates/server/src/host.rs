@@ -395,7 +395,7 @@ pub struct HostStats {
     pub recvs_eager: u64,
     pub recvs_on_demand: u64,
     /// Bytes received ahead (into rings or pull buffers).
-    pub bytes_ahead: u64,
+    pub bytes_eager: u64,
     /// `RecvKick`s taken (the host resumed a paused ring).
     pub recv_kicks: u64,
 }
@@ -411,13 +411,13 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "round_trips={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_ahead={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "round_trips={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
             self.round_trips,
             self.accepts_eager,
             self.accepts_on_demand,
             self.recvs_eager,
             self.recvs_on_demand,
-            self.bytes_ahead,
+            self.bytes_eager,
             self.recv_kicks,
             self.parked,
             self.invalid,

@@ -55,7 +55,7 @@ const COUNTERS: &[(&str, &str)] = &[
     ),
     ("recvs_on_demand", "Recv requests that went to the kernel."),
     (
-        "bytes_ahead",
+        "bytes_eager",
         "Bytes received ahead of the host's recv calls.",
     ),
     ("bytes_sent", "Bytes sent to the network for hosts."),

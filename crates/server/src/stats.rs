@@ -233,7 +233,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         accepts_on_demand,
         recvs_eager,
         recvs_on_demand,
-        bytes_ahead,
+        bytes_eager,
         recv_kicks,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
@@ -253,7 +253,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.accepts_on_demand += accepts_on_demand;
     into.recvs_eager += recvs_eager;
     into.recvs_on_demand += recvs_on_demand;
-    into.bytes_ahead += bytes_ahead;
+    into.bytes_eager += bytes_eager;
     into.recv_kicks += recv_kicks;
 }
 
@@ -273,7 +273,7 @@ fn counters_json(s: &HostStats) -> Value {
         "accepts_on_demand": s.accepts_on_demand,
         "recvs_eager": s.recvs_eager,
         "recvs_on_demand": s.recvs_on_demand,
-        "bytes_ahead": s.bytes_ahead,
+        "bytes_eager": s.bytes_eager,
         "bytes_sent": s.bytes_sent,
         "bytes_received": s.bytes_received,
         "refused_conns": s.refused_conns,

@@ -88,7 +88,7 @@ impl Features {
 
 /// TCP server flags with every process-ahead mechanism off (the server's
 /// defaults have them all on).
-const AHEAD_OFF: [&str; 6] = [
+const EAGER_OFF: [&str; 6] = [
     "--eager-accept",
     "off",
     "--eager-recv",
@@ -97,18 +97,18 @@ const AHEAD_OFF: [&str; 6] = [
     "off",
 ];
 
-/// `AHEAD_OFF` with some mechanisms switched on again (`--flag value` pairs
+/// `EAGER_OFF` with some mechanisms switched on again (`--flag value` pairs
 /// given later win: `tcps server` lets a flag override itself).
-fn ahead(on: &[&str]) -> Vec<String> {
-    AHEAD_OFF.iter().chain(on).map(|s| s.to_string()).collect()
+fn eager_flags(on: &[&str]) -> Vec<String> {
+    EAGER_OFF.iter().chain(on).map(|s| s.to_string()).collect()
 }
 
 /// Every variant, available or not.
 pub fn all(f: &Features) -> Vec<Variant> {
-    let ahead_ok = f.server_flag("--eager-recv") && f.server_flag("--setup-with-accept");
+    let eager_ok = f.server_flag("--eager-recv") && f.server_flag("--setup-with-accept");
     // A tcps variant: web server mode, TCP server flags.
     let tcps = |id, label, mode: &str, server_args: Vec<String>| {
-        let ok = f.mode(mode) && (server_args.is_empty() || ahead_ok);
+        let ok = f.mode(mode) && (server_args.is_empty() || eager_ok);
         let flags = server_args.join(" ");
         Variant {
             id,
@@ -154,22 +154,22 @@ pub fn all(f: &Features) -> Vec<Variant> {
             nginx: false,
         },
         // Thesis Table 6.5, each mechanism alone on top of its base ...
-        tcps("sock", "Sock", "copy", ahead(&[])),
-        tcps("sync", "Sync", "sync", ahead(&[])),
-        tcps("async", "AsyncSend", "async", ahead(&[])),
-        tcps("async-reg", "AsyncSend (registered)", "async-registered", ahead(&[])),
-        tcps("eaccept", "Sync + EAccept", "sync", ahead(&["--eager-accept", "on"])),
-        tcps("erecv-pull", "Sync + ERecv (pull)", "sync", ahead(&["--eager-recv", "pull"])),
-        tcps("erecv-push", "Sync + ERecv (push)", "sync", ahead(&["--eager-recv", "push"])),
+        tcps("sock", "Sock", "copy", eager_flags(&[])),
+        tcps("sync", "Sync", "sync", eager_flags(&[])),
+        tcps("async", "AsyncSend", "async", eager_flags(&[])),
+        tcps("async-reg", "AsyncSend (registered)", "async-registered", eager_flags(&[])),
+        tcps("eaccept", "Sync + EAccept", "sync", eager_flags(&["--eager-accept", "on"])),
+        tcps("erecv-pull", "Sync + ERecv (pull)", "sync", eager_flags(&["--eager-recv", "pull"])),
+        tcps("erecv-push", "Sync + ERecv (push)", "sync", eager_flags(&["--eager-recv", "push"])),
         // ... the combinations the thesis plots ...
         tcps(
             "erecv-setup",
             "ERecv + Setup",
             "sync",
-            ahead(&["--eager-recv", "push", "--setup-with-accept", "on"]),
+            eager_flags(&["--eager-recv", "push", "--setup-with-accept", "on"]),
         ),
-        tcps("async-eaccept", "AsyncSend + EAccept", "async", ahead(&["--eager-accept", "on"])),
-        tcps("async-setup", "AsyncSend + Setup", "async", ahead(&["--setup-with-accept", "on"])),
+        tcps("async-eaccept", "AsyncSend + EAccept", "async", eager_flags(&["--eager-accept", "on"])),
+        tcps("async-setup", "AsyncSend + Setup", "async", eager_flags(&["--setup-with-accept", "on"])),
         // ... and everything on (the TCP server's defaults).
         tcps("ahead-all", "Sync + all process-ahead", "sync", vec![]),
         tcps("all", "AsyncSend (reg.) + all process-ahead", "async-registered", vec![]),

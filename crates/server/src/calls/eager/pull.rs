@@ -61,7 +61,7 @@ pub(crate) fn fill_pull(host: &mut Host, sid: u32) -> bool {
         };
         match step {
             Ok((k, asked)) => {
-                stats.bytes_ahead += k as u64;
+                stats.bytes_eager += k as u64;
                 stats.bytes_received += k as u64;
                 if k < asked {
                     break; // a short read: drained (see above FILL_BUDGET_RINGS)

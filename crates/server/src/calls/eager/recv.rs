@@ -91,7 +91,7 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
                 st.tail = st.tail.wrapping_add(k as u32);
                 used += k as u32;
                 stats.recvs_eager += 1;
-                stats.bytes_ahead += k as u64;
+                stats.bytes_eager += k as u64;
                 stats.bytes_received += k as u64;
                 if k < n {
                     break; // a short read: drained (see above FILL_BUDGET_RINGS)

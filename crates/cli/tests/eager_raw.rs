@@ -1,4 +1,4 @@
-//! The server side of process-ahead (PROTOCOL §10), spoken raw: a host
+//! The server side of eager receive and accept (PROTOCOL §10), spoken raw: a host
 //! that reads the accept and receive rings itself (no host library), so
 //! the server's contract is checked on its own — accept ahead after the
 //! first kick, setup with accept, receive straight into the ring, pause and
@@ -117,7 +117,7 @@ fn listener(raw: &Raw) -> (u32, u16, Completion) {
     (l, u16::from_be_bytes([a[2], a[3]]), lc)
 }
 
-fn process_ahead(engine: &str) {
+fn eager_receive_and_accept(engine: &str) {
     let srv = Server::start(
         engine,
         &[
@@ -327,13 +327,13 @@ fn process_ahead(engine: &str) {
 }
 
 #[test]
-fn process_ahead_uring() {
-    process_ahead("uring");
+fn eager_receive_and_accept_uring() {
+    eager_receive_and_accept("uring");
 }
 
 #[test]
-fn process_ahead_epoll() {
-    process_ahead("epoll");
+fn eager_receive_and_accept_epoll() {
+    eager_receive_and_accept("epoll");
 }
 
 /// Pull: the server reads ahead into its own buffer and answers `Recv`

@@ -1,5 +1,5 @@
-//! Process-ahead (eager accept, eager receive pull and push, setup with
-//! accept) end to end through a real `tcps server` on both engines: bytes
+//! Eager accept, eager receive (pull and push) and setup with accept (the
+//! thesis' process-ahead) end to end through a real `tcps server` on both engines: bytes
 //! are compared by SHA-256, end of stream and resets arrive after the data,
 //! the accept queue and read-ahead memory stay within their bounds, and the
 //! host's critical path needs no channel round trip (counted by the host
@@ -419,10 +419,10 @@ fn stat_json(srv: &Server) -> serde_json::Value {
 }
 
 /// The server's count of bytes read ahead (`tcps stat --json`).
-fn bytes_ahead(srv: &Server) -> u64 {
-    stat_json(srv)["total"]["counters"]["bytes_ahead"]
+fn bytes_eager(srv: &Server) -> u64 {
+    stat_json(srv)["total"]["counters"]["bytes_eager"]
         .as_u64()
-        .expect("total.counters.bytes_ahead")
+        .expect("total.counters.bytes_eager")
 }
 
 /// 10,000 connections each try to send 1 MiB the host never reads: the
@@ -471,7 +471,7 @@ fn ten_thousand_unread_connections_stay_bounded() {
     std::thread::sleep(Duration::from_secs(2));
     let grown = rss_kib(srv.pid()).saturating_sub(base);
     let per_conn = grown / CONNS as u64;
-    let ahead = bytes_ahead(&srv);
+    let ahead = bytes_eager(&srv);
     eprintln!(
         "clients got {} MiB into the network; the server read {} MiB ahead; \
          its RSS grew {} MiB ({per_conn} KiB per connection)",
