@@ -35,4 +35,4 @@ mod table;
 pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
-pub use sendq::IoHandle;
+pub use sendq::{IoHandle, SendBacklog};

@@ -90,6 +90,8 @@ pub(crate) struct Pending {
     pub mem: u16,
     /// Staged bytes to free (copying sends).
     pub pool: Option<(u32, u32)>,
+    /// The descriptor's length (the socket's `queued` bytes).
+    pub len: u32,
 }
 
 /// The send side of a socket (behind its spin lock; see `crate::sendq`).
@@ -111,6 +113,9 @@ pub(crate) struct SendSide {
     pub reported: bool,
     pub misuse_seen: u32,
     pub pending: VecDeque<Pending>,
+    /// Bytes of `pending` (queued, not yet finished by the server): the
+    /// preload bounds it by SO_SNDBUF like a kernel socket buffer.
+    pub queued: u64,
     /// Sends queued and bytes handed to the server, counted here (under the
     /// side's lock, no shared atomic on the send path) and summed by
     /// `stats`; folded into the attachment's counters when the socket closes.

@@ -318,7 +318,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         // Non-blocking pass over both sides.
         let mut ready = 0;
         if !pfds.is_empty() {
-            match c.poll(&mut pfds, 0) {
+            match crate::poll::poll_offloaded(c, &mut pfds, 0) {
                 Ok(n) => ready = n,
                 Err(e) => return fail(crate::errno::errno_of(&e)),
             }

@@ -25,6 +25,9 @@ fn hand_back() {
     if state::client().is_none() {
         return;
     }
+    if let Some(c) = state::client() {
+        crate::sendq::flush_all(c);
+    }
     let fds = fdtable::all();
     for &(fd, id) in &fds {
         // SAFETY: F_GETFD on an fd we track.

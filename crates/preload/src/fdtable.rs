@@ -25,6 +25,9 @@ pub struct IdState {
     pub refs: AtomicU32,
     pub rd_seq: AtomicU32,
     pub wr_seq: AtomicU32,
+    /// SO_SNDBUF as read once for the send queue's bound (0: not read;
+    /// `sendq.rs`).
+    pub sndbuf: AtomicU32,
 }
 
 static IDS: [IdState; MAX_IDS] = [const {
@@ -32,6 +35,7 @@ static IDS: [IdState; MAX_IDS] = [const {
         refs: AtomicU32::new(0),
         rd_seq: AtomicU32::new(0),
         wr_seq: AtomicU32::new(0),
+        sndbuf: AtomicU32::new(0),
     }
 }; MAX_IDS];
 
@@ -49,7 +53,11 @@ pub fn fits(fd: i32, id: u32) -> bool {
 /// Records `fd` as naming `id` (one more reference to `id`). The caller
 /// checked [`fits`].
 pub fn insert(fd: i32, id: u32) {
-    IDS[id as usize].refs.fetch_add(1, Ordering::AcqRel);
+    let st = &IDS[id as usize];
+    if st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
+        // A new socket under a reused id: its SO_SNDBUF is read anew.
+        st.sndbuf.store(0, Ordering::Relaxed);
+    }
     FDS[fd as usize].store(VALID | u64::from(id), Ordering::Release);
 }
 

@@ -36,6 +36,9 @@ fn nonce() -> u32 {
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     let attached = state::client().is_some();
     let kfds = state::client().map(|c| c.kernel_fds()).unwrap_or_default();
+    if let Some(c) = state::client() {
+        crate::sendq::flush_all(c);
+    }
     let token = if attached {
         let n = nonce();
         match control::call(ControlMsg::Fork { handle: n }, n) {

@@ -33,14 +33,22 @@ pub unsafe fn recv_id(
     }
 }
 
-pub unsafe fn send_id(c: &tcps::Client, id: u32, data: &[u8], flags: c_int) -> ssize_t {
+/// A send on offloaded socket `id` (placeholder `fd`): asynchronous when
+/// the send queue has room (`sendq.rs`), else synchronous.
+pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> ssize_t {
     fdtable::note_write(id);
-    match c.send(id, data, flags) {
+    let r = match crate::sendq::try_send(c, fd, id, data, flags) {
+        Some(r) => r,
+        None => c.send(id, data, flags),
+    };
+    match r {
         Ok(n) => n as ssize_t,
         Err(e) => {
             let errno = errno_of(&e);
             // The kernel raises SIGPIPE on a broken connection unless told
-            // not to; the server cannot do that for us.
+            // not to; the server cannot do that for us. (An asynchronous
+            // send's EPIPE surfaces here on the next call, as the kernel's
+            // would on that call.)
             if errno == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
                 libc::raise(libc::SIGPIPE);
             }
@@ -98,11 +106,11 @@ unsafe fn recv_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ss
     n
 }
 
-unsafe fn send_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
+unsafe fn send_vec(c: &tcps::Client, fd: c_int, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
     if iov.len() == 1 {
-        return send_id(c, id, bytes(iov[0].iov_base, iov[0].iov_len), flags);
+        return send_id(c, fd, id, bytes(iov[0].iov_base, iov[0].iov_len), flags);
     }
-    send_id(c, id, &gather(iov), flags)
+    send_id(c, fd, id, &gather(iov), flags)
 }
 
 #[no_mangle]
@@ -122,7 +130,7 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), 0), else real::write()(fd, buf, len))
+    on_socket!(fd, |c, id| send_id(c, fd, id, bytes(buf, len), 0), else real::write()(fd, buf, len))
 }
 
 #[no_mangle]
@@ -143,7 +151,7 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), flags), else real::send()(fd, buf, len, flags))
+    on_socket!(fd, |c, id| send_id(c, fd, id, bytes(buf, len), flags), else real::send()(fd, buf, len, flags))
 }
 
 #[no_mangle]
@@ -189,7 +197,7 @@ pub unsafe extern "C" fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     // A connected TCP socket ignores the destination, as in the kernel.
-    on_socket!(fd, |c, id| send_id(c, id, bytes(buf, len), flags), else real::sendto()(fd, buf, len, flags, addr, alen))
+    on_socket!(fd, |c, id| send_id(c, fd, id, bytes(buf, len), flags), else real::sendto()(fd, buf, len, flags, addr, alen))
 }
 
 #[no_mangle]
@@ -199,7 +207,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    on_socket!(fd, |c, id| send_vec(c, id, iovecs(iov, n), 0), else real::writev()(fd, iov, n))
+    on_socket!(fd, |c, id| send_vec(c, fd, id, iovecs(iov, n), 0), else real::writev()(fd, iov, n))
 }
 
 #[no_mangle]
@@ -232,6 +240,6 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             crate::log::debug!("sendmsg(fd {fd}) with ancillary data: EOPNOTSUPP");
             return fail(libc::EOPNOTSUPP);
         }
-        send_vec(c, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags)
+        send_vec(c, fd, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags)
     }, else real::sendmsg()(fd, msg, flags))
 }

@@ -19,7 +19,9 @@
 //! 4. the interposed entry points: `sock` (socket calls) below `io` (data
 //!    calls), `sendfile` and `fdops` (close, dup, fcntl, ioctl); `poll`
 //!    (poll/select and the mixed wait) below `epoll`, below `exec` and
-//!    `fork` (which takes the others' locks across the real fork);
+//!    `fork` (which takes the others' locks across the real fork); `sendq`
+//!    (asynchronous sends and their room, for `io`, `poll` and `epoll`)
+//!    sits just above `sock`;
 //! 5. this file: the load-time hook.
 #![allow(clippy::missing_safety_doc)]
 
@@ -36,6 +38,7 @@ mod log;
 mod poll;
 mod real;
 mod sendfile;
+mod sendq;
 mod sock;
 mod state;
 
@@ -46,6 +49,8 @@ mod state;
 /// register it at their first attach, so helper processes of a wrapper
 /// script add no lines.
 extern "C" fn on_load() {
+    // Settings read before the program can change its environment.
+    sendq::enabled();
     let started_by_run =
         std::env::var("TCPS_RUN_PID").is_ok_and(|pid| pid.trim() == std::process::id().to_string());
     if started_by_run && (log::stats_file().is_some() || log::level() >= log::INFO) {

@@ -98,7 +98,7 @@ impl Waiter {
             events: libc::POLLIN,
             revents: 0,
         });
-        let r = c.poll(&mut entries, timeout);
+        let r = crate::sendq::poll(c, &mut entries, timeout);
         let one = 1u64.to_ne_bytes();
         // SAFETY: 8 bytes from a local buffer to our eventfd.
         unsafe { real::write()(self.cancel, one.as_ptr() as *const libc::c_void, 8) };
@@ -261,8 +261,13 @@ pub fn wait_mixed(
     }
 }
 
+/// `Client::poll` with POLLOUT meaning room in the send queue too.
+pub fn poll_offloaded(c: &Client, fds: &mut [PollFd], timeout: c_int) -> std::io::Result<usize> {
+    crate::sendq::poll(c, fds, timeout)
+}
+
 fn tcps_poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> Result<usize, i32> {
-    c.poll(fds, timeout).map_err(|e| crate::errno::errno_of(&e))
+    crate::sendq::poll(c, fds, timeout).map_err(|e| crate::errno::errno_of(&e))
 }
 
 fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {

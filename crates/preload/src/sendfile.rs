@@ -122,6 +122,14 @@ unsafe fn offloaded_sendfile(
     };
     let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
     crate::fdtable::note_write(id);
+    // The server runs sendfile at once, not behind the send queue: the
+    // bytes written before must be out first.
+    if let Err(e) = crate::sendq::drain(c, id, nonblocking) {
+        if e == libc::EPIPE {
+            libc::raise(libc::SIGPIPE);
+        }
+        return fail(e);
+    }
     let mut total = 0usize;
     let mut err = 0;
     while total < count {

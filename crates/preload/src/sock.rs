@@ -244,6 +244,9 @@ pub unsafe extern "C" fn setsockopt(
     on_socket!(fd, |c, id| {
         let v = if val.is_null() { &[][..] } else { std::slice::from_raw_parts(val as *const u8, len as usize) };
         let r = unit(c.setsockopt(id, level, name, v));
+        if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_SNDBUF {
+            crate::sendq::sndbuf_changed(id);
+        }
         if r < 0 {
             debug!("setsockopt(fd {fd}, level {level}, name {name}) refused by the server: errno {}", crate::errno::last_errno());
         }

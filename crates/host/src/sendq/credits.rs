@@ -14,6 +14,17 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 use tcps_proto::sendq::{self, SendQueueProducer};
 
+/// A socket's send queue as [`Client::send_backlog`] finds it.
+#[derive(Clone, Copy, Debug)]
+pub struct SendBacklog {
+    /// Bytes queued and not yet finished by the server.
+    pub queued: u64,
+    /// A descriptor is free.
+    pub credit: bool,
+    /// An earlier asynchronous send failed: the next send reports it.
+    pub failed: bool,
+}
+
 /// The longest single futex sleep while waiting for a queue.
 pub(super) const WAIT_SLICE: Duration = Duration::from_millis(100);
 
@@ -43,7 +54,8 @@ impl Client {
                 );
             }
         }
-        self.forget_done(&mut g.pending, done);
+        let freed = self.forget_done(&mut g.pending, done);
+        g.queued = g.queued.saturating_sub(freed);
     }
 
     /// [`refresh`](Self::refresh) for a socket bound to a queue (else nothing).
@@ -54,8 +66,10 @@ impl Client {
         }
     }
 
-    /// Drops the finished descriptors of `pending`, freeing staged bytes.
-    pub(super) fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32) {
+    /// Drops the finished descriptors of `pending`, freeing staged bytes;
+    /// returns how many bytes they carried.
+    pub(super) fn forget_done(&self, pending: &mut VecDeque<Pending>, done: u32) -> u64 {
+        let mut freed = 0;
         while let Some(p) = pending.front() {
             if !sendq::is_done(p.seq, done) {
                 break;
@@ -63,8 +77,10 @@ impl Client {
             if let (Some((off, n)), Ok(pool)) = (p.pool, self.pool()) {
                 pool.free(off, n);
             }
+            freed += u64::from(p.len);
             pending.pop_front();
         }
+        freed
     }
 
     /// Frees what the orphaned queues finished, and forgets the queues the
@@ -170,6 +186,35 @@ impl Client {
         // debug-mode misuse count).
         self.refresh_bound(&mut sock.send.lock());
         Ok(())
+    }
+
+    /// The send queue's backlog on `s`: bytes of asynchronous sends the
+    /// server has not finished, and whether the queue has a free descriptor
+    /// (after reading what finished). A socket with no queue yet: nothing
+    /// queued, a free descriptor. The preload bounds the backlog by SO_SNDBUF, as the kernel
+    /// bounds a socket buffer.
+    pub fn send_backlog(&self, s: u32) -> SendBacklog {
+        let idle = SendBacklog {
+            queued: 0,
+            credit: true,
+            failed: false,
+        };
+        let Some(sock) = self.conn.socks.get(s) else {
+            return idle;
+        };
+        let mut g = sock.send.lock();
+        let Some(q) = g.queue else {
+            return idle;
+        };
+        let sq = self.conn.send_queue(q);
+        if g.queued > 0 || !sq.has_credit(g.head, g.done) {
+            self.refresh(&mut g, &sq);
+        }
+        SendBacklog {
+            queued: g.queued,
+            credit: sq.has_credit(g.head, g.done),
+            failed: g.error != 0,
+        }
     }
 
     /// Whether an asynchronous send on `s` failed (reported or not): the

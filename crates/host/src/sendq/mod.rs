@@ -45,4 +45,5 @@ mod registered;
 pub(crate) mod shared;
 mod submit;
 
+pub use credits::SendBacklog;
 pub use shared::IoHandle;

@@ -241,7 +241,9 @@ impl Client {
             seq,
             mem: mem as u16,
             pool: staged,
+            len,
         });
+        g.queued += u64::from(len);
         g.sends += 1;
         g.bytes += u64::from(len);
         let kick = sub.sq.needs_kick(&mut g.kicks_sent);

@@ -1,0 +1,241 @@
+//! Asynchronous sends for the data calls (`write`, `send`, `sendto`,
+//! `sendmsg`, `writev`): the bytes are copied into the host library's
+//! staging pool and queued on the socket's send queue
+//! (`tcps::Client::send_async`), and the call returns at once, with no
+//! round trip (`docs/PRELOAD.md`, "Sends").
+//!
+//! The room is bounded like a kernel socket buffer: at most SO_SNDBUF bytes
+//! queued and not yet finished by the server, and a free descriptor. A full
+//! queue gives a non-blocking socket EAGAIN (or a short write, as the
+//! kernel), and `poll`/`epoll` report POLLOUT only when there is room
+//! ([`poll`]). `TCPS_ASYNC_SEND=0` keeps every send synchronous.
+
+use crate::fdtable;
+use crate::real;
+use libc::c_int;
+use std::io;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+use tcps::{Client, PollFd};
+
+/// Flags an asynchronous send takes; any other goes the synchronous way.
+const ASYNC_FLAGS: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_MORE;
+
+/// Below the smallest SO_SNDBUF the kernel grants a TCP socket (about
+/// 4.5 KiB): a backlog this small never needs the option read, so a short
+/// connection pays no getsockopt round trip.
+const SURE_ROOM: u64 = 4096;
+
+/// 0: `TCPS_ASYNC_SEND` not read yet, 1: on, 2: off.
+static ASYNC: AtomicU8 = AtomicU8::new(0);
+
+/// Whether sends are asynchronous (`TCPS_ASYNC_SEND`, default on; `0`,
+/// `off`, `no` or `false` switch it off). Read once (the load-time hook
+/// reads it first, before the program can change its environment).
+pub fn enabled() -> bool {
+    match ASYNC.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let off = std::env::var("TCPS_ASYNC_SEND")
+                .is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"));
+            ASYNC.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+            !off
+        }
+    }
+}
+
+/// The socket's SO_SNDBUF, read once (a round trip) and cached per id.
+fn sndbuf(c: &Client, id: u32) -> u64 {
+    let st = fdtable::id_state(id);
+    let v = st.sndbuf.load(Ordering::Relaxed);
+    if v != 0 {
+        return u64::from(v);
+    }
+    let v = c
+        .getsockopt_int(id, libc::SOL_SOCKET, libc::SO_SNDBUF)
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(SURE_ROOM as u32);
+    st.sndbuf.store(v, Ordering::Relaxed);
+    u64::from(v)
+}
+
+/// The program set SO_SNDBUF: read it again at the next send.
+pub fn sndbuf_changed(id: u32) {
+    fdtable::id_state(id).sndbuf.store(0, Ordering::Relaxed);
+}
+
+/// Bytes that fit into `id`'s send queue now, capped at `want`
+/// (`u64::MAX`: a failed socket, whose next send reports the error).
+fn room(c: &Client, id: u32, want: u64) -> u64 {
+    let b = c.send_backlog(id);
+    if b.failed {
+        return u64::MAX;
+    }
+    if !b.credit {
+        return 0;
+    }
+    if b.queued + want <= SURE_ROOM {
+        return want;
+    }
+    sndbuf(c, id).saturating_sub(b.queued).min(want)
+}
+
+/// Whether the placeholder `fd` (which carries O_NONBLOCK) is non-blocking.
+fn fd_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on an fd; a bad fd answers -1.
+    let fl = unsafe { real::fcntl()(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// Sends `data` on `id` asynchronously if it can: `Some(result)`, or `None`
+/// when the caller must send synchronously.
+///
+/// A blocking socket without room sends synchronously rather than waiting
+/// for room here: the server runs that send after every queued descriptor
+/// (so the stream stays in order) and parks it until the kernel socket
+/// takes the bytes, which is exactly a blocking write, with SO_SNDTIMEO,
+/// signals (EINTR) and errors handled where they already are. Waiting here
+/// instead would need a wake-up per freed byte range, which the queue does
+/// not give (its `done` counts descriptors), and a second copy of the
+/// timeout and signal handling.
+pub fn try_send(c: &Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> Option<io::Result<usize>> {
+    if data.is_empty() || flags & !ASYNC_FLAGS != 0 || !enabled() {
+        return None;
+    }
+    let len = data.len() as u64;
+    let fits = room(c, id, len);
+    // Never wait inside the host library: MSG_DONTWAIT makes a full queue or
+    // pool EAGAIN, handled below.
+    let quick = flags | libc::MSG_DONTWAIT;
+    if fits >= len {
+        match c.send_async(id, data, quick) {
+            Ok(n) if n == data.len() => return Some(Ok(n)),
+            Ok(n) => return Some(rest(c, fd, id, data, n, flags)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    if flags & libc::MSG_DONTWAIT == 0 && !fd_nonblocking(fd) {
+        return None;
+    }
+    // Non-blocking, no room for all of it: a short write, as the kernel.
+    let fits = room(c, id, len).min(len);
+    if fits == 0 {
+        return Some(Err(io::Error::from_raw_os_error(libc::EAGAIN)));
+    }
+    Some(c.send_async(id, &data[..fits as usize], quick))
+}
+
+/// After a short asynchronous send of `n` bytes: a non-blocking socket
+/// returns the short count, a blocking one sends the rest synchronously.
+fn rest(c: &Client, fd: c_int, id: u32, data: &[u8], n: usize, flags: c_int) -> io::Result<usize> {
+    if flags & libc::MSG_DONTWAIT != 0 || fd_nonblocking(fd) {
+        return Ok(n);
+    }
+    match c.send(id, &data[n..], flags & !libc::MSG_NOSIGNAL) {
+        Ok(m) => Ok(n + m),
+        Err(_) => Ok(n),
+    }
+}
+
+/// Whether a write on `id` would not get EAGAIN from the send queue.
+fn writable(c: &Client, id: u32) -> bool {
+    room(c, id, 1) > 0
+}
+
+/// The longest single server poll while a POLLOUT entry waits for room in
+/// its send queue: the queue's `done` moves without telling the server's
+/// poll, so the wait is sliced.
+const ROOM_SLICE_MAX: Duration = Duration::from_millis(8);
+
+/// `Client::poll` where POLLOUT means "a write would not get EAGAIN": the
+/// kernel socket at the server may be writable while this host's send
+/// queue is full. Entries without room are asked without POLLOUT (so the
+/// server does not answer at once for them) and get POLLOUT when room
+/// appears; while some wait for room, the wait is sliced (1 ms, doubling to
+/// 8 ms), so a program waiting for POLLOUT sleeps, never spins.
+pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize> {
+    let wants_out = |f: &PollFd| f.events & libc::POLLOUT != 0;
+    if !enabled() || !fds.iter().any(wants_out) {
+        return c.poll(fds, timeout);
+    }
+    let deadline =
+        (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let mut slice = Duration::from_millis(1);
+    loop {
+        let full: Vec<bool> = fds.iter().map(|f| wants_out(f) && !writable(c, f.sock)).collect();
+        if !full.contains(&true) {
+            return c.poll(fds, timeout);
+        }
+        let mut ask: Vec<PollFd> = fds.to_vec();
+        for (a, &f) in ask.iter_mut().zip(&full) {
+            if f {
+                a.events &= !libc::POLLOUT;
+            }
+        }
+        let left = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None if timeout < 0 => slice,
+            None => Duration::ZERO,
+        };
+        let t = left.min(slice);
+        c.poll(&mut ask, t.as_millis() as c_int)?;
+        let mut n = 0;
+        for ((f, a), &was_full) in fds.iter_mut().zip(&ask).zip(&full) {
+            f.revents = a.revents;
+            if was_full && writable(c, f.sock) {
+                f.revents |= libc::POLLOUT;
+            }
+            n += usize::from(f.revents != 0);
+        }
+        if n > 0 || (timeout >= 0 && left <= t) {
+            return Ok(n);
+        }
+        slice = (slice * 2).min(ROOM_SLICE_MAX);
+    }
+}
+
+/// How long a fork or exec waits, in all, for queued sends to go out.
+const FLUSH_LIMIT: Duration = Duration::from_secs(1);
+
+/// Before fork and exec: lets every socket's queued sends go out first, so
+/// that what the program wrote before is in the kernel socket (as with
+/// kernel sockets) before a child's or a new image's writes can follow.
+/// Bounded (a peer that does not read must not hang the fork).
+pub fn flush_all(c: &Client) {
+    if !enabled() {
+        return;
+    }
+    let end = Instant::now() + FLUSH_LIMIT;
+    for (_, id) in fdtable::all() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = c.flush_async(id, Some(left));
+    }
+}
+
+/// How long a non-blocking call waits in [`drain`] before EAGAIN.
+const NONBLOCKING_DRAIN: Duration = Duration::from_millis(100);
+
+/// Before a call the server does not order behind the send queue
+/// (sendfile): waits until `id`'s queued sends went out, or returns the
+/// error of one that failed. A non-blocking socket waits a little (a peer
+/// that reads takes a backlog of at most SO_SNDBUF in far less) and then
+/// gets EAGAIN.
+pub fn drain(c: &Client, id: u32, nonblocking: bool) -> Result<(), i32> {
+    let b = c.send_backlog(id);
+    if b.queued == 0 && !b.failed {
+        return Ok(());
+    }
+    let limit = nonblocking.then_some(NONBLOCKING_DRAIN);
+    match c.flush_async(id, limit) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => Err(libc::EAGAIN),
+        Err(e) => Err(crate::errno::errno_of(&e)),
+    }
+}
