@@ -101,7 +101,13 @@ fn fd_nonblocking(fd: c_int) -> bool {
 /// instead would need a wake-up per freed byte range, which the queue does
 /// not give (its `done` counts descriptors), and a second copy of the
 /// timeout and signal handling.
-pub fn try_send(c: &Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> Option<io::Result<usize>> {
+pub fn try_send(
+    c: &Client,
+    fd: c_int,
+    id: u32,
+    data: &[u8],
+    flags: c_int,
+) -> Option<io::Result<usize>> {
     if data.is_empty() || flags & !ASYNC_FLAGS != 0 || !enabled() {
         return None;
     }
@@ -162,11 +168,13 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
     if !enabled() || !fds.iter().any(wants_out) {
         return c.poll(fds, timeout);
     }
-    let deadline =
-        (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut slice = Duration::from_millis(1);
     loop {
-        let full: Vec<bool> = fds.iter().map(|f| wants_out(f) && !writable(c, f.sock)).collect();
+        let full: Vec<bool> = fds
+            .iter()
+            .map(|f| wants_out(f) && !writable(c, f.sock))
+            .collect();
         if !full.contains(&true) {
             return c.poll(fds, timeout);
         }
