@@ -73,6 +73,7 @@ fn nonblocking_writer_eagain_then_pollout() {
         &[
             "pollout while nobody reads: False",
             "pollout once the peer reads: True",
+            "EAGAIN right after POLLOUT: 0",
             "total intact: True",
         ],
     );

@@ -103,19 +103,24 @@ def nonblock():
     h.update(chunk[:k])
     n += k
     # The rest, as an event loop would: poll, write, EAGAIN, poll again.
-    spins = 0
+    # A write after POLLOUT never gets EAGAIN (else a loop would spin).
+    eagain_after_pollout = 0
     for _ in range(2000):
+        polled = False
         while True:
             try:
                 k = c.send(chunk)
                 break
             except BlockingIOError:
-                spins += 1
-                p.poll(10000)
+                if polled:
+                    eagain_after_pollout += 1
+                ev = p.poll(10000)
+                polled = any(e & select.POLLOUT for _, e in ev)
         h.update(chunk[:k])
         n += k
     c.close()
     t.join(60)
+    print("EAGAIN right after POLLOUT:", eagain_after_pollout)
     print("nonblock total intact:", got[0] == (n, h.hexdigest()))
 
 
