@@ -8,8 +8,8 @@
 //! * [`Client`] is the Rust API: BSD socket calls on tcps socket ids.
 //! * [`capi`] is the C ABI of `include/tcps.h` (`libtcps.so`).
 //!
-//! Modules, bottom up (each uses only those before it): `table` and `sys`
-//! (building blocks), `socket` (the per-socket record), `control`,
+//! Modules, bottom up (each uses only those before it): `table`, `sys` and
+//! `settings` (building blocks; `settings` holds the `TCPS_*` variables), `socket` (the per-socket record), `control`,
 //! `attach` and `memory` (the control socket, the handshake, registered
 //! memory), `sendq::shared` (the attachment's send-queue state),
 //! `channel` (the attachment: channel pool and the wait loop), `client`
@@ -28,6 +28,7 @@ mod eager;
 mod kernelfd;
 mod memory;
 mod sendq;
+mod settings;
 mod socket;
 mod sys;
 mod table;
@@ -36,3 +37,4 @@ pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use sendq::IoHandle;
+pub use settings::{pin_settings, pinned_settings, setting, setting_str};
