@@ -14,7 +14,8 @@
 //! memory), `sendq::shared` (the attachment's send-queue state),
 //! `channel` (the attachment: channel pool and the wait loop), `client`
 //! (encodes each call), and the calls that extend `Client`: `kernelfd`
-//! (the host's own kernel descriptors), `eager` (receiving and accepting
+//! (the host's own kernel descriptors), `optcache` (options answered from
+//! the per-socket record), `eager` (receiving and accepting
 //! from the rings the server fills eagerly), the rest of `sendq`
 //! (asynchronous send queues and registered memory), then `capi`.
 
@@ -27,6 +28,7 @@ mod control;
 mod eager;
 mod kernelfd;
 mod memory;
+mod optcache;
 mod sendq;
 mod settings;
 mod socket;
