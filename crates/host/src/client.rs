@@ -405,11 +405,13 @@ impl Client {
             self.with_input(set, value).map(drop)
         };
         self.forget_options(s);
-        if level == SOL_TCPS {
-            at_server()?;
+        let r = if level == SOL_TCPS {
+            at_server()
         } else {
-            self.kernel_setsockopt(s, level, name, value, at_server)?;
-        }
+            self.kernel_setsockopt(s, level, name, value, at_server)
+        };
+        self.forget_options(s);
+        r?;
         self.eager_setsockopt(s, level, name, value);
         Ok(())
     }
@@ -428,11 +430,12 @@ impl Client {
                 name,
                 value,
             };
-            if let Some(n) = self.kept_option(s, level, name, out) {
-                return Ok(n);
-            }
+            let gen = match self.kept_option(s, level, name, out) {
+                Ok(n) => return Ok(n),
+                Err(gen) => gen,
+            };
             let (_, len) = self.with_output(get, out, MAX_OPT_LEN)?;
-            self.keep_option(s, level, name, out, len);
+            self.keep_option(s, (level, name, gen), out, len);
             Ok(len.min(out.len()))
         };
         if level == SOL_TCPS {

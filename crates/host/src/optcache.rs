@@ -28,29 +28,39 @@ fn slot(level: i32, name: i32) -> Option<(usize, usize)> {
 
 impl Client {
     /// The kept value of option (`level`, `name`) of `s`, copied into
-    /// `out` if it holds all of it; its length.
+    /// `out` if it holds all of it: `Ok(length)`. Else `Err(generation)`,
+    /// to hand to [`Client::keep_option`] with the server's answer.
     pub(crate) fn kept_option(
         &self,
         s: u32,
         level: i32,
         name: i32,
         out: &mut [u8],
-    ) -> Option<usize> {
-        let (i, _) = slot(level, name)?;
-        let sock = self.conn.socks.get(s)?;
+    ) -> Result<usize, u32> {
+        let Some(((i, _), sock)) = slot(level, name).zip(self.conn.socks.get(s)) else {
+            return Err(0);
+        };
         let g = sock.opts.lock();
-        let (v, n) = g.vals[i].filter(|_| !g.shared)?;
-        let n = n as usize;
-        if out.len() < n {
-            return None;
+        match g.vals[i].filter(|&(_, n)| !g.shared && out.len() >= n as usize) {
+            Some((v, n)) => {
+                let n = n as usize;
+                out[..n].copy_from_slice(&v[..n]);
+                Ok(n)
+            }
+            None => Err(g.gen),
         }
-        out[..n].copy_from_slice(&v[..n]);
-        Some(n)
     }
 
     /// The server answered `out[..n]` for option (`level`, `name`) of `s`
-    /// (from a buffer of `out.len()` bytes): keep it if it is whole.
-    pub(crate) fn keep_option(&self, s: u32, level: i32, name: i32, out: &[u8], n: usize) {
+    /// (from a buffer of `out.len()` bytes), asked for at generation `gen`:
+    /// keep it if it is whole and no set came in between.
+    pub(crate) fn keep_option(
+        &self,
+        s: u32,
+        (level, name, gen): (i32, i32, u32),
+        out: &[u8],
+        n: usize,
+    ) {
         let Some((i, whole)) = slot(level, name) else {
             return;
         };
@@ -59,21 +69,26 @@ impl Client {
         if n > 16 || (n >= out.len() && n != whole) {
             return;
         }
+        // An id without a record had none when asked (gen 0 then).
         let Ok(sock) = self.conn.socks.get_or_insert(s) else {
             return;
         };
         let mut g = sock.opts.lock();
-        if !g.shared {
+        if !g.shared && g.gen == gen {
             let mut v = [0u8; 16];
             v[..n].copy_from_slice(&out[..n]);
             g.vals[i] = Some((v, n as u8));
         }
     }
 
-    /// An option of `s` is being set: nothing kept holds any more.
+    /// An option of `s` is being set: nothing kept holds any more. Called
+    /// before and after the set, so an answer asked for before the set and
+    /// kept while it ran is dropped too.
     pub(crate) fn forget_options(&self, s: u32) {
-        if let Some(sock) = self.conn.socks.get(s) {
-            sock.opts.lock().vals = Default::default();
+        if let Ok(sock) = self.conn.socks.get_or_insert(s) {
+            let mut g = sock.opts.lock();
+            g.vals = Default::default();
+            g.gen = g.gen.wrapping_add(1);
         }
     }
 
@@ -86,6 +101,7 @@ impl Client {
                 let mut g = sock.opts.lock();
                 g.shared = true;
                 g.vals = Default::default();
+                g.gen = g.gen.wrapping_add(1);
             }
         }
     }

@@ -137,6 +137,8 @@ pub(crate) struct OptCache {
     pub shared: bool,
     /// Per cached option (`optcache::slot`): the value and its length.
     pub vals: [Option<([u8; 16], u8)>; 3],
+    /// Counts forgets: an answer asked for before a set must not be kept.
+    pub gen: u32,
 }
 
 const NB_UNKNOWN: u8 = 0;
@@ -303,7 +305,11 @@ impl Sockets {
         };
         self.reset_recv(&mut g, after);
         sock.forget_nonblocking();
-        *sock.opts.lock() = OptCache::default();
+        let mut opts = sock.opts.lock();
+        *opts = OptCache {
+            gen: opts.gen.wrapping_add(1),
+            ..OptCache::default()
+        };
         accepted_open
     }
 
