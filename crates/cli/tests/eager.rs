@@ -55,7 +55,7 @@ fn data_then_fin_then_nothing(engine: &str) {
     // and waiting in the ring (the workers publish every 100 ms).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let v = stat_json(&srv);
+        let v = srv.stat_json();
         let (ctr, dep) = (&v["total"]["counters"], &v["total"]["depths"]);
         if ctr["accepts_eager"].as_u64() == Some(1)
             && ctr["recvs_eager"].as_u64() > Some(0)
@@ -407,20 +407,9 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// `tcps stat --json` of a server.
-fn stat_json(srv: &Server) -> serde_json::Value {
-    let out = Command::new(TCPS)
-        .args(["stat", "--json", "--socket"])
-        .arg(&srv.socket)
-        .output()
-        .expect("tcps stat");
-    assert!(out.status.success(), "tcps stat: {out:?}");
-    serde_json::from_slice(&out.stdout).expect("stat JSON")
-}
-
 /// The server's count of bytes read ahead (`tcps stat --json`).
 fn bytes_eager(srv: &Server) -> u64 {
-    stat_json(srv)["total"]["counters"]["bytes_eager"]
+    srv.stat_json()["total"]["counters"]["bytes_eager"]
         .as_u64()
         .expect("total.counters.bytes_eager")
 }

@@ -488,7 +488,7 @@ fn pull_budget_keeps_bytes_in_the_kernel(engine: &str) {
         "a 1 MiB pull budget, yet the server grew by {grown} KiB"
     );
     // The server's own count (`tcps stat`, published every 100 ms).
-    let held = stat_json(&srv)["total"]["depths"]["pull_buffer_bytes"]
+    let held = srv.stat_json()["total"]["depths"]["pull_buffer_bytes"]
         .as_u64()
         .expect("total.depths.pull_buffer_bytes");
     assert!(
@@ -550,16 +550,6 @@ fn parked_poll_entries_are_budgeted() {
     let c = raw.run(Call::Nop);
     assert_eq!((c.result, c.errno), (0, 0), "a Nop after: {c:?}");
     fresh_host_works(&srv, Duration::from_millis(500));
-}
-
-fn stat_json(srv: &Server) -> serde_json::Value {
-    let out = std::process::Command::new(TCPS)
-        .args(["stat", "--json", "--socket"])
-        .arg(&srv.socket)
-        .output()
-        .expect("tcps stat");
-    assert!(out.status.success(), "tcps stat: {out:?}");
-    serde_json::from_slice(&out.stdout).expect("stat JSON")
 }
 
 // ---- finding 6: /metrics ------------------------------------------------------

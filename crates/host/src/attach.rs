@@ -62,10 +62,11 @@ fn record_failure(message: &str) {
     s.push_str(message);
 }
 
-/// The control socket path when none is given: `$TCPS_SOCKET`, else the
-/// protocol's default.
+/// The control socket path when none is given: `$TCPS_SOCKET` (as pinned
+/// when the preload library loaded, `settings.rs`), else the protocol's
+/// default.
 pub fn default_path() -> PathBuf {
-    match std::env::var_os(handshake::SOCKET_ENV) {
+    match crate::settings::setting(handshake::SOCKET_ENV) {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => handshake::default_socket_path(),
     }

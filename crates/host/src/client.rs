@@ -404,11 +404,14 @@ impl Client {
             };
             self.with_input(set, value).map(drop)
         };
-        if level == SOL_TCPS {
-            at_server()?;
+        self.forget_options(s);
+        let r = if level == SOL_TCPS {
+            at_server()
         } else {
-            self.kernel_setsockopt(s, level, name, value, at_server)?;
-        }
+            self.kernel_setsockopt(s, level, name, value, at_server)
+        };
+        self.forget_options(s);
+        r?;
         self.eager_setsockopt(s, level, name, value);
         Ok(())
     }
@@ -427,7 +430,12 @@ impl Client {
                 name,
                 value,
             };
+            let gen = match self.kept_option(s, level, name, out) {
+                Ok(n) => return Ok(n),
+                Err(gen) => gen,
+            };
             let (_, len) = self.with_output(get, out, MAX_OPT_LEN)?;
+            self.keep_option(s, (level, name, gen), out, len);
             Ok(len.min(out.len()))
         };
         if level == SOL_TCPS {
@@ -450,7 +458,7 @@ impl Client {
 
     /// getsockname(2) into raw `sockaddr` bytes; returns the full length.
     pub fn getsockname_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
-        if let Some(r) = self.kernel_getsockname(s, out) {
+        if let Some(r) = self.kernel_getname(s, false, out) {
             return r;
         }
         Ok(self
@@ -470,6 +478,9 @@ impl Client {
 
     /// getpeername(2) into raw `sockaddr` bytes; returns the full length.
     pub fn getpeername_raw(&self, s: u32, out: &mut [u8]) -> io::Result<usize> {
+        if let Some(r) = self.kernel_getname(s, true, out) {
+            return r;
+        }
         Ok(self
             .with_output(
                 |addr| Call::GetPeerName { sock: s, addr },
@@ -549,9 +560,18 @@ impl Client {
     /// fcntl(2): `F_GETFL` and `F_SETFL` (`O_NONBLOCK`). O_NONBLOCK is
     /// the library's own view (an `accept4(SOCK_NONBLOCK)` of a connection
     /// the server accepted eagerly is non-blocking here, not at the server).
+    /// `F_GETFL` of a socket with a descriptor in this process and a known
+    /// O_NONBLOCK is answered here, with no round trip.
     pub fn fcntl(&self, s: u32, cmd: i32, arg: i64) -> io::Result<i64> {
-        let mut res = self.simple_call(Call::Fcntl { sock: s, cmd, arg })?.result;
         let nb = i64::from(libc::O_NONBLOCK);
+        let local = match (cmd, self.local_nonblocking(s)) {
+            (libc::F_GETFL, Some(_)) => self.kernel_getfl(s),
+            _ => None,
+        };
+        let mut res = match local {
+            Some(r) => r?,
+            None => self.simple_call(Call::Fcntl { sock: s, cmd, arg })?.result,
+        };
         if cmd == libc::F_SETFL {
             if let Ok(sock) = self.conn.socks.get_or_insert(s) {
                 sock.set_nonblocking(arg & nb != 0);

@@ -129,19 +129,26 @@ impl Client {
         check(unsafe { libc::syscall(libc::SYS_listen, fd, backlog) }).map(drop)
     }
 
-    /// getsockname(2) on this process's descriptor, if it has one.
-    pub(crate) fn kernel_getsockname(&self, s: u32, out: &mut [u8]) -> Option<io::Result<usize>> {
+    /// getsockname(2) (`peer`: getpeername(2)) on this process's
+    /// descriptor, if it has one: the same kernel socket the server works
+    /// on, so the kernel's own answer, with no round trip.
+    pub(crate) fn kernel_getname(
+        &self,
+        s: u32,
+        peer: bool,
+        out: &mut [u8],
+    ) -> Option<io::Result<usize>> {
         let fd = self.own_fd(s)?;
         let mut ss = [0u8; 128];
         let mut len = ss.len() as libc::socklen_t;
+        let nr = if peer {
+            libc::SYS_getpeername
+        } else {
+            libc::SYS_getsockname
+        };
         // SAFETY: `ss` is writable for `len` bytes.
         let r = check(unsafe {
-            libc::syscall(
-                libc::SYS_getsockname,
-                fd,
-                ss.as_mut_ptr(),
-                &mut len as *mut libc::socklen_t,
-            )
+            libc::syscall(nr, fd, ss.as_mut_ptr(), &mut len as *mut libc::socklen_t)
         });
         Some(r.map(|_| {
             let full = (len as usize).min(ss.len());
@@ -176,6 +183,17 @@ impl Client {
             Err(e) if is_eperm(&e) => sys::setsockopt(self.kernel_fd(s)?, level, name, value),
             r => r,
         }
+    }
+
+    /// fcntl(F_GETFL) on this process's descriptor, if it has one (it
+    /// shares the server's open file description, O_NONBLOCK aside, which
+    /// the caller takes from the record).
+    pub(crate) fn kernel_getfl(&self, s: u32) -> Option<io::Result<i64>> {
+        let fd = self.own_fd(s)?;
+        // SAFETY: plain syscall with integer arguments.
+        Some(check(unsafe {
+            libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL)
+        }))
     }
 
     /// getsockopt(2) of a kernel option, where [`Client::kernel_setsockopt`]

@@ -8,13 +8,14 @@
 //! * [`Client`] is the Rust API: BSD socket calls on tcps socket ids.
 //! * [`capi`] is the C ABI of `include/tcps.h` (`libtcps.so`).
 //!
-//! Modules, bottom up (each uses only those before it): `table` and `sys`
-//! (building blocks), `socket` (the per-socket record), `control`,
+//! Modules, bottom up (each uses only those before it): `table`, `sys` and
+//! `settings` (building blocks; `settings` holds the `TCPS_*` variables), `socket` (the per-socket record), `control`,
 //! `attach` and `memory` (the control socket, the handshake, registered
 //! memory), `sendq::shared` (the attachment's send-queue state),
 //! `channel` (the attachment: channel pool and the wait loop), `client`
 //! (encodes each call), and the calls that extend `Client`: `kernelfd`
-//! (the host's own kernel descriptors), `eager` (receiving and accepting
+//! (the host's own kernel descriptors), `optcache` (options answered from
+//! the per-socket record), `eager` (receiving and accepting
 //! from the rings the server fills eagerly), the rest of `sendq`
 //! (asynchronous send queues and registered memory), then `capi`.
 
@@ -27,7 +28,9 @@ mod control;
 mod eager;
 mod kernelfd;
 mod memory;
+mod optcache;
 mod sendq;
+mod settings;
 mod socket;
 mod sys;
 mod table;
@@ -36,3 +39,4 @@ pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use sendq::{IoHandle, SendBacklog};
+pub use settings::{pin_settings, pinned_settings, setting, setting_str};

@@ -134,6 +134,18 @@ impl SendSide {
     }
 }
 
+/// Option values read from the server and kept (`crate::optcache`).
+#[derive(Default)]
+pub(crate) struct OptCache {
+    /// The socket is shared with another process (fork): its options may
+    /// change behind this library's back, so nothing is kept.
+    pub shared: bool,
+    /// Per cached option (`optcache::slot`): the value and its length.
+    pub vals: [Option<([u8; 16], u8)>; 3],
+    /// Counts forgets: an answer asked for before a set must not be kept.
+    pub gen: u32,
+}
+
 const NB_UNKNOWN: u8 = 0;
 const NB_OFF: u8 = 1;
 const NB_ON: u8 = 2;
@@ -148,6 +160,7 @@ pub(crate) struct Socket {
     nonblocking: AtomicU8,
     /// `fd + 1` of this process's own descriptor of the socket (0: none).
     kfd: AtomicI32,
+    pub opts: SpinLock<OptCache>,
     pub recv: SpinLock<RecvSide>,
     pub send: SpinLock<SendSide>,
 }
@@ -281,7 +294,8 @@ impl Sockets {
         **g = fresh;
     }
 
-    /// `s` is being closed: forgets its receive side and its O_NONBLOCK.
+    /// `s` is being closed: forgets its receive side, its O_NONBLOCK and
+    /// its kept options.
     /// Returns whether it was a connection this library accepted and had
     /// not closed yet (of two racing closes, one sees true).
     pub fn close_recv(&self, s: u32) -> bool {
@@ -296,6 +310,11 @@ impl Sockets {
         };
         self.reset_recv(&mut g, after);
         sock.forget_nonblocking();
+        let mut opts = sock.opts.lock();
+        *opts = OptCache {
+            gen: opts.gen.wrapping_add(1),
+            ..OptCache::default()
+        };
         accepted_open
     }
 

@@ -39,19 +39,19 @@ pub fn for_existing() -> Option<&'static Client> {
     for_new_socket().ok()
 }
 
-/// `TCPS_FALLBACK=fail`; any value but `kernel`, `fail` or none is
+/// `TCPS_FALLBACK=fail` (as pinned when the library loaded); any value but `kernel`, `fail` or none is
 /// reported (once) and treated as `kernel`, the default.
 fn fail_mode() -> bool {
-    match std::env::var("TCPS_FALLBACK") {
-        Ok(v) if v == "fail" => true,
-        Ok(v) if v == "kernel" || v.is_empty() => false,
-        Err(std::env::VarError::NotPresent) => false,
-        other => {
+    match tcps::setting_str("TCPS_FALLBACK") {
+        Some(Ok(v)) if v == "fail" => true,
+        Some(Ok(v)) if v == "kernel" || v.is_empty() => false,
+        None => false,
+        Some(other) => {
             static REPORTED: std::sync::Once = std::sync::Once::new();
             REPORTED.call_once(|| {
                 log::emit(&format!(
                     "TCPS_FALLBACK={:?} is not valid (expected kernel or fail); using kernel",
-                    other.unwrap_or_default()
+                    other.unwrap_or_else(|v| v.to_string_lossy().into_owned())
                 ))
             });
             false
@@ -69,8 +69,8 @@ pub fn attaching_here() -> bool {
     IN_ATTACH.with(|a| a.get())
 }
 
-/// The control socket path, fixed by the first attach: a forked child uses
-/// its parent's even if the program cleared its environment (nginx does).
+/// The control socket path (`TCPS_SOCKET` as pinned when the library
+/// loaded, `on_load`), fixed by the first attach.
 fn socket_path() -> &'static std::path::Path {
     static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(tcps::default_path)
@@ -110,7 +110,7 @@ fn attach() {
                 ));
                 state::fail_tcp_sockets();
             } else {
-                if std::env::var_os("TCPS_FALLBACK_QUIET").is_none() {
+                if tcps::setting("TCPS_FALLBACK_QUIET").is_none() {
                     warning!("no TCP server ({why}); running on kernel sockets");
                 }
                 debug!("fallback: every TCP socket of this process goes to the kernel");

@@ -14,10 +14,20 @@
 //! handed-back sockets stay kernel sockets. A socket the server cannot hand
 //! over (calls parked on it, an asynchronous send queue) stays a
 //! placeholder, and is lost to the new image (logged).
+//!
+//! Settings: the new image reads its `TCPS_*` settings from the
+//! environment exec gives it. If that environment still loads this library
+//! (`LD_PRELOAD` names it) but lacks a setting this image pinned when it
+//! loaded (the program rebuilt its environment), the pinned value is added,
+//! so the child follows the same server and the same `--fallback`. An
+//! environment without the library is passed as the program made it: that
+//! child runs without tcps, on kernel sockets, as it would without
+//! `tcps run`.
 
 use crate::log::{debug, warning};
 use crate::{control, fdtable, real, state};
 use libc::{c_char, c_int};
+use std::ffi::{CStr, CString};
 use std::os::fd::AsRawFd;
 use tcps_proto::handshake::ControlMsg;
 
@@ -78,6 +88,84 @@ fn hand_back() {
     }
 }
 
+/// The name this library has in `LD_PRELOAD`.
+const LIBRARY: &[u8] = b"libtcps_preload";
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// Visits the entries of a NULL-terminated environment array until `f`
+/// says stop; true if it did. Allocates nothing (a vfork child may be
+/// calling exec).
+///
+/// SAFETY: `envp` is NULL or a NULL-terminated array of C strings, as exec
+/// requires.
+unsafe fn any_entry(envp: *const *const c_char, mut f: impl FnMut(&[u8]) -> bool) -> bool {
+    if envp.is_null() {
+        return false;
+    }
+    let mut p = envp;
+    // SAFETY: the caller's promise: every pointer up to the NULL is a C
+    // string.
+    while !(*p).is_null() {
+        if f(CStr::from_ptr(*p).to_bytes()) {
+            return true;
+        }
+        p = p.add(1);
+    }
+    false
+}
+
+/// `envp` with the pinned settings it lacks, when it still loads this
+/// library; `None` to pass it unchanged (the common case, decided without
+/// allocating).
+///
+/// SAFETY: as [`any_entry`].
+unsafe fn with_settings(envp: *const *const c_char) -> Option<Vec<CString>> {
+    let pinned = tcps::pinned_settings();
+    let has = |k: &[u8]| {
+        any_entry(envp, |e| {
+            e.len() > k.len() && e.starts_with(k) && e[k.len()] == b'='
+        })
+    };
+    let preloads_us = any_entry(envp, |e| {
+        e.strip_prefix(b"LD_PRELOAD=")
+            .is_some_and(|v| v.windows(LIBRARY.len()).any(|w| w == LIBRARY))
+    });
+    if !preloads_us || pinned.iter().all(|(k, _)| has(k.as_encoded_bytes())) {
+        return None;
+    }
+    let mut all = Vec::new();
+    any_entry(envp, |e| {
+        all.extend(CString::new(e).ok());
+        false
+    });
+    for (k, v) in pinned.iter().filter(|(k, _)| !has(k.as_encoded_bytes())) {
+        let e = [k.as_encoded_bytes(), b"=", v.as_encoded_bytes()].concat();
+        all.extend(CString::new(e).ok());
+    }
+    debug!("exec: the new environment loads tcps but lacked some settings; they are added");
+    Some(all)
+}
+
+/// Calls `exec` with `envp`, or with `envp` plus the settings it lacks.
+///
+/// SAFETY: `envp` is NULL or a NULL-terminated array of C strings.
+unsafe fn exec_with(
+    envp: *const *const c_char,
+    exec: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    match with_settings(envp) {
+        None => exec(envp),
+        Some(strings) => {
+            let mut ptrs: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            exec(ptrs.as_ptr())
+        }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
@@ -85,19 +173,21 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
-    real::execve()(path, argv, envp)
+    exec_with(envp, |e| real::execve()(path, argv, e))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     hand_back();
-    real::execv()(path, argv)
+    // SAFETY: `environ` is libc's current environment array.
+    exec_with(environ, |e| real::execve()(path, argv, e))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     hand_back();
-    real::execvp()(file, argv)
+    // SAFETY: as in `execv`.
+    exec_with(environ, |e| real::execvpe()(file, argv, e))
 }
 
 #[no_mangle]
@@ -107,7 +197,7 @@ pub unsafe extern "C" fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
-    real::execvpe()(file, argv, envp)
+    exec_with(envp, |e| real::execvpe()(file, argv, e))
 }
 
 #[no_mangle]
@@ -117,5 +207,5 @@ pub unsafe extern "C" fn fexecve(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
-    real::fexecve()(fd, argv, envp)
+    exec_with(envp, |e| real::fexecve()(fd, argv, e))
 }

@@ -76,6 +76,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                 // and must live exactly as long as this process (as the
                 // kernel's fds would), even if it never touches them.
                 let _ = attach::for_new_socket();
+                share_inherited_sockets();
             } else {
                 attach::close_parent_kfds();
                 for (fd, _) in fdtable::all() {
@@ -85,6 +86,17 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         }
     } else if pid > 0 {
         debug!("fork: child {pid}");
+        if token.is_some() {
+            share_inherited_sockets();
+        }
     }
     pid
+}
+
+/// The sockets the child inherited are the parent's too: neither may keep
+/// their options (`tcps::Client::share_sockets`), the other can set them.
+fn share_inherited_sockets() {
+    if let Some(c) = state::client() {
+        c.share_sockets(fdtable::all().into_iter().map(|(_, id)| id));
+    }
 }

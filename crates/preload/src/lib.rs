@@ -42,17 +42,21 @@ mod sendq;
 mod sock;
 mod state;
 
-/// Runs when the library is loaded, before the program's `main`. The
+/// Runs when the library is loaded, before the program's `main`: pins every
+/// `TCPS_*` setting (`tcps::pin_settings`) before the program can replace
+/// or clear its environment (nginx with its perl module does, before it
+/// opens a socket), so `--socket` and `--fallback fail` hold whatever it
+/// does to `environ`. The
 /// program `tcps run` started (it keeps `tcps run`'s pid, `TCPS_RUN_PID`)
 /// writes its summary at exit when asked (`TCPS_PRELOAD_STATS`, or
 /// `TCPS_LOG=info`) even if it never makes a TCP socket; other processes
 /// register it at their first attach, so helper processes of a wrapper
 /// script add no lines.
 extern "C" fn on_load() {
-    // Settings read before the program can change its environment.
+    tcps::pin_settings();
     sendq::enabled();
-    let started_by_run =
-        std::env::var("TCPS_RUN_PID").is_ok_and(|pid| pid.trim() == std::process::id().to_string());
+    let started_by_run = tcps::setting_str("TCPS_RUN_PID")
+        .is_some_and(|pid| pid.is_ok_and(|pid| pid.trim() == std::process::id().to_string()));
     if started_by_run && (log::stats_file().is_some() || log::level() >= log::INFO) {
         state::summary_for_this_process();
     }

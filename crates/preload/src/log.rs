@@ -14,7 +14,7 @@ pub const WARN: u8 = 1;
 pub const INFO: u8 = 2;
 pub const DEBUG: u8 = 3;
 
-/// 255: not read from the environment yet.
+/// 255: not read from the settings yet.
 static LEVEL: AtomicU8 = AtomicU8::new(255);
 
 pub fn level() -> u8 {
@@ -22,18 +22,21 @@ pub fn level() -> u8 {
     if l != 255 {
         return l;
     }
-    let l = match std::env::var("TCPS_LOG").as_deref() {
-        Ok("off") | Ok("0") | Ok("none") => OFF,
-        Ok("info") => INFO,
-        Ok("debug") | Ok("trace") => DEBUG,
-        Ok("warn") | Ok("warning") | Ok("") | Err(std::env::VarError::NotPresent) => WARN,
-        Ok(other) => {
-            emit(&format!(
-                "TCPS_LOG={other:?} is not valid (expected debug, info, warn or off); using warn"
-            ));
-            WARN
-        }
-        Err(std::env::VarError::NotUnicode(_)) => {
+    let l = match tcps::setting_str("TCPS_LOG") {
+        None => WARN,
+        Some(Ok(v)) => match v.as_str() {
+            "off" | "0" | "none" => OFF,
+            "info" => INFO,
+            "debug" | "trace" => DEBUG,
+            "warn" | "warning" | "" => WARN,
+            other => {
+                emit(&format!(
+                    "TCPS_LOG={other:?} is not valid (expected debug, info, warn or off); using warn"
+                ));
+                WARN
+            }
+        },
+        Some(Err(_)) => {
             emit("TCPS_LOG is not valid (expected debug, info, warn or off); using warn");
             WARN
         }
@@ -93,11 +96,10 @@ pub fn summary() -> String {
     )
 }
 
-/// `TCPS_PRELOAD_STATS`, read once (before a program like nginx clears the
-/// environment of its workers).
+/// `TCPS_PRELOAD_STATS`, as pinned when the library loaded.
 pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
     static FILE: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-    FILE.get_or_init(|| std::env::var_os("TCPS_PRELOAD_STATS"))
+    FILE.get_or_init(|| tcps::setting("TCPS_PRELOAD_STATS"))
         .as_deref()
 }
 

@@ -334,6 +334,17 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `tcps stat --json` of this server.
+    pub fn stat_json(&self) -> serde_json::Value {
+        let out = Command::new(TCPS)
+            .args(["stat", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("tcps stat");
+        assert!(out.status.success(), "tcps stat: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("stat JSON")
+    }
+
     /// Whether the server process is still running.
     pub fn is_alive(&mut self) -> bool {
         match self.child.as_mut() {

@@ -179,9 +179,7 @@ impl Conn {
         // cheaper. TCPS_SPIN_US overrides either way.
         let dedicated =
             a.region.header().server_flags.load(Ordering::Acquire) & SERVER_DEDICATED_CORES != 0;
-        let spin_us = std::env::var("TCPS_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        let spin_us = crate::settings::setting_num::<u64>("TCPS_SPIN_US")
             .unwrap_or(if dedicated { DEFAULT_SPIN_US } else { 0 })
             .min(1_000_000);
         let send_queues = layout.send_queues;
@@ -207,9 +205,7 @@ impl Conn {
             spin: Duration::from_micros(spin_us),
             spinners: AtomicU32::new(0),
             spin_budget_ns: AtomicU64::new(spin_us * 1000),
-            max_spinners: std::env::var("TCPS_SPINNERS")
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
+            max_spinners: crate::settings::setting_num::<u32>("TCPS_SPINNERS")
                 .unwrap_or(DEFAULT_SPINNERS),
         }
     }

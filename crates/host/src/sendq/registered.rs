@@ -17,9 +17,7 @@ impl Client {
     /// The staging pool, registered on first use (`TCPS_ASYNC_POOL_KIB`).
     pub(super) fn pool(&self) -> io::Result<&Pool> {
         let r = self.conn.sendq.pool.get_or_init(|| {
-            let kib = std::env::var("TCPS_ASYNC_POOL_KIB")
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
+            let kib = crate::settings::setting_num::<usize>("TCPS_ASYNC_POOL_KIB")
                 .unwrap_or(DEFAULT_POOL_KIB)
                 .clamp(MAX_PIECE / 1024, 1 << 22);
             let len = kib * 1024;

@@ -77,7 +77,8 @@ impl SendqShared {
             gens: (0..send_queues).map(|_| AtomicU32::new(0)).collect(),
             pool: OnceLock::new(),
             debug: AtomicBool::new(
-                std::env::var("TCPS_DEBUG_REGISTERED").is_ok_and(|v| v != "0" && !v.is_empty()),
+                crate::settings::setting_str("TCPS_DEBUG_REGISTERED")
+                    .is_some_and(|v| v.is_ok_and(|v| v != "0" && !v.is_empty())),
             ),
             counters: Counters::default(),
         }
