@@ -210,7 +210,7 @@ def wrk(port, secs, conns=32):
 def h2load(port, secs):
     def go():
         out = run_client(["h2load", "--h1", "-m", "8", "-c", "32", "-t", "1", "-D", str(secs),
-                          "--warm-up-time", "0.5", f"http://127.0.0.1:{port}/16k.bin"])
+                          "--warm-up-time", "1", f"http://127.0.0.1:{port}/16k.bin"])
         m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed", out)
         done, failed = int(m.group(1)), int(m.group(3))
         mean = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)", out)
@@ -237,7 +237,8 @@ def redis_bench(port, test, n, conns, pipeline=1):
 
 
 def cases(secs):
-    """(group, starter args, [(case name, client factory(port))])."""
+    """(group, starter args, [(case name, client factory(port))]). The
+    redis counts make a kernel run last about `secs` on this machine."""
     k = max(1, round(secs))
     return [
         ("nginx", ("on",), [
@@ -248,11 +249,11 @@ def cases(secs):
             ("nginx 16 KiB keep-alive, sendfile off (wrk -c 32)", lambda p: wrk(p, secs)),
         ]),
         ("redis", (), [
-            ("redis GET -c 50", lambda p: redis_bench(p, "get", 60000 * k, 50)),
-            ("redis SET -c 50", lambda p: redis_bench(p, "set", 60000 * k, 50)),
-            ("redis GET -c 50 -P 16", lambda p: redis_bench(p, "get", 300000 * k, 50, 16)),
-            ("redis SET -c 50 -P 16", lambda p: redis_bench(p, "set", 300000 * k, 50, 16)),
-            ("latency: redis GET -c 1", lambda p: redis_bench(p, "get", 8000 * k, 1)),
+            ("redis GET -c 50", lambda p: redis_bench(p, "get", 80000 * k, 50)),
+            ("redis SET -c 50", lambda p: redis_bench(p, "set", 80000 * k, 50)),
+            ("redis GET -c 50 -P 16", lambda p: redis_bench(p, "get", 1000000 * k, 50, 16)),
+            ("redis SET -c 50 -P 16", lambda p: redis_bench(p, "set", 1000000 * k, 50, 16)),
+            ("latency: redis GET -c 1", lambda p: redis_bench(p, "get", 15000 * k, 1)),
         ]),
     ]
 
@@ -333,7 +334,7 @@ def table(results, order):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--secs", type=float, default=3, help="seconds per timed client run (default 3)")
+    ap.add_argument("--secs", type=int, default=3, help="seconds per timed client run (default 3)")
     ap.add_argument("--repeat", type=int, default=1, help="kernel/tcps rounds, alternating; medians")
     ap.add_argument("--out", help="also write the table (with the command) to this file")
     ap.add_argument("--only", help="run only the cases whose name contains this")
