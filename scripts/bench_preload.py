@@ -19,7 +19,7 @@ the TCP server's CPU per request; round trips and wake-ups per request
 latency (ratio). `--repeat N` runs kernel and tcps alternately N times and
 reports medians. Loopback, no network namespace.
 
-    scripts/bench-preload.sh [--secs S] [--repeat N] [--out FILE] [--only SUBSTR]
+    scripts/bench-preload.sh [--secs S] [--repeat N] [--out FILE] [--only SUBSTR] [SECS]
 """
 import argparse
 import json
@@ -338,7 +338,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="kernel/tcps rounds, alternating; medians")
     ap.add_argument("--out", help="also write the table (with the command) to this file")
     ap.add_argument("--only", help="run only the cases whose name contains this")
+    ap.add_argument("seconds", nargs="?", type=int,
+                    help="same as --secs (the script's older form: bench-preload.sh 5)")
     args = ap.parse_args()
+    if args.seconds:
+        args.secs = args.seconds
     for p in ("nginx", "wrk", "h2load", "redis-server", "redis-benchmark", "redis-cli", "taskset"):
         if not shutil.which(p):
             sys.exit(f"bench-preload: {p} missing (scripts/test.sh installs it)")
