@@ -349,6 +349,7 @@ def main():
     if not (os.access(TCPS, os.X_OK)
             and os.path.exists(os.path.join(ROOT, "target/release/libtcps_preload.so"))):
         subprocess.run(["cargo", "build", "--release"], cwd=ROOT, check=True)
+    load0 = open("/proc/loadavg").read().split()[0]
     b = Bench(args)
     try:
         results, order = run_all(b, args)
@@ -359,7 +360,9 @@ def main():
             f"{args.repeat} round(s), medians; application on CPU {APP_CPU}, "
             f"`tcps server --cpus {SRV_CPU}` and the clients on CPU {SRV_CPU}; "
             "ratios are tcps / kernel; server CPU, round trips and wakes are tcps-only; "
-            "h2load prints no percentiles, its p50 column is the mean)\n\n")
+            "h2load prints no percentiles, its p50 column is the mean; "
+            f"load average {load0} before, {open('/proc/loadavg').read().split()[0]} after: "
+            "other processes on these CPUs show as kernel/tcps noise)\n\n")
     t = table(results, order)
     print("\n" + head + t)
     if args.out:
