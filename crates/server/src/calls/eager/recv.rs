@@ -113,10 +113,8 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         });
     }
     let moved = st.tail != start || end.is_some();
-    if moved {
-        if ring.publish(st.tail, end) {
-            stats.wakes += 1;
-        }
+    if moved && ring.publish(st.tail, end) {
+        stats.wakes += 1;
     }
     moved
 }
