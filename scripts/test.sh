@@ -58,7 +58,7 @@ need_packages() {
     # (crates/cli/tests/preload_e2e.rs). pkgconf, man-db, systemd: tests/install.sh
     # (tcps.pc, man -l, systemd-analyze verify).
     for p in curl wrk build-essential strace iproute2 linux-perf python3-matplotlib \
-        python3 redis-server redis-tools nginx-light memcached libmemcached-tools iperf3 \
+        python3 redis-server redis-tools nginx-light memcached libmemcached-tools iperf3 nghttp2-client \
         pkgconf man-db systemd; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$p")

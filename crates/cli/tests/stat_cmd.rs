@@ -214,6 +214,66 @@ fn stat_reports_a_host(engine: &str) {
 
 engine_tests!(stat_reports_a_host);
 
+/// `wakes`: 0 while no host thread slept; a recv that sleeps at the host
+/// until data arrives later costs (at least) one futex wake.
+fn stat_counts_wakes(engine: &str) {
+    let srv = Server::start(
+        engine,
+        &[
+            "--poll",
+            "adaptive",
+            "--eager-recv",
+            "off",
+            "--eager-accept",
+            "off",
+        ],
+    );
+    let c = srv.attach();
+    // Sockets are adopted over the control socket, bind and getsockname run
+    // in the host: no completion, nobody waits.
+    let l = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.bind(l, &"127.0.0.1:0".parse::<SocketAddr>().unwrap())
+        .unwrap();
+    let addr = c.getsockname(l).unwrap();
+    let v = wait_stat(&srv, "the host", |v| {
+        me(v).is_some_and(|h| calls(h, "Socket") == 1)
+    });
+    let h = me(&v).unwrap();
+    assert_eq!(h["counters"]["wakes"].as_u64(), Some(0), "{h:#}");
+    assert_eq!(c.stats().sleeps, 0);
+
+    c.listen(l, 16).unwrap();
+    let peer = std::net::TcpStream::connect(addr).unwrap();
+    let (a, _) = c.accept(l, 0).unwrap();
+    let v = wait_stat(&srv, "accepted", |v| {
+        me(v).is_some_and(|h| calls(h, "Accept") == 1 && parked(h) == 0)
+    });
+    let before = counter(me(&v).unwrap(), "wakes");
+    let sleeps = c.stats().sleeps;
+    let c2 = c.clone();
+    let waiter = std::thread::spawn(move || {
+        let mut b = [0u8; 16];
+        c2.recv(a, &mut b, 0).expect("recv")
+    });
+    // Parked for a stat round (milliseconds): far past the host's spin.
+    wait_stat(&srv, "one parked recv", |v| {
+        me(v).is_some_and(|h| parked(h) == 1)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    std::io::Write::write_all(&mut &peer, b"wake").unwrap();
+    assert_eq!(waiter.join().unwrap(), 4);
+    assert!(c.stats().sleeps > sleeps, "the host never slept");
+    let v = wait_stat(&srv, "a wake counted", |v| {
+        me(v).is_some_and(|h| counter(h, "wakes") > before)
+    });
+    assert!(v["total"]["counters"]["wakes"].as_u64().unwrap() > before);
+    let (code, out, err) = stat(srv.socket.as_os_str(), &[]);
+    assert_eq!(code, Some(0), "tcps stat: {err}");
+    assert!(out.contains("WAKES"), "no WAKES column:\n{out}");
+}
+
+engine_tests!(stat_counts_wakes);
+
 #[test]
 fn stat_without_a_server() {
     let dir = TempDir::new("stat-none");

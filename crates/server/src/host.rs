@@ -398,6 +398,10 @@ pub struct HostStats {
     pub bytes_eager: u64,
     /// `RecvKick`s taken (the host resumed a paused ring).
     pub recv_kicks: u64,
+    /// Futex wakes of sleeping host threads: a completion, a receive or
+    /// accept ring publish, or a finished asynchronous send found a host
+    /// thread waiting for it (wakes at server shutdown are not counted).
+    pub wakes: u64,
 }
 
 impl std::fmt::Display for HostStats {
@@ -411,8 +415,9 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "round_trips={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "round_trips={} wakes={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
             self.round_trips,
+            self.wakes,
             self.accepts_eager,
             self.accepts_on_demand,
             self.recvs_eager,

@@ -42,6 +42,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Channel round trips: completions published, each a call the host waited on.",
     ),
     (
+        "wakes",
+        "Futex wakes of sleeping host threads (completions, ring publishes, finished sends).",
+    ),
+    (
         "accepts_eager",
         "Connections accepted ahead into accept rings.",
     ),

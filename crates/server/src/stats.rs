@@ -235,6 +235,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         recvs_on_demand,
         bytes_eager,
         recv_kicks,
+        wakes,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
         *a += b;
@@ -255,6 +256,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.recvs_on_demand += recvs_on_demand;
     into.bytes_eager += bytes_eager;
     into.recv_kicks += recv_kicks;
+    into.wakes += wakes;
 }
 
 fn counters_json(s: &HostStats) -> Value {
@@ -269,6 +271,7 @@ fn counters_json(s: &HostStats) -> Value {
         "calls": calls,
         "calls_total": total,
         "round_trips": s.round_trips,
+        "wakes": s.wakes,
         "accepts_eager": s.accepts_eager,
         "accepts_on_demand": s.accepts_on_demand,
         "recvs_eager": s.recvs_eager,

@@ -58,9 +58,9 @@ impl<'a> AcceptRingProducer<'a> {
     }
 
     /// Publishes the records before `tail` (one store for a batch) and wakes
-    /// a sleeping host thread.
-    pub fn publish(&self, tail: u32) {
-        recv::publish(self.ctl(), tail, None);
+    /// a sleeping host thread. Returns whether one was waiting (woken).
+    pub fn publish(&self, tail: u32) -> bool {
+        recv::publish(self.ctl(), tail, None)
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`
@@ -81,7 +81,7 @@ impl<'a> AcceptRingProducer<'a> {
     }
 
     /// See [`RecvRingProducer::unbind`].
-    pub fn unbind(&self) {
+    pub fn unbind(&self) -> bool {
         self.inner.unbind()
     }
 

@@ -211,8 +211,9 @@ impl<'a> RecvRingProducer<'a> {
 
     /// Publishes `tail` and, if given, the end of stream after it; wakes a
     /// sleeping host thread. `end`: `Ok(())` EOF, `Err(errno)` an error.
-    pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) {
-        publish(self.ring.ctl(), tail, end);
+    /// Returns whether a host thread was waiting (a futex wake was made).
+    pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) -> bool {
+        publish(self.ring.ctl(), tail, end)
     }
 
     /// The ring is (nearly) full: publishes `tail`, sets `paused`, fences and
@@ -240,17 +241,19 @@ impl<'a> RecvRingProducer<'a> {
 
     /// Stops receiving ahead: `END_STOPPED` after the last `tail` (release),
     /// then wakes a sleeping host thread (it goes on with requests).
-    pub fn stop(&self) {
+    /// Returns whether a host thread was waiting (woken).
+    pub fn stop(&self) -> bool {
         let ctl = self.ring.ctl();
         ctl.end.store(END_STOPPED, Ordering::Release);
-        wake_if_waiting(ctl);
+        wake_if_waiting(ctl)
     }
 
     /// Unbinds the ring (the socket closes): `kind = FREE`, `owner = 0`
     /// (release), then wakes sleepers so they see the ring gone.
-    pub fn unbind(&self) {
+    /// Returns whether a host thread was waiting (woken).
+    pub fn unbind(&self) -> bool {
         self.release();
-        wake_if_waiting(self.ring.ctl());
+        wake_if_waiting(self.ring.ctl())
     }
 
     /// Unbinds the ring without waking anybody (it is known idle: `exec`).

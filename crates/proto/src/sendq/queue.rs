@@ -331,8 +331,9 @@ impl<'a> SendQueueConsumer<'a> {
 
     /// Publishes `done` (release: with the error and counters before it)
     /// and wakes a host thread sleeping on it.
-    pub fn publish_done(&self, done: u32) {
-        publish_done(self.sq.ctl(), done);
+    /// Returns whether a host thread was waiting (woken).
+    pub fn publish_done(&self, done: u32) -> bool {
+        publish_done(self.sq.ctl(), done)
     }
 }
 

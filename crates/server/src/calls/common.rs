@@ -59,7 +59,10 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
         aux,
     };
     match host.cursors[ch as usize].complete(&chan, &c) {
-        Ok(true) => ServerCursor::wake_host(&chan),
+        Ok(true) => {
+            host.stats.wakes += 1;
+            ServerCursor::wake_host(&chan)
+        }
         Ok(false) => {}
         Err(e) => host.doomed = Some(format!("channel {ch}: {e}")),
     }

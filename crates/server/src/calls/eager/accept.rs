@@ -137,7 +137,9 @@ pub(crate) fn accept_loop(
     let moved = st.tail != start;
     if moved {
         if let Some(ring) = host.region.recv_ring(lid) {
-            AcceptRingProducer::new(ring).publish(st.tail);
+            if AcceptRingProducer::new(ring).publish(st.tail) {
+                host.stats.wakes += 1;
+            }
         }
     }
     moved

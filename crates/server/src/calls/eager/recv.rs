@@ -113,8 +113,8 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         });
     }
     let moved = st.tail != start || end.is_some();
-    if moved {
-        ring.publish(st.tail, end);
+    if moved && ring.publish(st.tail, end) {
+        stats.wakes += 1;
     }
     moved
 }
@@ -137,7 +137,9 @@ pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
     s.eager = Eager::None;
     host.eager_paused.retain(|&p| p != sid);
     if let Some(ring) = host.region.recv_ring(sid) {
-        RecvRingProducer::new(ring).stop();
+        if RecvRingProducer::new(ring).stop() {
+            host.stats.wakes += 1;
+        }
     }
 }
 

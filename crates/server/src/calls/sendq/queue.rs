@@ -142,7 +142,9 @@ pub fn finish_job(host: &mut Host, job: &Job, data: MemRange, res: Res) {
     st.done = job.seq.wrapping_add(1);
     // Stores `done` and wakes a host thread sleeping on it (the lost
     // wake-up handshake, `SendQueueConsumer::publish_done`).
-    c.publish_done(st.done);
+    if c.publish_done(st.done) {
+        host.stats.wakes += 1;
+    }
 }
 
 /// The socket was closed and its jobs are done: the queue is free again.
