@@ -65,12 +65,24 @@ fn accepted_close_needs_no_round_trip(engine: &str) {
 }
 
 /// A listener (a socket from `socket`) is closed with a round trip: its
-/// port can be bound again as soon as close returns.
+/// port can be bound again as soon as close returns. The port is taken
+/// below the ephemeral range (`ip_local_port_range` starts at 32768), so a
+/// connection another test opens meanwhile cannot take it as its local
+/// port and make the second bind fail for a reason that is not ours.
 fn listener_close_frees_the_port_at_once(engine: &str) {
     let srv = start_server(engine);
     let c = srv.attach();
+    let mut port = 20_000 + (std::process::id() % 5_000) as u16 * 2 + engine.len() as u16;
     for _ in 0..20 {
-        let (l, addr) = tcps_listener(&c);
+        let (l, addr) = loop {
+            let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            port = if port >= 32_000 { 20_000 } else { port + 1 };
+            match c.tcp_listen(addr, 1024) {
+                Ok(l) => break (l, addr),
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
+                Err(e) => panic!("{engine}: listen on {addr}: {e}"),
+            }
+        };
         let before = c.stats().round_trips;
         c.close(l).unwrap();
         assert_eq!(c.stats().round_trips, before + 1, "listener close waits");
