@@ -29,7 +29,9 @@ fn run(srv: &Server, dir: &TempDir, net: Net, args: &[&str]) -> (ExitStatus, Str
     let log = dir.path().join(format!("{tag}.out"));
     let mut argv = vec!["python3", PROG];
     argv.extend_from_slice(args);
-    let mut child = command(net, srv, &stats, &log, &argv).spawn().expect("spawn");
+    let mut child = command(net, srv, &stats, &log, &argv)
+        .spawn()
+        .expect("spawn");
     let st = wait_timeout(&mut child, Duration::from_secs(120)).unwrap_or_else(|| {
         let _ = child.kill();
         panic!("{argv:?} on {net:?} did not finish:\n{}", read(&log))
@@ -47,7 +49,10 @@ fn same_as_kernel(args: &[&str], must: &[&str]) {
     let (tst, tout, sums) = run(&srv, &dir, Net::Tcps, args);
     assert!(kst.success(), "{args:?} failed on kernel sockets:\n{kout}");
     assert!(tst.success(), "{args:?} failed through tcps:\n{tout}");
-    assert_eq!(kout, tout, "{args:?}: output differs (left: kernel, right: tcps)");
+    assert_eq!(
+        kout, tout,
+        "{args:?}: output differs (left: kernel, right: tcps)"
+    );
     for m in must {
         assert!(tout.contains(m), "{args:?}: {m:?} missing:\n{tout}");
     }
@@ -83,7 +88,10 @@ fn nonblocking_writer_eagain_then_pollout() {
 /// asynchronous send comes on a later call), as on kernel sockets.
 #[test]
 fn write_after_reset_fails_within_a_few_calls() {
-    same_as_kernel(&["reset", "ignore"], &["broken: True within a few calls: True"]);
+    same_as_kernel(
+        &["reset", "ignore"],
+        &["broken: True within a few calls: True"],
+    );
 }
 
 /// ... and a program that does not ignore SIGPIPE dies of it, as on kernel
@@ -123,7 +131,13 @@ fn round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u6
     let tag = if async_send { "async" } else { "sync" };
     let stats = dir.path().join(format!("{tag}.stats"));
     let log = dir.path().join(format!("{tag}.out"));
-    let mut cmd = command(Net::Tcps, srv, &stats, &log, &["python3", PROG, "writes", &port, &n]);
+    let mut cmd = command(
+        Net::Tcps,
+        srv,
+        &stats,
+        &log,
+        &["python3", PROG, "writes", &port, &n],
+    );
     if !async_send {
         cmd.env("TCPS_ASYNC_SEND", "0");
     }
@@ -131,7 +145,8 @@ fn round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u6
     let (mut k, _) = l.accept().unwrap();
     k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = vec![0u8; writes as usize * 100];
-    k.read_exact(&mut got).unwrap_or_else(|e| panic!("{tag}: {e}\n{}", read(&log)));
+    k.read_exact(&mut got)
+        .unwrap_or_else(|e| panic!("{tag}: {e}\n{}", read(&log)));
     assert!(got.iter().all(|&b| b == b'y'));
     // The server publishes its counters every 100 ms.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -165,5 +180,8 @@ fn writes_make_no_round_trips() {
     let asyn = round_trips(&srv, &dir, writes, true);
     eprintln!("round trips for {writes} writes: synchronous {sync}, asynchronous {asyn}");
     assert!(sync >= u64::from(writes), "synchronous: {sync} round trips");
-    assert!(asyn * 20 <= u64::from(writes), "asynchronous: {asyn} round trips for {writes} writes");
+    assert!(
+        asyn * 20 <= u64::from(writes),
+        "asynchronous: {asyn} round trips for {writes} writes"
+    );
 }

@@ -37,6 +37,7 @@ mod io;
 mod log;
 mod poll;
 mod real;
+mod ring_sleep;
 mod sendfile;
 mod sendq;
 mod sock;

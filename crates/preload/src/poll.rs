@@ -238,6 +238,9 @@ pub fn wait_mixed(
         if n1 + n2 > 0 || remaining == 0 {
             return Ok(n1 + n2);
         }
+        if crate::ring_sleep::sleep(c, tcps, kernel, remaining)? {
+            continue;
+        }
         if kernel.is_empty() {
             return tcps_poll(c, tcps, remaining);
         }

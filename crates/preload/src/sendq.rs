@@ -37,9 +37,8 @@ pub fn enabled() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let off = tcps::setting_str("TCPS_ASYNC_SEND").is_some_and(|v| {
-                v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"))
-            });
+            let off = tcps::setting_str("TCPS_ASYNC_SEND")
+                .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false")));
             ASYNC.store(if off { 2 } else { 1 }, Ordering::Relaxed);
             !off
         }

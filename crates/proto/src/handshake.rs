@@ -23,6 +23,8 @@
 //! host   → server  SocketAdopt { handle, nonblocking } + SCM_RIGHTS [socket]
 //!                  adopt a TCP socket the host created (and maybe bound) itself
 //! host   → server  SocketDup  { handle: sock }  a dup of one of my sockets
+//! host   → server  HostDoorbell { handle }  the eventfd the server rings when
+//!                  it woke one of my ring sleepers (poll on rings + kernel fds)
 //! server → host    Reply      { handle, errno }      (one per message above)
 //! server → host    Adopted    { handle, sock }       (SocketAdopt's success)
 //! ```
@@ -180,6 +182,13 @@ pub enum ControlMsg {
     /// `errno` is 0. For what only the host's own credentials may do on a
     /// socket the server accepted (privileged options).
     SocketDup { handle: u32 },
+    /// Give this host a *host doorbell*: an eventfd the server adds 1 to at
+    /// the end of a worker pass in which it woke a thread of this host that
+    /// sleeps on a ring (a receive or accept ring published or ended).
+    /// Answered by a `Reply` carrying the eventfd (SCM_RIGHTS) when `errno`
+    /// is 0; asking again hands out the same eventfd. With it a host blocks
+    /// in one poll(2) on its kernel fds and its rings at once.
+    HostDoorbell { handle: u32 },
     /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },
     /// `SocketAdopt`'s success: the socket is now tcps socket `sock`.
@@ -197,6 +206,7 @@ const CTL_FILE_CLOSE: u32 = 8;
 const CTL_SOCKET_ADOPT: u32 = 9;
 const CTL_SOCKET_DUP: u32 = 10;
 const CTL_ADOPTED: u32 = 11;
+const CTL_HOST_DOORBELL: u32 = 12;
 
 impl ControlMsg {
     /// The handle the message names; an answer (`Reply`, `Adopted`) names
@@ -232,6 +242,7 @@ impl ControlMsg {
             } => (CTL_SOCKET_ADOPT, handle, u64::from(nonblocking)),
             ControlMsg::SocketDup { handle } => (CTL_SOCKET_DUP, handle, 0),
             ControlMsg::Adopted { handle, sock } => (CTL_ADOPTED, handle, u64::from(sock)),
+            ControlMsg::HostDoorbell { handle } => (CTL_HOST_DOORBELL, handle, 0),
         }
     }
 
@@ -256,6 +267,7 @@ impl ControlMsg {
                 nonblocking: arg & 1 != 0,
             }),
             CTL_SOCKET_DUP => Some(ControlMsg::SocketDup { handle }),
+            CTL_HOST_DOORBELL => Some(ControlMsg::HostDoorbell { handle }),
             CTL_ADOPTED => Some(ControlMsg::Adopted {
                 handle,
                 sock: u32::try_from(arg).ok()?,
@@ -377,6 +389,7 @@ mod tests {
                 nonblocking: true,
             },
             ControlMsg::SocketDup { handle: 13 },
+            ControlMsg::HostDoorbell { handle: 16 },
             ControlMsg::Adopted {
                 handle: 14,
                 sock: 15,

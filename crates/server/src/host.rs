@@ -41,6 +41,9 @@ pub struct Host {
     pub control: OwnedFd,
     /// Its doorbell: only this host rings it (`Token::HostBell`).
     pub doorbell: OwnedFd,
+    /// The eventfd the server rings for this host's ring sleepers, once it
+    /// asked for one (`host_doorbell`).
+    pub host_doorbell: Option<crate::host_doorbell::HostDoorbell>,
     /// Control replies waiting for room in the control socket (bounded:
     /// `worker::messages::OUTBOX_MAX`).
     pub outbox: VecDeque<Outgoing>,
@@ -117,6 +120,7 @@ impl Host {
             region: h.region,
             control: h.control,
             doorbell: h.doorbell,
+            host_doorbell: None,
             outbox: VecDeque::new(),
             sockets: Slab::default(),
             polls: Slab::default(),
@@ -402,6 +406,9 @@ pub struct HostStats {
     /// accept ring publish, or a finished asynchronous send found a host
     /// thread waiting for it (wakes at server shutdown are not counted).
     pub wakes: u64,
+    /// Host doorbell rings (at most one per worker pass that woke one of
+    /// the host's ring sleepers; `host_doorbell`).
+    pub host_doorbells: u64,
 }
 
 impl std::fmt::Display for HostStats {

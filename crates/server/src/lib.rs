@@ -17,6 +17,7 @@ mod control;
 pub mod engine;
 mod guard;
 mod host;
+mod host_doorbell;
 mod inherit;
 mod metrics;
 mod registry;

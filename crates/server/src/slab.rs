@@ -87,6 +87,13 @@ impl<T> Slab<T> {
             .enumerate()
             .filter_map(|(k, e)| e.as_ref().map(|v| (k, v)))
     }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> {
+        self.entries
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(k, e)| e.as_mut().map(|v| (k, v)))
+    }
 }
 
 #[cfg(test)]

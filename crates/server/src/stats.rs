@@ -236,6 +236,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         bytes_eager,
         recv_kicks,
         wakes,
+        host_doorbells,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
         *a += b;
@@ -257,6 +258,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.bytes_eager += bytes_eager;
     into.recv_kicks += recv_kicks;
     into.wakes += wakes;
+    into.host_doorbells += host_doorbells;
 }
 
 fn counters_json(s: &HostStats) -> Value {
@@ -272,6 +274,7 @@ fn counters_json(s: &HostStats) -> Value {
         "calls_total": total,
         "round_trips": s.round_trips,
         "wakes": s.wakes,
+        "host_doorbells": s.host_doorbells,
         "accepts_eager": s.accepts_eager,
         "accepts_on_demand": s.accepts_on_demand,
         "recvs_eager": s.recvs_eager,

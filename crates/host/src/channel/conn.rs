@@ -163,6 +163,9 @@ pub(crate) struct Conn {
     pub(crate) sendq: SendqShared,
     /// The record of each socket (see `socket`).
     pub(crate) socks: Sockets,
+    /// The eventfd the server rings for this attachment's ring sleepers,
+    /// once asked for (see `ring_wait`).
+    pub(crate) host_doorbell: std::sync::OnceLock<OwnedFd>,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
@@ -187,6 +190,7 @@ impl Conn {
             memory: Registry::new(),
             sendq: SendqShared::new(send_queues),
             socks: Sockets::new(),
+            host_doorbell: std::sync::OnceLock::new(),
             registered_sent: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),

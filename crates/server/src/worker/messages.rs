@@ -5,6 +5,7 @@
 
 use crate::calls::Ctx;
 use crate::host::{Host, Outgoing};
+use crate::host_doorbell::HostDoorbell;
 use crate::registry::Budget;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use tcps_proto::fdpass;
@@ -27,6 +28,13 @@ fn on_control_msg(
         let (reply, fd) = crate::inherit::export(host, cx, handle);
         return send_reply(host, reply, fd);
     }
+    if let ControlMsg::HostDoorbell { handle } = m {
+        let (errno, fd) = match HostDoorbell::get(&mut host.host_doorbell, host.stats.wakes) {
+            Ok(fd) => (0, Some(fd)),
+            Err(e) => (e, None),
+        };
+        return send_reply(host, ControlMsg::Reply { handle, errno }, fd);
+    }
     let handle = m.handle();
     let res = match m {
         ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
@@ -39,7 +47,8 @@ fn on_control_msg(
         // Answered above.
         ControlMsg::Export { .. }
         | ControlMsg::SocketAdopt { .. }
-        | ControlMsg::SocketDup { .. } => Err(libc::EINVAL),
+        | ControlMsg::SocketDup { .. }
+        | ControlMsg::HostDoorbell { .. } => Err(libc::EINVAL),
         ControlMsg::FileOpen { handle } => crate::sendfile::open(host, handle, fds),
         ControlMsg::FileClose { handle } => crate::sendfile::close(host, handle),
     };

@@ -165,6 +165,8 @@ impl Worker {
                     };
             }
             work += self.fire_timers(now);
+            // Also after a sleep: events handled while sleeping woke rings.
+            self.ring_host_doorbells();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
             if now >= self.next_publish {
@@ -187,6 +189,18 @@ impl Worker {
             }
         }
         self.shutdown();
+    }
+
+    /// Rings the host doorbell of every host this pass woke a ring sleeper
+    /// of: once per pass, however many rings were published.
+    fn ring_host_doorbells(&mut self) {
+        for (_, h) in self.hosts.iter_mut() {
+            if let Some(bell) = h.host_doorbell.as_mut() {
+                if bell.ring_if_woken(h.stats.wakes) {
+                    h.stats.host_doorbells += 1;
+                }
+            }
+        }
     }
 
     /// Publishes every host's counters and depths for `tcps stat`.
