@@ -148,13 +148,13 @@ unsafe fn offloaded_sendfile(
         return 0;
     }
     crate::fdtable::note_write(id);
+    let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
     let mut total = 0u64;
-    match crate::sendq::try_sendfile(c, out_fd, id, file, start as u64, count) {
+    match crate::sendq::try_sendfile(c, id, nonblocking, (file, start as u64, count)) {
         Some(Ok(n)) => total = n as u64,
         Some(Err(e)) => return fail_sending(crate::errno::errno_of(&e)),
         None => {}
     }
-    let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
     let mut err = 0;
     if total == 0 || (total < count && !nonblocking) {
         let (n, e) = sync_sendfile(

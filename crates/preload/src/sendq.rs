@@ -140,7 +140,7 @@ pub fn try_send(
 const FILE_OVERSHOOT: u64 = 64 << 10;
 
 /// Queues `count` bytes at `off` of file handle `file` on `id` (an
-/// asynchronous sendfile): `Some(bytes queued)`, or `None` when the caller
+/// asynchronous sendfile; `nonblocking`: the socket's O_NONBLOCK): `Some(bytes queued)`, or `None` when the caller
 /// must send synchronously.
 ///
 /// Bounded like a kernel socket buffer: the file bytes count against the
@@ -156,16 +156,13 @@ const FILE_OVERSHOOT: u64 = 64 << 10;
 /// synchronously (which waits), for the reasons given at [`try_send`].
 pub fn try_sendfile(
     c: &Client,
-    fd: c_int,
     id: u32,
-    file: u32,
-    off: u64,
-    count: u64,
+    nonblocking: bool,
+    (file, off, count): (u32, u64, u64),
 ) -> Option<io::Result<usize>> {
     if count == 0 || !enabled() {
         return None;
     }
-    let nonblocking = fd_nonblocking(fd);
     // `u64::MAX`: a failed socket, whose error the submit reports.
     let free = room(c, id, count);
     let fits = match free {

@@ -144,7 +144,9 @@ pub fn send_range(
             host.interrupted(sfd);
             return Err(libc::EAGAIN);
         }
-        debug!(host = host.id, sock, errno = e, "sendfile failed");
+        if e != libc::EAGAIN {
+            debug!(host = host.id, sock, errno = e, "sendfile failed");
+        }
         return Err(e);
     }
     host.stats.bytes_sent += n as u64;
