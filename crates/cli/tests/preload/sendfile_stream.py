@@ -138,8 +138,10 @@ def stream(d):
     sent("big", 0, n2)
     write(b"trailer\n", 0)
     print(f"back to back: {n1} {n2}")
-    c.close()
+    # The FIN follows every queued byte and range.
+    c.shutdown(socket.SHUT_WR)
     t.join()
+    c.close()
     print(f"total {total} got {got[0][0]} match {got[0] == (total, h.hexdigest())}")
 
 
