@@ -1,7 +1,9 @@
 //! Asynchronous sends and registered memory end to end, through a real
 //! `tcps server` on both engines: bytes are compared by SHA-256 at a kernel
 //! receiver; flow control, error reporting and memory ownership rules are
-//! checked by what the calls return.
+//! checked by what the calls return. File ranges (`sendfile_async`) too:
+//! in order with byte sends, and what the server does with ranges it must
+//! not send (a file of another host, a file that shrank).
 
 mod common;
 
@@ -9,6 +11,7 @@ use common::*;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use tcps::{Client, IoHandle};
 
@@ -371,6 +374,133 @@ fn debug_mode_detects_writes_in_flight(engine: &str) {
     assert_eq!(st.registered_misuse, 1, "{st:?}");
 }
 
+// ---- asynchronous sendfile (file ranges on the send queue, issue 14 item 2)
+
+/// A file of `len` random bytes in `dir`, open: (file, its bytes).
+fn random_file(dir: &TempDir, name: &str, len: usize, seed: u64) -> (std::fs::File, Vec<u8>) {
+    let bytes = Rng::new(seed).bytes(len);
+    let path = dir.path().join(name);
+    std::fs::write(&path, &bytes).unwrap();
+    (std::fs::File::open(&path).unwrap(), bytes)
+}
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+
+/// Byte sends and file ranges of two files, interleaved, with a file handle
+/// closed while ranges of it are still queued: the kernel receiver gets
+/// exactly the expected stream.
+fn file_ranges_in_order_with_bytes(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let dir = TempDir::new("async-sendfile");
+    let (fa, a) = random_file(&dir, "a", 3 << 20, 1);
+    let (fb, b) = random_file(&dir, "b", 12345, 2);
+    c.file_open(1, fa.as_raw_fd()).unwrap();
+    c.file_open(2, fb.as_raw_fd()).unwrap();
+    let (s, k) = connected(&c);
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        (&k).read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut want = Vec::new();
+    let mut rng = Rng::new(3);
+    for i in 0..300u32 {
+        let hdr = format!("header {i}\r\n");
+        c.send_async(s, hdr.as_bytes(), 0).unwrap();
+        want.extend_from_slice(hdr.as_bytes());
+        let (file, bytes) = if i % 3 == 0 { (2, &b) } else { (1, &a) };
+        let off = rng.below(bytes.len() as u64 - 1) as usize;
+        let len = 1 + rng.below((bytes.len() - off).min(40_000) as u64 - 1) as usize;
+        c.sendfile_async(s, file, off as u64, len as u32, 0)
+            .unwrap();
+        want.extend_from_slice(&bytes[off..off + len]);
+    }
+    // The whole of `a`, then its handle closed at once: the queued range
+    // keeps the server's copy of the file open until it was sent.
+    let io = c.sendfile_async(s, 1, 0, a.len() as u32, 0).unwrap();
+    want.extend_from_slice(&a);
+    c.file_close(1).unwrap();
+    c.send_async(s, b"trailer", 0).unwrap();
+    want.extend_from_slice(b"trailer");
+    c.io_wait(io, WAIT).unwrap();
+    c.flush_async(s, WAIT).unwrap();
+    c.close(s).unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), want.len());
+    assert_eq!(
+        Sha256::digest(&got),
+        Sha256::digest(&want),
+        "stream differs"
+    );
+    // The handle is gone now: a new range of it fails.
+    let (s, _k) = connected(&c);
+    let io = c.sendfile_async(s, 1, 0, 10, 0).unwrap();
+    let e = c.io_wait(io, WAIT).expect_err("closed handle");
+    assert_eq!(errno_of(&e), libc::EINVAL, "{}", errno_name(errno_of(&e)));
+}
+
+/// A range naming a file another host handed over is not sent: it fails
+/// (EINVAL) and the stream with it; the owner is not disturbed. Malformed
+/// ranges are refused at the call.
+fn foreign_file_handle_fails(engine: &str) {
+    let srv = start_server(engine);
+    let owner = srv.attach();
+    let other = srv.attach();
+    let dir = TempDir::new("async-sendfile-foreign");
+    let (f, bytes) = random_file(&dir, "secret", 4096, 4);
+    owner.file_open(7, f.as_raw_fd()).unwrap();
+    let (s, k) = connected(&other);
+    let io = other.sendfile_async(s, 7, 0, 4096, 0).unwrap();
+    let e = other.io_wait(io, WAIT).expect_err("not this host's file");
+    assert_eq!(errno_of(&e), libc::EINVAL, "{}", errno_name(errno_of(&e)));
+    // Every later send of the socket fails too (the stream has a hole).
+    let later = other
+        .send_async(s, b"x", 0)
+        .and_then(|_| other.flush_async(s, WAIT));
+    assert!(later.is_err(), "a send after the failed range");
+    other.close(s).unwrap();
+    let mut got = Vec::new();
+    (&k).read_to_end(&mut got).unwrap();
+    assert!(got.is_empty(), "sent {} bytes of a foreign file", got.len());
+    for (off, len) in [(i64::MAX as u64, 1), (0, (1 << 30) + 1), (u64::MAX, 1)] {
+        let e = other.sendfile_async(s, 7, off, len, 0).unwrap_err();
+        assert_eq!(errno_of(&e), libc::EINVAL, "({off}, {len})");
+    }
+    // The owner still sends it.
+    let (s, k) = connected(&owner);
+    owner.sendfile_async(s, 7, 0, 4096, 0).unwrap();
+    owner.flush_async(s, WAIT).unwrap();
+    owner.close(s).unwrap();
+    let mut got = Vec::new();
+    (&k).read_to_end(&mut got).unwrap();
+    assert_eq!(got, bytes);
+}
+
+/// A file that shrank after its range was queued: the server sends what
+/// there is and fails the range with EIO.
+fn shrunk_file_fails_with_eio(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let dir = TempDir::new("async-sendfile-shrunk");
+    let (f, bytes) = random_file(&dir, "shrinks", 64 << 10, 5);
+    c.file_open(3, f.as_raw_fd()).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("shrinks"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let (s, k) = connected(&c);
+    let io = c.sendfile_async(s, 3, 0, 64 << 10, 0).unwrap();
+    let e = c.io_wait(io, WAIT).expect_err("the file ended early");
+    assert_eq!(errno_of(&e), libc::EIO, "{}", errno_name(errno_of(&e)));
+    c.close(s).unwrap();
+    let mut got = Vec::new();
+    (&k).read_to_end(&mut got).unwrap();
+    assert_eq!(got, bytes[..1000], "what the file still held");
+}
+
 engine_tests!(
     one_gib_of_async_sends,
     credits_exhausted_nonblocking_gets_eagain,
@@ -380,4 +510,7 @@ engine_tests!(
     unregistered_memory_is_einval,
     registered_sync_roundtrip_copies_nothing,
     debug_mode_detects_writes_in_flight,
+    file_ranges_in_order_with_bytes,
+    foreign_file_handle_fails,
+    shrunk_file_fails_with_eio,
 );

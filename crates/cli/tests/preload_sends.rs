@@ -1,7 +1,9 @@
-//! Sends under `tcps run` are asynchronous (issue 14 item 1): the same
-//! Python program (tests/preload/async_send.py) on kernel sockets and
+//! Sends under `tcps run` are asynchronous (issue 14 items 1 and 2): the
+//! same Python program (tests/preload/async_send.py, and
+//! tests/preload/sendfile_stream.py for sendfile) on kernel sockets and
 //! through the TCP server prints the same, ends the same way (SIGPIPE
-//! included), and through the server its writes cost no round trip.
+//! included), and through the server its writes and sendfiles cost no
+//! round trip.
 
 mod common;
 mod preload;
@@ -9,25 +11,35 @@ mod preload;
 use common::{wait_timeout, Server, TempDir, TCPS};
 use preload::*;
 use serde_json::Value;
-use std::io::Read;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 const PROG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/async_send.py");
+const SENDFILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/preload/sendfile_stream.py"
+);
 
 fn server() -> Server {
     Server::start("uring", &["--poll", "adaptive"])
 }
 
-/// Runs the program with `args` on `net`: its exit status, output and
-/// summary lines.
-fn run(srv: &Server, dir: &TempDir, net: Net, args: &[&str]) -> (ExitStatus, String, Vec<Summary>) {
-    let tag = format!("{net:?}-{}", args.join("-"));
+/// Runs the program `prog` with `args` on `net`: its exit status, output
+/// and summary lines.
+fn run(
+    srv: &Server,
+    dir: &TempDir,
+    net: Net,
+    prog: &str,
+    args: &[&str],
+) -> (ExitStatus, String, Vec<Summary>) {
+    let tag = format!("{net:?}-{}", args.join("-").replace('/', "_"));
     let stats = dir.path().join(format!("{tag}.stats"));
     let log = dir.path().join(format!("{tag}.out"));
-    let mut argv = vec!["python3", PROG];
+    let mut argv = vec!["python3", prog];
     argv.extend_from_slice(args);
     let mut child = command(net, srv, &stats, &log, &argv)
         .spawn()
@@ -42,11 +54,15 @@ fn run(srv: &Server, dir: &TempDir, net: Net, args: &[&str]) -> (ExitStatus, Str
 /// The program prints the same on both, succeeds on both, and was
 /// offloaded through the server.
 fn same_as_kernel(args: &[&str], must: &[&str]) {
+    same_as_kernel_with(PROG, args, must);
+}
+
+fn same_as_kernel_with(prog: &str, args: &[&str], must: &[&str]) -> String {
     need("python3");
     let srv = server();
     let dir = TempDir::new("sends");
-    let (kst, kout, _) = run(&srv, &dir, Net::Kernel, args);
-    let (tst, tout, sums) = run(&srv, &dir, Net::Tcps, args);
+    let (kst, kout, _) = run(&srv, &dir, Net::Kernel, prog, args);
+    let (tst, tout, sums) = run(&srv, &dir, Net::Tcps, prog, args);
     assert!(kst.success(), "{args:?} failed on kernel sockets:\n{kout}");
     assert!(tst.success(), "{args:?} failed through tcps:\n{tout}");
     assert_eq!(
@@ -60,6 +76,7 @@ fn same_as_kernel(args: &[&str], must: &[&str]) {
         sums.len() == 1 && sums[0].offloaded >= 2 && sums[0].kernel_tcp == 0,
         "not offloaded: {sums:?}"
     );
+    tout
 }
 
 /// Many small writes of a checksummed stream, then close at once: the peer
@@ -102,7 +119,7 @@ fn write_after_reset_raises_sigpipe() {
     let srv = server();
     let dir = TempDir::new("sigpipe");
     for net in [Net::Kernel, Net::Tcps] {
-        let (st, out, _) = run(&srv, &dir, net, &["reset", "dfl"]);
+        let (st, out, _) = run(&srv, &dir, net, PROG, &["reset", "dfl"]);
         assert_eq!(st.signal(), Some(libc::SIGPIPE), "{net:?}: {st:?}\n{out}");
     }
 }
@@ -122,32 +139,36 @@ fn stat_host(srv: &Server, pid: u32) -> Option<Value> {
         .cloned()
 }
 
-/// `writes` writes of 100 bytes to a kernel listener here: the host's
-/// round trips once the peer got every byte.
-fn round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u64 {
+/// Runs `prog args...` (`{port}` in `args`: a kernel listener's port here)
+/// through the server, lets `peer` talk to it over the accepted connection
+/// (returning the bytes the host was to send), then returns the host's
+/// round trips once the server sent that many bytes.
+fn round_trips(
+    srv: &Server,
+    dir: &TempDir,
+    prog: &str,
+    args: &[&str],
+    async_send: bool,
+    peer: impl FnOnce(&mut TcpStream, &str) -> u64,
+) -> u64 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
-    let n = writes.to_string();
-    let tag = if async_send { "async" } else { "sync" };
+    let tag = format!("{}-{}", args[0], if async_send { "async" } else { "sync" });
     let stats = dir.path().join(format!("{tag}.stats"));
     let log = dir.path().join(format!("{tag}.out"));
-    let mut cmd = command(
-        Net::Tcps,
-        srv,
-        &stats,
-        &log,
-        &["python3", PROG, "writes", &port, &n],
+    let mut argv = vec!["python3", prog];
+    argv.extend(
+        args.iter()
+            .map(|&a| if a == "{port}" { &port[..] } else { a }),
     );
+    let mut cmd = command(Net::Tcps, srv, &stats, &log, &argv);
     if !async_send {
         cmd.env("TCPS_ASYNC_SEND", "0");
     }
     let mut child = cmd.spawn().expect("spawn");
     let (mut k, _) = l.accept().unwrap();
     k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut got = vec![0u8; writes as usize * 100];
-    k.read_exact(&mut got)
-        .unwrap_or_else(|e| panic!("{tag}: {e}\n{}", read(&log)));
-    assert!(got.iter().all(|&b| b == b'y'));
+    let want = peer(&mut k, &format!("{tag}: {}", log.display()));
     // The server publishes its counters every 100 ms.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut last = None;
@@ -155,7 +176,7 @@ fn round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u6
         if let Some(h) = stat_host(srv, child.id()) {
             let sent = h["counters"]["bytes_sent"].as_u64().unwrap_or(0);
             last = Some(h);
-            if sent >= u64::from(writes) * 100 {
+            if sent >= want {
                 break;
             }
         }
@@ -168,20 +189,111 @@ fn round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u6
     h["counters"]["round_trips"].as_u64().unwrap_or(u64::MAX)
 }
 
+/// `writes` writes of 100 bytes: the host's round trips once the peer got
+/// every byte.
+fn write_round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u64 {
+    let n = writes.to_string();
+    let args = ["writes", "{port}", &n];
+    round_trips(srv, dir, PROG, &args, async_send, |k, tag| {
+        let mut got = vec![0u8; writes as usize * 100];
+        k.read_exact(&mut got)
+            .unwrap_or_else(|e| panic!("{tag}: {e}"));
+        assert!(got.iter().all(|&b| b == b'y'));
+        got.len() as u64
+    })
+}
+
 /// Through the server the writes cost ~0 round trips (TCPS_ASYNC_SEND=0: one
 /// each, for comparison).
 #[test]
 fn writes_make_no_round_trips() {
+    compare_round_trips("writes", 2000, write_round_trips);
+}
+
+/// `n` operations through the server, synchronous (`TCPS_ASYNC_SEND=0`: at
+/// least a round trip each) and asynchronous (at most one in 20).
+fn compare_round_trips(what: &str, n: u32, run: fn(&Server, &TempDir, u32, bool) -> u64) {
     need("python3");
     let srv = server();
     let dir = TempDir::new("roundtrips");
-    let writes = 2000;
-    let sync = round_trips(&srv, &dir, writes, false);
-    let asyn = round_trips(&srv, &dir, writes, true);
-    eprintln!("round trips for {writes} writes: synchronous {sync}, asynchronous {asyn}");
-    assert!(sync >= u64::from(writes), "synchronous: {sync} round trips");
+    let sync = run(&srv, &dir, n, false);
+    let asyn = run(&srv, &dir, n, true);
+    eprintln!("round trips for {n} {what}: synchronous {sync}, asynchronous {asyn}");
+    assert!(sync >= u64::from(n), "synchronous: {sync} round trips");
     assert!(
-        asyn * 20 <= u64::from(writes),
-        "asynchronous: {asyn} round trips for {writes} writes"
+        asyn * 20 <= u64::from(n),
+        "asynchronous: {asyn} round trips for {n} {what}"
     );
+}
+
+/// Small writes (send, writev, sendmsg) interleaved with sendfile and
+/// sendfile64 of several files (NULL offset and offset pointer, several
+/// offsets, counts past the end of file): every return value and file
+/// offset as on kernel sockets, and the peer gets the exact stream.
+#[test]
+fn sendfile_interleaved_with_writes_as_kernel() {
+    let out = sendfile_as_kernel("stream", &["match True"]);
+    assert!(out.contains("= 10 "), "a count past EOF clamped:\n{out}");
+}
+
+/// sendfile_stream.py `mode`, its files in a fresh directory: as on kernel
+/// sockets (see [`same_as_kernel`]); its output.
+fn sendfile_as_kernel(mode: &str, must: &[&str]) -> String {
+    let dir = TempDir::new(&format!("sendfile-{mode}"));
+    let d = dir.path().to_str().unwrap();
+    same_as_kernel_with(SENDFILE, &[mode, d], must)
+}
+
+/// A non-blocking sendfile of a big file to a peer that does not read gets
+/// a short count or EAGAIN; once the peer reads all of it arrives intact.
+#[test]
+fn nonblocking_sendfile_is_bounded() {
+    sendfile_as_kernel(
+        "nonblock",
+        &[
+            "short count or EAGAIN before the peer read: True",
+            "total intact: True",
+        ],
+    );
+}
+
+/// sendfile after the peer reset fails within a few calls, as on kernel
+/// sockets (the error of a queued file send comes on a later call).
+#[test]
+fn sendfile_after_reset_fails_within_a_few_calls() {
+    sendfile_as_kernel("reset", &["broken: True within a few calls: True"]);
+}
+
+/// `n` responses (writev of headers, sendfile of a 16 KiB file), each
+/// after a one-byte request: the host's round trips; every response is
+/// checked byte for byte.
+fn sendfile_round_trips(srv: &Server, dir: &TempDir, n: u32, async_send: bool) -> u64 {
+    let files = dir.path().join(if async_send { "async" } else { "sync" });
+    std::fs::create_dir_all(&files).unwrap();
+    let (count, d) = (n.to_string(), files.to_str().unwrap().to_string());
+    let args = ["rt", "{port}", &count, &d];
+    round_trips(srv, dir, SENDFILE, &args, async_send, |k, tag| {
+        let body = std::fs::read(files.join("page")).expect("the program wrote its file");
+        let mut total = 0;
+        for i in 0..n {
+            k.write_all(b"?").unwrap();
+            let mut want =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: 16384\r\nX-N: {i:08}\r\n\r\n")
+                    .into_bytes();
+            want.extend_from_slice(&body);
+            let mut got = vec![0u8; want.len()];
+            k.read_exact(&mut got)
+                .unwrap_or_else(|e| panic!("{tag}: response {i}: {e}"));
+            assert!(got == want, "{tag}: response {i} differs");
+            total += want.len() as u64;
+        }
+        total
+    })
+}
+
+/// Through the server a writev + sendfile response costs ~0 round trips
+/// (TCPS_ASYNC_SEND=0: at least one each, for comparison).
+#[test]
+fn sendfile_makes_no_round_trips() {
+    compare_round_trips("writev + sendfile responses", 400, sendfile_round_trips);
 }

@@ -537,6 +537,13 @@ impl Client {
         self.conn.control().call(&msg, &[fd]).map(drop)
     }
 
+    /// The server forgets file `file` (`ControlMsg::FileClose`); ranges of
+    /// it already queued (`sendfile_async`) are still sent.
+    pub fn file_close(&self, file: u32) -> io::Result<()> {
+        let msg = tcps_proto::handshake::ControlMsg::FileClose { handle: file };
+        self.conn.control().call(&msg, &[]).map(drop)
+    }
+
     /// sendfile(2) at the server: up to `len` bytes of file `file` (handed
     /// over beforehand with `ControlMsg::FileOpen` on the control socket)
     /// from `offset`, sent on `s` by the server without the bytes passing

@@ -4,11 +4,30 @@
 //! The open file is handed to the server once (`ControlMsg::FileOpen`,
 //! SCM_RIGHTS on the control socket) and cached here by (device, inode,
 //! size, mtime), so a file served again — nginx opens it anew for every
-//! request — costs one fstat and an ordinary channel request
-//! (`Client::sendfile`, `Op::SendFile`). At most [`MAX_FILES`] files are
-//! kept open at the server; when the cache is full it is emptied.
+//! request — costs one fstat. At most [`MAX_FILES`] files are kept open at
+//! the server; when the cache is full it is emptied (ranges already queued
+//! keep their file open at the server until they are sent).
 //!
-//! A blocking socket waits for POLLOUT (at the server) and asks again until
+//! **Asynchronous** (the default; `docs/PRELOAD.md`, "Sends"): the range is
+//! queued on the socket's send queue (`Client::sendfile_async`, a
+//! `DESC_FILE` descriptor) in order with the writes around it, and the call
+//! returns at once with no round trip. The file offset moves as the
+//! kernel's would, at once: with a NULL `offset` the file position of
+//! `in_fd` (and not `*offset`), else `*offset` (and not the position).
+//! The range counts against the socket's SO_SNDBUF budget like written
+//! bytes (`sendq::try_sendfile`): a non-blocking socket gets a short count
+//! or EAGAIN when the queue has less room, a blocking one queues what fits
+//! and sends the rest the synchronous way. The kernel sends at most what
+//! the file holds; a queued range cannot learn the size later, so `count`
+//! is clamped to the size at the call (fstat, which the cache does anyway).
+//! A file that shrinks after that: the server sends what there is, and the
+//! send fails with EIO, reported on a later call like any failed
+//! asynchronous send. Errors of earlier sends (EPIPE with SIGPIPE,
+//! ECONNRESET) come from the next call, as for writes.
+//!
+//! **Synchronous** (`TCPS_ASYNC_SEND=0`, or the remainder above): after the
+//! queued sends went out, one `Op::SendFile` round trip per attempt. A
+//! blocking socket waits for POLLOUT (at the server) and asks again until
 //! all of `count` is sent, as the kernel's blocking sendfile does; a
 //! non-blocking one returns what the server sent, or EAGAIN.
 
@@ -23,7 +42,7 @@ use std::sync::Mutex;
 use tcps_proto::handshake::ControlMsg;
 
 /// Largest range per request (the server's limit).
-const MAX_CHUNK: usize = 1 << 30;
+const MAX_CHUNK: u64 = 1 << 30;
 /// Files kept open at the server per process.
 const MAX_FILES: usize = 1024;
 
@@ -44,8 +63,9 @@ pub fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<Files>> {
     FILES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The server's handle for the regular file open as `fd`.
-fn file_handle(fd: c_int) -> Result<u32, i32> {
+/// The server's handle for the regular file open as `fd`, and the file's
+/// size now.
+fn file_handle(fd: c_int) -> Result<(u32, u64), i32> {
     // SAFETY: fstat into a zeroed stat we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -73,8 +93,9 @@ fn file_handle(fd: c_int) -> Result<u32, i32> {
             handles: HashMap::new(),
         }),
     };
+    let size = st.st_size.max(0) as u64;
     if let Some(&h) = files.handles.get(&key) {
-        return Ok(h);
+        return Ok((h, size));
     }
     if files.handles.len() >= MAX_FILES {
         for (_, h) in files.handles.drain() {
@@ -93,7 +114,7 @@ fn file_handle(fd: c_int) -> Result<u32, i32> {
         key.0, key.1
     );
     files.handles.insert(key, h);
-    Ok(h)
+    Ok((h, size))
 }
 
 unsafe fn offloaded_sendfile(
@@ -116,55 +137,39 @@ unsafe fn offloaded_sendfile(
             libc::EINVAL
         });
     }
-    let file = match file_handle(in_fd) {
+    let (file, size) = match file_handle(in_fd) {
         Ok(h) => h,
         Err(e) => return fail(e),
     };
-    let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+    // The kernel sends what the file holds; a queued range cannot learn the
+    // size later, so it is clamped to the size now (see the module docs).
+    let count = (count as u64).min(size.saturating_sub(start as u64));
+    if count == 0 {
+        return 0;
+    }
     crate::fdtable::note_write(id);
-    // The server runs sendfile at once, not behind the send queue: the
-    // bytes written before must be out first.
-    if let Err(e) = crate::sendq::drain(c, id, nonblocking) {
-        if e == libc::EPIPE {
-            libc::raise(libc::SIGPIPE);
-        }
-        return fail(e);
+    let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+    let mut total = 0u64;
+    match crate::sendq::try_sendfile(c, id, nonblocking, (file, start as u64, count)) {
+        Some(Ok(n)) => total = n as u64,
+        Some(Err(e)) => return fail_sending(crate::errno::errno_of(&e)),
+        None => {}
     }
-    let mut total = 0usize;
     let mut err = 0;
-    while total < count {
-        let chunk = (count - total).min(MAX_CHUNK) as u32;
-        match c
-            .sendfile(id, file, start as u64 + total as u64, chunk)
-            .map_err(|e| crate::errno::errno_of(&e))
-        {
-            Ok(0) => break, // end of file
-            Ok(n) => total += n,
-            Err(libc::EAGAIN) if !nonblocking => {}
-            Err(e) => {
-                err = e;
-                break;
-            }
-        }
-        if total < count && !nonblocking {
-            // Wait (parked at the server) until the socket can take more.
-            let mut p = [tcps::PollFd {
-                sock: id,
-                events: libc::POLLOUT,
-                revents: 0,
-            }];
-            if let Err(e) = c.poll(&mut p, -1) {
-                err = crate::errno::errno_of(&e);
-                break;
-            }
-        } else if nonblocking {
-            break;
-        }
+    if total == 0 || (total < count && !nonblocking) {
+        let (n, e) = sync_sendfile(
+            c,
+            id,
+            file,
+            start as u64 + total,
+            count - total,
+            nonblocking,
+        );
+        total += n;
+        err = e;
     }
-    COUNTERS
-        .sendfile_bytes
-        .fetch_add(total as u64, Ordering::Relaxed);
-    debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes sent by the server (errno {err})");
+    COUNTERS.sendfile_bytes.fetch_add(total, Ordering::Relaxed);
+    debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
     let end = start + total as off64_t;
     if offset.is_null() {
         libc::lseek64(in_fd, end, libc::SEEK_SET);
@@ -172,12 +177,67 @@ unsafe fn offloaded_sendfile(
         *offset = end;
     }
     if total == 0 && err != 0 {
-        if err == libc::EPIPE {
-            libc::raise(libc::SIGPIPE);
-        }
-        return fail(err);
+        return fail_sending(err);
     }
     total as ssize_t
+}
+
+/// Fails a sendfile with `e`, raising SIGPIPE for EPIPE as the kernel's
+/// sendfile does (it has no MSG_NOSIGNAL).
+fn fail_sending(e: i32) -> ssize_t {
+    if e == libc::EPIPE {
+        // SAFETY: raise is async-signal-safe and takes any signal number.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    fail(e)
+}
+
+/// The synchronous way (`TCPS_ASYNC_SEND=0`, no room in the send queue for
+/// a blocking socket, no send queue): waits until the queued sends went
+/// out, then asks the server (`Op::SendFile`) until `count` bytes are sent
+/// (blocking) or once (non-blocking). Bytes sent, and the errno that ended
+/// it (0: none).
+fn sync_sendfile(
+    c: &tcps::Client,
+    id: u32,
+    file: u32,
+    start: u64,
+    count: u64,
+    nonblocking: bool,
+) -> (u64, i32) {
+    // The server runs `Op::SendFile` at once, not behind the send queue:
+    // the bytes written before must be out first.
+    if let Err(e) = crate::sendq::drain(c, id, nonblocking) {
+        return (0, e);
+    }
+    let mut total = 0u64;
+    while total < count {
+        let chunk = (count - total).min(MAX_CHUNK) as u32;
+        match c
+            .sendfile(id, file, start + total, chunk)
+            .map_err(|e| crate::errno::errno_of(&e))
+        {
+            Ok(0) => break, // end of file
+            Ok(n) => total += n as u64,
+            Err(libc::EAGAIN) if !nonblocking => {}
+            Err(e) => return (total, e),
+        }
+        if nonblocking {
+            break;
+        }
+        if total < count {
+            // Wait (parked at the server) until the socket can take more.
+            let mut p = [tcps::PollFd {
+                sock: id,
+                events: libc::POLLOUT,
+                revents: 0,
+            }];
+            if let Err(e) = c.poll(&mut p, -1) {
+                return (total, crate::errno::errno_of(&e));
+            }
+        }
+    }
+    (total, 0)
 }
 
 #[no_mangle]

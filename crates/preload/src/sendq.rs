@@ -135,6 +135,56 @@ pub fn try_send(
     Some(c.send_async(id, &data[..fits as usize], quick))
 }
 
+/// How far a queued file range may take the backlog past SO_SNDBUF (the
+/// kernel's largest segment: see [`try_sendfile`]).
+const FILE_OVERSHOOT: u64 = 64 << 10;
+
+/// Queues `count` bytes at `off` of file handle `file` on `id` (an
+/// asynchronous sendfile; `nonblocking`: the socket's O_NONBLOCK): `Some(bytes queued)`, or `None` when the caller
+/// must send synchronously.
+///
+/// Bounded like a kernel socket buffer: the file bytes count against the
+/// SO_SNDBUF budget of the queue until the server sent them. The rule is
+/// the kernel's: a send is taken while the backlog is below SO_SNDBUF, and
+/// may overshoot it by one segment of at most [`FILE_OVERSHOOT`] (the
+/// kernel copies into a fresh skb of up to 64 KiB once memory is free), so
+/// an nginx response (headers written, then a 16 KiB file) is taken whole
+/// as the kernel takes it. Beyond that a non-blocking socket queues what
+/// fits and returns the short count (as the kernel's non-blocking sendfile
+/// returns what fitted into its socket buffer), or EAGAIN with no room at
+/// all; a blocking one queues what fits and the caller sends the rest
+/// synchronously (which waits), for the reasons given at [`try_send`].
+pub fn try_sendfile(
+    c: &Client,
+    id: u32,
+    nonblocking: bool,
+    (file, off, count): (u32, u64, u64),
+) -> Option<io::Result<usize>> {
+    if count == 0 || !enabled() {
+        return None;
+    }
+    // `u64::MAX`: a failed socket, whose error the submit reports.
+    let free = room(c, id, count);
+    let fits = match free {
+        0 => 0,
+        f => f.saturating_add(FILE_OVERSHOOT).min(count),
+    };
+    let fits = fits.min(u64::from(tcps_proto::sendq::MAX_FILE_LEN));
+    let eagain = || Some(Err(io::Error::from_raw_os_error(libc::EAGAIN)));
+    if fits == 0 {
+        return if nonblocking { eagain() } else { None };
+    }
+    match c.sendfile_async(id, file, off, fits as u32, libc::MSG_DONTWAIT) {
+        Ok(_) => Some(Ok(fits as usize)),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EAGAIN) if nonblocking => eagain(),
+            // No credit for a blocking socket, or no send queue.
+            Some(libc::EAGAIN | libc::EOPNOTSUPP) => None,
+            _ => Some(Err(e)),
+        },
+    }
+}
+
 /// After a short asynchronous send of `n` bytes: a non-blocking socket
 /// returns the short count, a blocking one sends the rest synchronously.
 fn rest(c: &Client, fd: c_int, id: u32, data: &[u8], n: usize, flags: c_int) -> io::Result<usize> {

@@ -65,7 +65,9 @@ pub struct Host {
     /// Registered memory (memfds mapped here).
     pub registry: Registry,
     /// Files the host opened for `Op::SendFile` (`ControlMsg::FileOpen`).
-    pub files: std::collections::HashMap<u32, OwnedFd>,
+    /// Shared with the file jobs of send queues that name them (a job keeps
+    /// its file open until it finishes, whatever `FileClose` says).
+    pub files: std::collections::HashMap<u32, std::sync::Arc<OwnedFd>>,
     /// The server's private state of each send queue (index = queue).
     pub queues: Vec<QueueState>,
     /// Queues the worker watches on every pass (their `active` is set).
@@ -348,15 +350,17 @@ pub struct Parked {
 }
 
 /// Descriptor `seq` of send queue `queue`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Job {
     pub queue: u32,
     pub seq: u32,
     /// Debug mode: the checksum the host computed at submit.
     pub checksum: Option<u64>,
     /// The descriptor was valid and its registration is held (released
-    /// when the job finishes).
+    /// when the job finishes), or its file found (`file`).
     pub held: bool,
+    /// A file range (`DESC_FILE`): the file, kept open by the job.
+    pub file: Option<std::sync::Arc<OwnedFd>>,
 }
 
 /// A `Poll` call parked until one of its sockets is ready or it times out.

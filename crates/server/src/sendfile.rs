@@ -9,6 +9,10 @@
 //! the kernel: it may send less than asked, or answer EAGAIN; the host
 //! library waits for POLLOUT and asks again for a blocking socket.
 //!
+//! The same sendfile runs for a file range queued on a socket's send queue
+//! (`DESC_FILE`, `calls::sendq::file`): there it is a job in the socket's
+//! write queue, resumed where it stopped, with no request per attempt.
+//!
 //! Files must be regular files on a local file system ([`LOCAL_FS`]). The
 //! worker reads them synchronously, and closes them: a file on a network
 //! or user-space file system (NFS, CIFS, FUSE, 9p) can make either wait
@@ -18,7 +22,8 @@
 
 use crate::calls::common::Res;
 use crate::host::Host;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use tracing::{debug, warn};
 
 /// File systems (statfs `f_type`) whose regular files the worker may read
@@ -88,11 +93,12 @@ pub fn open(host: &mut Host, handle: u32, fds: Vec<OwnedFd>) -> Result<(), i32> 
     if host.files.len() >= MAX_FILES && !host.files.contains_key(&handle) {
         return Err(libc::EMFILE);
     }
-    host.files.insert(handle, file);
+    host.files.insert(handle, Arc::new(file));
     Ok(())
 }
 
-/// `ControlMsg::FileClose`.
+/// `ControlMsg::FileClose` (after `calls::sendq::file::close` took what
+/// the host queued before it).
 pub fn close(host: &mut Host, handle: u32) -> Result<(), i32> {
     host.files.remove(&handle).map(drop).ok_or(libc::EBADF)
 }
@@ -108,10 +114,27 @@ pub fn call(host: &mut Host, sock: u32, file: u32, offset: u64, count: u32) -> R
         // Parked sends go first: keep the socket's byte order.
         return Err(libc::EAGAIN);
     }
+    let n = send_range(host, sock, f, offset, count)?;
+    Ok((n as i64, 0))
+}
+
+/// One non-blocking sendfile(2) of `count` bytes at `offset` of the open
+/// file `f` to socket `sock` (`offset + count` fits an `off_t`: checked by
+/// the callers). The bytes sent (0: end of file), or EAGAIN. A socket the
+/// host closed still sends what was queued on it before (a job).
+pub fn send_range(
+    host: &mut Host,
+    sock: u32,
+    f: RawFd,
+    offset: u64,
+    count: u32,
+) -> Result<usize, i32> {
+    let s = host.sockets.get(sock as usize).ok_or(libc::EBADF)?;
     let mut off = offset as libc::off_t;
     let sfd = s.fd.as_raw_fd();
     let guard = crate::guard::Guard::call(s.host_held);
-    // SAFETY: sendfile between two descriptors we hold; `off` is ours.
+    // SAFETY: sendfile between two open descriptors (the file is held by
+    // the caller); `off` is ours.
     let n = unsafe { libc::sendfile(sfd, f, &mut off, count as usize) };
     let e = last_errno();
     drop(guard);
@@ -121,9 +144,11 @@ pub fn call(host: &mut Host, sock: u32, file: u32, offset: u64, count: u32) -> R
             host.interrupted(sfd);
             return Err(libc::EAGAIN);
         }
-        debug!(host = host.id, sock, errno = e, "sendfile failed");
+        if e != libc::EAGAIN {
+            debug!(host = host.id, sock, errno = e, "sendfile failed");
+        }
         return Err(e);
     }
     host.stats.bytes_sent += n as u64;
-    Ok((n as i64, 0))
+    Ok(n as usize)
 }

@@ -169,4 +169,5 @@ def main():
     sys.stdout.flush()
 
 
-main()
+if __name__ == "__main__":
+    main()

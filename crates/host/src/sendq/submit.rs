@@ -12,7 +12,9 @@ use crate::table::SpinGuard;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tcps_proto::sendq::{self, SendDesc, SendQueueProducer, DESC_CHECKSUM, DESC_MORE};
+use tcps_proto::sendq::{
+    self, SendDesc, SendQueueProducer, DESC_CHECKSUM, DESC_FILE, DESC_MORE, MAX_FILE_LEN,
+};
 use tcps_proto::Call;
 
 /// Flags an asynchronous send accepts.
@@ -26,6 +28,12 @@ enum Source<'a> {
         len: usize,
     },
     Copy(&'a [u8]),
+    /// A file range (`DESC_FILE`): `len` bytes at `off` of file handle `file`.
+    File {
+        file: u32,
+        off: u64,
+        len: u32,
+    },
 }
 
 /// One send being queued on socket `s`'s queue `q`.
@@ -38,8 +46,8 @@ struct Submit<'a> {
 }
 
 /// Where a descriptor's bytes are: registration, offset, staged range,
-/// debug-mode checksum.
-type Placed = (u32, u64, Option<(u32, u32)>, Option<u64>);
+/// debug-mode checksum, file handle (a file range).
+type Placed = (u32, u64, Option<(u32, u32)>, Option<u64>, Option<u32>);
 
 impl Client {
     /// Switches the debug mode of registered asynchronous sends on or off
@@ -84,6 +92,35 @@ impl Client {
         self.submit(s, Source::Registered { mem, ptr, len }, flags)
     }
 
+    /// Queues `len` bytes at `offset` of file `file` (handed over with
+    /// `ControlMsg::FileOpen`) on `s`'s send queue: the server sends them
+    /// from its copy of the file, in order with the sends around them, and
+    /// the call returns at once (an asynchronous sendfile; errors as for
+    /// [`send_async`](Self::send_async)). At most 2^30 bytes, which the
+    /// file must hold (the server fails the send with EIO where it does
+    /// not). A socket without a send queue: `EOPNOTSUPP` (use
+    /// [`sendfile`](Self::sendfile)). Credits as for any send; `flags`:
+    /// `MSG_DONTWAIT`, `MSG_MORE`.
+    pub fn sendfile_async(
+        &self,
+        s: u32,
+        file: u32,
+        offset: u64,
+        len: u32,
+        flags: i32,
+    ) -> io::Result<IoHandle> {
+        let end = offset.checked_add(u64::from(len));
+        if len > MAX_FILE_LEN || end.is_none_or(|e| e > i64::MAX as u64) {
+            return Err(errno(libc::EINVAL));
+        }
+        let src = Source::File {
+            file,
+            off: offset,
+            len,
+        };
+        self.submit(s, src, flags)
+    }
+
     /// One descriptor (see the module docs for the steps).
     fn submit(&self, s: u32, src: Source<'_>, flags: i32) -> io::Result<IoHandle> {
         let conn = &self.conn;
@@ -94,6 +131,7 @@ impl Client {
         let len = match &src {
             Source::Registered { len, .. } => *len,
             Source::Copy(b) => b.len(),
+            Source::File { len, .. } => *len as usize,
         };
         let len32 = u32::try_from(len).map_err(|_| errno(libc::EINVAL))?;
         if len == 0 {
@@ -105,7 +143,7 @@ impl Client {
             Source::Registered { mem, ptr, len } => {
                 Some((mem, conn.memory.offset_of(mem, ptr, len)?, ptr))
             }
-            Source::Copy(_) => None,
+            Source::Copy(_) | Source::File { .. } => None,
         };
         let sock = conn.socks.get_or_insert(s)?;
         let g = self.send_side(s, sock)?;
@@ -127,8 +165,9 @@ impl Client {
                     // SAFETY: `ptr..ptr+len` lies inside a registration (checked).
                     sendq::checksum(unsafe { std::slice::from_raw_parts(ptr, len) })
                 });
-                (mem, off, None, sum)
+                (mem, off, None, sum, None)
             }
+            (None, &Source::File { file, off, .. }) => (0, off, None, None, Some(file)),
             (None, Source::Copy(bytes)) => {
                 let (placed, g2) = self.stage(&sub, g, bytes)?;
                 g = g2;
@@ -208,7 +247,7 @@ impl Client {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), pool.base.add(off as usize), len) };
         let copied = &self.conn.sendq.counters.bytes_copied;
         copied.fetch_add(len as u64, Ordering::Relaxed);
-        Ok(((pool.handle, u64::from(off), Some((off, n)), None), g))
+        Ok(((pool.handle, u64::from(off), Some((off, n)), None, None), g))
     }
 
     /// Writes and publishes the descriptor, remembers it, and kicks the
@@ -217,7 +256,7 @@ impl Client {
         &self,
         sub: &Submit<'_>,
         mut g: SpinGuard<'_, SendSide>,
-        (mem, off, staged, checksum): Placed,
+        (mem, off, staged, checksum, file): Placed,
         len: u32,
         flags: i32,
     ) -> io::Result<IoHandle> {
@@ -228,12 +267,16 @@ impl Client {
         if checksum.is_some() {
             dflags |= DESC_CHECKSUM;
         }
+        if file.is_some() {
+            dflags |= DESC_FILE;
+        }
         let desc = SendDesc {
             off,
             len,
             mem: mem as u16,
             flags: dflags,
             checksum: checksum.unwrap_or(0),
+            file: file.unwrap_or(0),
             reserved: 0,
         };
         let seq = sub.sq.push(&mut g.head, &desc);
@@ -267,6 +310,8 @@ impl Client {
             Source::Registered { mem, ptr, .. } => self
                 .send_registered(s, ptr, len, flags, mem)
                 .map(|_| IoHandle::DONE),
+            // A synchronous sendfile may send less: the caller decides.
+            Source::File { .. } => Err(errno(libc::EOPNOTSUPP)),
         }
     }
 }

@@ -65,7 +65,10 @@ impl SendQueueCtl {
     }
 }
 
-/// One asynchronous send: `len` bytes at `off` in registration `mem`.
+/// One asynchronous send: `len` bytes at `off` in registration `mem`, or
+/// with [`DESC_FILE`] `len` bytes at offset `off` of file `file` (a file the
+/// host handed over with [`crate::handshake::ControlMsg::FileOpen`]; `mem`
+/// is then 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendDesc {
@@ -77,7 +80,9 @@ pub struct SendDesc {
     pub flags: u16,
     /// With `DESC_CHECKSUM`: [`checksum`] of the bytes when they were submitted.
     pub checksum: u64,
-    pub reserved: u64,
+    /// With `DESC_FILE`: the file handle (`ControlMsg::FileOpen`); else 0.
+    pub file: u32,
+    pub reserved: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<SendDesc>() == 32);
@@ -87,7 +92,58 @@ pub const DESC_MORE: u16 = 1;
 /// Debug mode: the server checks the bytes it sends against `checksum` and
 /// counts a mismatch in `misuse` (the host wrote into a buffer in flight).
 pub const DESC_CHECKSUM: u16 = 2;
-pub const DESC_FLAGS: u16 = DESC_MORE | DESC_CHECKSUM;
+/// A file range (sendfile): `len` bytes at offset `off` of file `file`,
+/// sent by the server from its own copy of the file, in order with the
+/// byte sends around it. Not with `DESC_CHECKSUM`.
+pub const DESC_FILE: u16 = 4;
+pub const DESC_FLAGS: u16 = DESC_MORE | DESC_CHECKSUM | DESC_FILE;
+
+/// Largest `len` of a file descriptor (the server's sendfile limit).
+pub const MAX_FILE_LEN: u32 = 1 << 30;
+
+/// What a copied descriptor asks for, once checked
+/// ([`SendDesc::entry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `len` bytes at `off` of registration `mem` (the server still
+    /// resolves the range against its own registrations).
+    Bytes { mem: u16, off: u64, len: u32 },
+    /// `len` bytes at `off` of file `file` (the server still looks the
+    /// handle up among the files this host handed over).
+    File { file: u32, off: u64, len: u32 },
+}
+
+impl SendDesc {
+    /// Checks the shape of a descriptor the host wrote (known flags,
+    /// non-empty; a byte range names a possible registration; a file range
+    /// has no checksum, `mem` 0, at most [`MAX_FILE_LEN`] bytes and an end
+    /// that fits an `off_t`). `None`: malformed.
+    pub fn entry(&self) -> Option<Entry> {
+        if self.flags & !DESC_FLAGS != 0 || self.len == 0 {
+            return None;
+        }
+        if self.flags & DESC_FILE == 0 {
+            return (u32::from(self.mem) < MAX_REGISTRATIONS).then_some(Entry::Bytes {
+                mem: self.mem,
+                off: self.off,
+                len: self.len,
+            });
+        }
+        let end_fits = self
+            .off
+            .checked_add(u64::from(self.len))
+            .is_some_and(|end| end <= i64::MAX as u64);
+        let ok = self.flags & DESC_CHECKSUM == 0
+            && self.mem == 0
+            && self.len <= MAX_FILE_LEN
+            && end_fits;
+        ok.then_some(Entry::File {
+            file: self.file,
+            off: self.off,
+            len: self.len,
+        })
+    }
+}
 
 /// Largest registration handle + 1 (handles are small host-chosen integers).
 pub const MAX_REGISTRATIONS: u32 = 1024;
@@ -118,6 +174,68 @@ mod tests {
         assert!(is_done(u32::MAX, 0));
         assert!(!is_done(5, 3));
         assert!(is_done(3, 5));
+    }
+
+    fn file(off: u64, len: u32) -> SendDesc {
+        SendDesc {
+            off,
+            len,
+            flags: DESC_FILE | DESC_MORE,
+            file: 7,
+            ..SendDesc::default()
+        }
+    }
+
+    #[test]
+    fn entries_are_classified_and_checked() {
+        let bytes = SendDesc {
+            off: 64,
+            len: 10,
+            mem: 3,
+            flags: DESC_MORE | DESC_CHECKSUM,
+            ..SendDesc::default()
+        };
+        assert_eq!(
+            bytes.entry(),
+            Some(Entry::Bytes {
+                mem: 3,
+                off: 64,
+                len: 10
+            })
+        );
+        assert_eq!(
+            file(100, 5).entry(),
+            Some(Entry::File {
+                file: 7,
+                off: 100,
+                len: 5
+            })
+        );
+        let max_end = i64::MAX as u64 - u64::from(MAX_FILE_LEN);
+        assert!(
+            file(max_end, MAX_FILE_LEN).entry().is_some(),
+            "end at i64::MAX"
+        );
+        for bad in [
+            file(0, 0),                // empty
+            file(0, MAX_FILE_LEN + 1), // too long
+            file(i64::MAX as u64, 1),  // end past off_t
+            file(u64::MAX, 1),         // offset overflows
+            SendDesc {
+                mem: 1,
+                ..file(0, 1)
+            }, // a file range names no registration
+            SendDesc {
+                flags: DESC_FILE | DESC_CHECKSUM,
+                ..file(0, 1)
+            },
+            SendDesc {
+                flags: DESC_FILE | 0x80,
+                ..file(0, 1)
+            },
+        ] {
+            assert_eq!(bad.entry(), None, "{bad:?}");
+        }
     }
 
     #[test]

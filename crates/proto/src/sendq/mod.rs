@@ -3,7 +3,10 @@
 //! A socket that sends asynchronously is bound (`Op::AsyncBind`, one round
 //! trip, once) to one of the region's send queues. Each queue is a ring of
 //! [`SendDesc`] descriptors, each naming bytes in *registered memory* (a
-//! memfd the host registered on the control socket, mapped by the server):
+//! memfd the host registered on the control socket, mapped by the server)
+//! or, with [`DESC_FILE`], a range of a file the host handed over
+//! (`FileOpen`: an asynchronous sendfile, sent by the server from its own
+//! copy of the file):
 //!
 //! * the host writes descriptor `head % entries`, then stores `head + 1`
 //!   (release) — no fence, no system call;

@@ -28,7 +28,7 @@
 //! each descriptor is copied out once ([`SendQueueConsumer::take_desc`]) and
 //! its shape checked before the server resolves its memory.
 
-use super::ctl::{is_done, SendDesc, SendQueueCtl, DESC_FLAGS, MAX_REGISTRATIONS};
+use super::ctl::{is_done, SendDesc, SendQueueCtl};
 use crate::region::SendQueueRef;
 use crate::sync::{self, fence, Ordering};
 use std::time::Duration;
@@ -287,11 +287,11 @@ impl<'a> SendQueueConsumer<'a> {
         self.sq.read_desc(seq)
     }
 
-    /// Whether a copied descriptor is well formed (known flags, non-empty, a
-    /// possible registration handle). The server still resolves its range
-    /// against its own registrations.
+    /// Whether a copied descriptor is well formed ([`SendDesc::entry`]).
+    /// The server still resolves its range against its own registrations,
+    /// or its file handle against the files this host handed over.
     pub fn desc_ok(d: &SendDesc) -> bool {
-        d.flags & !DESC_FLAGS == 0 && d.len > 0 && u32::from(d.mem) < MAX_REGISTRATIONS
+        d.entry().is_some()
     }
 
     /// The host overran its credits: stop watching (`active = 0`), publish
@@ -339,7 +339,7 @@ impl<'a> SendQueueConsumer<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ctl::DESC_MORE;
+    use super::super::ctl::{DESC_MORE, MAX_REGISTRATIONS};
     use super::*;
     use crate::region::test_rings as region;
     use std::sync::atomic::Ordering as O;

@@ -157,6 +157,9 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
             try_recv(cx, host, sid, fd, p, flags)
         }
         Call::Send { flags, .. } | Call::SendReg { flags, .. } => try_send(host, fd, p, flags),
+        Call::SendFile { .. } => {
+            super::sendq::file::attempt(host, sid, p).map_or(Step::Again, Step::Done)
+        }
         Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
         Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),

@@ -11,7 +11,7 @@ use tracing::debug;
 /// an asynchronous send an update of its send queue. Releases the
 /// registration a registered call held.
 pub(crate) fn finish(host: &mut Host, p: &Parked, res: Res) {
-    match (p.job, p.call) {
+    match (&p.job, p.call) {
         (
             _,
             Call::Shutdown {
@@ -27,7 +27,10 @@ pub(crate) fn finish(host: &mut Host, p: &Parked, res: Res) {
                 );
             }
         }
-        (Some(job), Call::SendReg { data, .. }) => queue::finish_job(host, &job, data, res),
+        (Some(job), Call::SendReg { data, .. }) => {
+            queue::finish_job(host, job, Some(data), data.len, res)
+        }
+        (Some(job), Call::SendFile { count, .. }) => queue::finish_job(host, job, None, count, res),
         (_, Call::SendReg { data, .. } | Call::RecvReg { data, .. }) => {
             host.registry.release(data.mem);
             complete(host, p.ch, p.user_data, p.op, res);

@@ -50,7 +50,7 @@ fn on_control_msg(
         | ControlMsg::SocketDup { .. }
         | ControlMsg::HostDoorbell { .. } => Err(libc::EINVAL),
         ControlMsg::FileOpen { handle } => crate::sendfile::open(host, handle, fds),
-        ControlMsg::FileClose { handle } => crate::sendfile::close(host, handle),
+        ControlMsg::FileClose { handle } => crate::calls::sendq::file_close(cx, host, handle),
     };
     debug!(host = host.id, ?m, ?res, "registration");
     let reply = ControlMsg::Reply {

@@ -20,10 +20,12 @@
 //! would let a host behind a parked send grow the jobs without bound.
 
 //!
-//! `queue` holds a queue's state and handshakes; this file takes what the
+//! `queue` holds a queue's state and handshakes; `file` runs file ranges
+//! (`DESC_FILE`, an asynchronous sendfile); this file takes what the
 //! host published and drives it (above `blocking`, whose write queue the
 //! jobs join).
 
+pub(crate) mod file;
 pub(crate) mod queue;
 
 use super::blocking::drive_writers;
@@ -116,4 +118,12 @@ pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
         }
     }
     work
+}
+
+/// `ControlMsg::FileClose`. Every bound send queue of the host is ingested
+/// first: a file range the host queued before it closed the handle becomes
+/// a job holding the file (`Job::file`), which keeps it open until it ran.
+pub(crate) fn file_close(cx: &mut Ctx<'_>, host: &mut Host, handle: u32) -> Result<(), i32> {
+    sweep(cx, host, Instant::now());
+    crate::sendfile::close(host, handle)
 }

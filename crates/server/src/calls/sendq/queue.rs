@@ -5,9 +5,15 @@
 
 use crate::calls::common::Res;
 use crate::host::{Host, Job, Parked, QueueState};
+use crate::registry::Registry;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tcps_proto::msg::{Call, MemRange};
-use tcps_proto::sendq::{self, Overrun, SendQueueConsumer, DESC_CHECKSUM, DESC_MORE};
+use tcps_proto::sendq::{
+    self, Entry, Overrun, SendDesc, SendQueueConsumer, DESC_CHECKSUM, DESC_MORE,
+};
 use tcps_proto::Op;
 use tracing::debug;
 
@@ -106,13 +112,14 @@ pub fn job_error(host: &Host, job: &Job) -> Option<i32> {
 }
 
 /// A job finished: publish it in its queue (in order: jobs of a queue
-/// finish front to back of one socket's write queue).
-pub fn finish_job(host: &mut Host, job: &Job, data: MemRange, res: Res) {
+/// finish front to back of one socket's write queue). `len`: the bytes it
+/// was to send; `data`: its registered range (none for a file range).
+pub fn finish_job(host: &mut Host, job: &Job, data: Option<MemRange>, len: u32, res: Res) {
     let Some(sq) = host.region.send_queue(job.queue) else {
         return;
     };
     let c = SendQueueConsumer::new(sq);
-    if let (Some(expected), true) = (job.checksum, job.held) {
+    if let (Some(expected), true, Some(data)) = (job.checksum, job.held, data) {
         if let Ok(p) = host.registry.resolve(data) {
             // SAFETY: a registered range (bounds checked), mapped while held.
             let bytes = unsafe { std::slice::from_raw_parts(p, data.len as usize) };
@@ -121,18 +128,26 @@ pub fn finish_job(host: &mut Host, job: &Job, data: MemRange, res: Res) {
             }
         }
     }
-    if job.held {
+    if let (true, Some(data)) = (job.held, data) {
         host.registry.release(data.mem);
     }
     let st = &mut host.queues[job.queue as usize];
     match res {
-        Ok((n, _)) if n as u64 == u64::from(data.len) => {
+        Ok((n, _)) if n as u64 == u64::from(len) => {
             host.stats.async_sends += 1;
             c.add_bytes_done(n as u64);
         }
         other => {
             host.stats.async_failed += 1;
             let e = other.err().unwrap_or(libc::EPIPE);
+            debug!(
+                host = host.id,
+                queue = job.queue,
+                seq = job.seq,
+                errno = e,
+                file = job.file.is_some(),
+                "asynchronous send failed"
+            );
             if st.error == 0 {
                 st.error = e;
                 c.set_error(job.seq, e);
@@ -238,6 +253,7 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
         sockets,
         registry,
         region,
+        files,
         ..
     } = &mut *host;
     let Some(sq) = region.send_queue(q).map(SendQueueConsumer::new) else {
@@ -248,42 +264,83 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
     };
     for i in 0..n {
         let seq = st.ingested.wrapping_add(i);
+        // Copied out once: the copy is what gets checked and used.
         let d = sq.take_desc(seq);
-        let data = MemRange {
-            mem: d.mem,
-            off: d.off,
-            len: d.len,
-        };
-        let valid = SendQueueConsumer::desc_ok(&d) && registry.resolve(data).is_ok();
-        if valid {
-            registry.hold(d.mem);
-        }
-        let mut flags = libc::MSG_NOSIGNAL;
-        if d.flags & DESC_MORE != 0 {
-            flags |= libc::MSG_MORE;
-        }
-        sock.writers.push_back(Parked {
-            ch: 0,
-            user_data: 0,
-            op: Op::SendReg,
-            call: Call::SendReg {
-                sock: sid,
-                data,
-                flags,
-            },
-            progress: 0,
-            nonblocking: false,
-            serial: 0,
-            job: Some(Job {
-                queue: q,
-                seq,
-                checksum: (d.flags & DESC_CHECKSUM != 0).then_some(d.checksum),
-                held: valid,
-            }),
-        });
+        sock.writers
+            .push_back(job_of(sid, q, seq, &d, registry, files));
     }
     host.queues[q as usize].ingested = st.ingested.wrapping_add(n);
     n as usize
+}
+
+/// The job of descriptor `seq` (copied out once: `d`) of socket `sid`'s
+/// queue `q`: a file range holding its file (only one this host handed
+/// over), or a byte range holding its registration. A malformed descriptor
+/// or an unknown handle or range makes a job that fails (`held == false`).
+fn job_of(
+    sid: u32,
+    q: u32,
+    seq: u32,
+    d: &SendDesc,
+    registry: &mut Registry,
+    files: &HashMap<u32, Arc<OwnedFd>>,
+) -> Parked {
+    let job = Job {
+        queue: q,
+        seq,
+        checksum: (d.flags & DESC_CHECKSUM != 0).then_some(d.checksum),
+        held: false,
+        file: None,
+    };
+    let mut flags = libc::MSG_NOSIGNAL;
+    if d.flags & DESC_MORE != 0 {
+        flags |= libc::MSG_MORE;
+    }
+    let (op, call, job) = match d.entry() {
+        Some(Entry::File { file, off, len }) => {
+            let f = files.get(&file).cloned();
+            let job = Job {
+                held: f.is_some(),
+                file: f,
+                ..job
+            };
+            let call = Call::SendFile {
+                sock: sid,
+                file,
+                offset: off,
+                count: len,
+            };
+            (Op::SendFile, call, job)
+        }
+        entry => {
+            let data = MemRange {
+                mem: d.mem,
+                off: d.off,
+                len: d.len,
+            };
+            let valid =
+                matches!(entry, Some(Entry::Bytes { .. })) && registry.resolve(data).is_ok();
+            if valid {
+                registry.hold(d.mem);
+            }
+            let call = Call::SendReg {
+                sock: sid,
+                data,
+                flags,
+            };
+            (Op::SendReg, call, Job { held: valid, ..job })
+        }
+    };
+    Parked {
+        ch: 0,
+        user_data: 0,
+        op,
+        call,
+        progress: 0,
+        nonblocking: false,
+        serial: 0,
+        job: Some(job),
+    }
 }
 
 /// `Op::AsyncKick` on queue `q`: counts the kick and publishes it
