@@ -202,6 +202,45 @@ fn writable(c: &Client, id: u32) -> bool {
     room(c, id, 1) > 0
 }
 
+/// POLLOUT answered here, with no round trip, when an entry's socket has a
+/// send queue with room (and no failed send: the error bits of a broken
+/// connection are the server's to report): the call then waits for
+/// nothing, and the other entries' readiness is only looked at (`poll` with
+/// timeout 0, answered from the rings where they have them). An entry
+/// that asked for nothing but POLLOUT is not asked at all. `None`: no
+/// entry is writable that way.
+fn poll_with_room(c: &Client, fds: &mut [PollFd]) -> io::Result<Option<usize>> {
+    let has_room = |f: &PollFd| {
+        f.events & libc::POLLOUT != 0 && {
+            let b = c.send_backlog(f.sock);
+            b.bound && !b.failed && b.credit && room(c, f.sock, 1) > 0
+        }
+    };
+    let local: Vec<bool> = fds.iter().map(has_room).collect();
+    if !local.contains(&true) {
+        return Ok(None);
+    }
+    let mut ask = Vec::with_capacity(fds.len());
+    let mut at = Vec::with_capacity(fds.len());
+    for (i, (f, &l)) in fds.iter().zip(&local).enumerate() {
+        let events = if l { f.events & !libc::POLLOUT } else { f.events };
+        if events != 0 {
+            ask.push(PollFd { events, revents: 0, ..*f });
+            at.push(i);
+        }
+    }
+    if !ask.is_empty() {
+        c.poll(&mut ask, 0)?;
+    }
+    for (f, &l) in fds.iter_mut().zip(&local) {
+        f.revents = if l { libc::POLLOUT } else { 0 };
+    }
+    for (a, &i) in ask.iter().zip(&at) {
+        fds[i].revents |= a.revents;
+    }
+    Ok(Some(fds.iter().filter(|f| f.revents != 0).count()))
+}
+
 /// The longest single server poll while a POLLOUT entry waits for room in
 /// its send queue: the queue's `done` moves without telling the server's
 /// poll, so the wait is sliced.
@@ -217,6 +256,9 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
     let wants_out = |f: &PollFd| f.events & libc::POLLOUT != 0;
     if !enabled() || !fds.iter().any(wants_out) {
         return c.poll(fds, timeout);
+    }
+    if let Some(n) = poll_with_room(c, fds)? {
+        return Ok(n);
     }
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut slice = Duration::from_millis(1);

@@ -23,6 +23,9 @@ pub struct SendBacklog {
     pub credit: bool,
     /// An earlier asynchronous send failed: the next send reports it.
     pub failed: bool,
+    /// The socket has a send queue (it sent asynchronously before): room
+    /// in it is what a write needs, so POLLOUT can be answered from it.
+    pub bound: bool,
 }
 
 /// The longest single futex sleep while waiting for a queue.
@@ -198,6 +201,7 @@ impl Client {
             queued: 0,
             credit: true,
             failed: false,
+            bound: false,
         };
         let Some(sock) = self.conn.socks.get(s) else {
             return idle;
@@ -214,6 +218,7 @@ impl Client {
             queued: g.queued,
             credit: sq.has_credit(g.head, g.done),
             failed: g.error != 0,
+            bound: true,
         }
     }
 
