@@ -124,69 +124,13 @@ fn write_after_reset_raises_sigpipe() {
     }
 }
 
-fn stat_host(srv: &Server, pid: u32) -> Option<Value> {
-    let out = Command::new(TCPS)
-        .args(["stat", "--socket"])
-        .arg(&srv.socket)
-        .arg("--json")
-        .output()
-        .expect("run tcps stat");
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["hosts"]
-        .as_array()?
-        .iter()
-        .find(|h| h["pid"].as_u64() == Some(u64::from(pid)))
-        .cloned()
-}
-
-/// Runs `prog args...` (`{port}` in `args`: a kernel listener's port here)
-/// through the server, lets `peer` talk to it over the accepted connection
-/// (returning the bytes the host was to send), then returns the host's
-/// round trips once the server sent that many bytes.
-fn round_trips(
-    srv: &Server,
-    dir: &TempDir,
-    prog: &str,
-    args: &[&str],
-    async_send: bool,
-    peer: impl FnOnce(&mut TcpStream, &str) -> u64,
-) -> u64 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port().to_string();
-    let tag = format!("{}-{}", args[0], if async_send { "async" } else { "sync" });
-    let stats = dir.path().join(format!("{tag}.stats"));
-    let log = dir.path().join(format!("{tag}.out"));
-    let mut argv = vec!["python3", prog];
-    argv.extend(
-        args.iter()
-            .map(|&a| if a == "{port}" { &port[..] } else { a }),
-    );
-    let mut cmd = command(Net::Tcps, srv, &stats, &log, &argv);
-    if !async_send {
-        cmd.env("TCPS_ASYNC_SEND", "0");
+/// The environment of a run with asynchronous sends on or off.
+fn env_of(async_send: bool) -> Vec<(&'static str, &'static str)> {
+    if async_send {
+        vec![]
+    } else {
+        vec![("TCPS_ASYNC_SEND", "0")]
     }
-    let mut child = cmd.spawn().expect("spawn");
-    let (mut k, _) = l.accept().unwrap();
-    k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let want = peer(&mut k, &format!("{tag}: {}", log.display()));
-    // The server publishes its counters every 100 ms.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = None;
-    while Instant::now() < deadline {
-        if let Some(h) = stat_host(srv, child.id()) {
-            let sent = h["counters"]["bytes_sent"].as_u64().unwrap_or(0);
-            last = Some(h);
-            if sent >= want {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let h = last.unwrap_or_else(|| panic!("{tag}: host not in tcps stat\n{}", read(&log)));
-    eprintln!("{tag}: {}", serde_json::to_string(&h["counters"]).unwrap());
-    h["counters"]["round_trips"].as_u64().unwrap_or(u64::MAX)
 }
 
 /// `writes` writes of 100 bytes: the host's round trips once the peer got
@@ -194,7 +138,7 @@ fn round_trips(
 fn write_round_trips(srv: &Server, dir: &TempDir, writes: u32, async_send: bool) -> u64 {
     let n = writes.to_string();
     let args = ["writes", "{port}", &n];
-    round_trips(srv, dir, PROG, &args, async_send, |k, tag| {
+    round_trips(srv, dir, PROG, &args, &env_of(async_send), |k, tag| {
         let mut got = vec![0u8; writes as usize * 100];
         k.read_exact(&mut got)
             .unwrap_or_else(|e| panic!("{tag}: {e}"));
@@ -272,7 +216,7 @@ fn sendfile_round_trips(srv: &Server, dir: &TempDir, n: u32, async_send: bool) -
     std::fs::create_dir_all(&files).unwrap();
     let (count, d) = (n.to_string(), files.to_str().unwrap().to_string());
     let args = ["rt", "{port}", &count, &d];
-    round_trips(srv, dir, SENDFILE, &args, async_send, |k, tag| {
+    round_trips(srv, dir, SENDFILE, &args, &env_of(async_send), |k, tag| {
         let body = std::fs::read(files.join("page")).expect("the program wrote its file");
         let mut total = 0;
         for i in 0..n {

@@ -223,9 +223,17 @@ fn poll_with_room(c: &Client, fds: &mut [PollFd]) -> io::Result<Option<usize>> {
     let mut ask = Vec::with_capacity(fds.len());
     let mut at = Vec::with_capacity(fds.len());
     for (i, (f, &l)) in fds.iter().zip(&local).enumerate() {
-        let events = if l { f.events & !libc::POLLOUT } else { f.events };
+        let events = if l {
+            f.events & !libc::POLLOUT
+        } else {
+            f.events
+        };
         if events != 0 {
-            ask.push(PollFd { events, revents: 0, ..*f });
+            ask.push(PollFd {
+                events,
+                revents: 0,
+                ..*f
+            });
             at.push(i);
         }
     }

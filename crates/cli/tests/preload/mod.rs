@@ -3,8 +3,9 @@
 //! per-process summary lines the library writes (TCPS_PRELOAD_STATS).
 #![allow(dead_code)]
 
-use crate::common::{die_with_parent, wait_timeout, Server, TCPS};
-use std::net::TcpStream;
+use crate::common::{die_with_parent, wait_timeout, Server, TempDir, TCPS};
+use serde_json::Value;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -186,4 +187,68 @@ impl Drop for Daemon {
             stop(&mut self.0, libc::SIGTERM);
         }
     }
+}
+
+/// The host of process `pid` in `tcps stat --json`.
+pub fn stat_host(srv: &Server, pid: u32) -> Option<Value> {
+    let out = Command::new(TCPS)
+        .args(["stat", "--socket"])
+        .arg(&srv.socket)
+        .arg("--json")
+        .output()
+        .expect("run tcps stat");
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["hosts"]
+        .as_array()?
+        .iter()
+        .find(|h| h["pid"].as_u64() == Some(u64::from(pid)))
+        .cloned()
+}
+
+/// Runs `prog args...` with `env` added (`{port}` in `args`: a kernel listener's port here)
+/// through the server, lets `peer` talk to it over the accepted connection
+/// (returning the bytes the host was to send), then returns the host's
+/// round trips once the server sent that many bytes.
+pub fn round_trips(
+    srv: &Server,
+    dir: &TempDir,
+    prog: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    peer: impl FnOnce(&mut TcpStream, &str) -> u64,
+) -> u64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let tag = format!("{}-{}", args[0], env.len());
+    let stats = dir.path().join(format!("{tag}.stats"));
+    let log = dir.path().join(format!("{tag}.out"));
+    let mut argv = vec!["python3", prog];
+    argv.extend(
+        args.iter()
+            .map(|&a| if a == "{port}" { &port[..] } else { a }),
+    );
+    let mut cmd = command(Net::Tcps, srv, &stats, &log, &argv);
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn");
+    let (mut k, _) = l.accept().unwrap();
+    k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let want = peer(&mut k, &format!("{tag}: {}", log.display()));
+    // The server publishes its counters every 100 ms.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = None;
+    while Instant::now() < deadline {
+        if let Some(h) = stat_host(srv, child.id()) {
+            let sent = h["counters"]["bytes_sent"].as_u64().unwrap_or(0);
+            last = Some(h);
+            if sent >= want {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let h = last.unwrap_or_else(|| panic!("{tag}: host not in tcps stat\n{}", read(&log)));
+    eprintln!("{tag}: {}", serde_json::to_string(&h["counters"]).unwrap());
+    h["counters"]["round_trips"].as_u64().unwrap_or(u64::MAX)
 }
