@@ -11,17 +11,19 @@ mod preload;
 
 use common::{Server, TempDir};
 use preload::*;
+use serde_json::Value;
 use std::io::{Read, Write};
 use std::time::Duration;
 
 const PROG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/waits.py");
 const ROUNDS: usize = 200;
 
-/// Round trips of `ROUNDS` blocking waits in `mode`, each answered after a
-/// pause by the peer here; the program's echo of every message checked.
-fn wait_round_trips(srv: &Server, dir: &TempDir, mode: &str, env: &[(&str, &str)]) -> u64 {
+/// The host's counters after `ROUNDS` blocking waits in `mode`, each
+/// answered after a pause by the peer here; the program's echo of every
+/// message checked.
+fn waits(srv: &Server, dir: &TempDir, mode: &str, env: &[(&str, &str)]) -> Value {
     let rounds = ROUNDS.to_string();
-    round_trips(srv, dir, PROG, &[mode, "{port}", &rounds], env, |k, tag| {
+    host_counters(srv, dir, PROG, &[mode, "{port}", &rounds], env, |k, tag| {
         for i in 0..ROUNDS {
             // Long enough that the program is asleep in its wait.
             std::thread::sleep(Duration::from_millis(1));
@@ -42,14 +44,32 @@ fn blocking_waits_make_no_round_trips() {
     let srv = Server::start("uring", &["--poll", "adaptive"]);
     let dir = TempDir::new("preload-waits");
     for mode in ["epoll", "poll", "select"] {
-        let bell = wait_round_trips(&srv, &dir, mode, &[]);
-        let parked = wait_round_trips(&srv, &dir, mode, &[("TCPS_HOST_DOORBELL", "0")]);
+        let c = waits(&srv, &dir, mode, &[]);
+        let n = |k: &str| c[k].as_u64().unwrap_or(u64::MAX);
+        let bell = n("round_trips");
+        let parked = waits(&srv, &dir, mode, &[("TCPS_HOST_DOORBELL", "0")])["round_trips"]
+            .as_u64()
+            .unwrap_or(0);
         eprintln!("{mode}: {bell} round trips with the host doorbell, {parked} without");
         // Set-up only (socket, connect, the first wait before the ring is
         // bound): none per round.
         assert!(
             bell <= (ROUNDS / 10) as u64,
             "{mode}: {bell} round trips for {ROUNDS} blocking waits (doorbell)"
+        );
+        // Each wait ended by the doorbell, none by a futex wake (the
+        // sleeper is on no ring's futex; the few futex wakes are the
+        // set-up calls' completions and a ring's binding): one wake-up
+        // per wait at most.
+        assert!(
+            n("host_doorbells") >= (ROUNDS / 2) as u64 && n("host_doorbells") <= ROUNDS as u64 + 10,
+            "{mode}: {} doorbell rings for {ROUNDS} waits",
+            n("host_doorbells")
+        );
+        assert!(
+            n("wakes") <= bell + 5,
+            "{mode}: {} futex wakes, {bell} round trips",
+            n("wakes")
         );
         assert!(
             parked >= (ROUNDS / 2) as u64,

@@ -35,7 +35,7 @@ impl Drop for RingWait<'_> {
     fn drop(&mut self) {
         for &s in &self.rings {
             if let Some(ring) = self.client.conn.recv_ring(s) {
-                ring.wait_done();
+                ring.bell_wait_done();
             }
         }
     }
@@ -93,7 +93,7 @@ impl Client {
         }
         for &s in &rings {
             if let Some(ring) = self.conn.recv_ring(s) {
-                ring.wait_prepare();
+                ring.bell_wait_prepare();
             }
         }
         Some(RingWait {

@@ -70,7 +70,7 @@ fn race<C: Send + Sync + 'static>(
 /// The host registers and re-checks `tail`; true: it futex-waits (and
 /// stays registered until woken, so no `wait_done` in the model).
 fn ring_sleeper(ctl: &RecvRingCtl) -> bool {
-    recv::wait_prepare(ctl);
+    recv::wait_prepare(ctl, 1);
     recv::is_quiet(ctl, 0)
 }
 
@@ -78,9 +78,28 @@ fn ring_sleeper(ctl: &RecvRingCtl) -> bool {
 fn receive_ring_publish_never_misses_a_sleeper() {
     loom::model(|| {
         let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
-            recv::publish(c, 100, None)
+            recv::publish(c, 100, None).thread
         });
         assert!(!slept || woke, "lost wake-up: the host sleeps, unseen");
+    });
+}
+
+/// A doorbell sleeper registers with `BELL_SLEEPER` and re-checks `tail`.
+fn bell_sleeper(ctl: &RecvRingCtl) -> bool {
+    recv::wait_prepare(ctl, crate::eager::BELL_SLEEPER);
+    recv::is_quiet(ctl, 0)
+}
+
+#[test]
+fn receive_ring_publish_never_misses_a_doorbell_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(RecvRingCtl::zeroed(), bell_sleeper, |c| {
+            let w = recv::publish(c, 100, None);
+            // A doorbell sleeper is reported, never futex-woken.
+            assert!(!w.thread);
+            w.bell
+        });
+        assert!(!slept || woke, "lost wake-up: the doorbell is never rung");
     });
 }
 
@@ -89,7 +108,7 @@ fn receive_ring_end_never_misses_a_sleeper() {
     loom::model(|| {
         // EOF with no data: only `end` moves.
         let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
-            recv::publish(c, 0, Some(Ok(())))
+            recv::publish(c, 0, Some(Ok(()))).thread
         });
         assert!(!slept || woke, "lost wake-up at end of stream");
     });

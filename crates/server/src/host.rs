@@ -408,11 +408,23 @@ pub struct HostStats {
     pub recv_kicks: u64,
     /// Futex wakes of sleeping host threads: a completion, a receive or
     /// accept ring publish, or a finished asynchronous send found a host
-    /// thread waiting for it (wakes at server shutdown are not counted).
+    /// thread waiting for it (wakes at server shutdown are not counted;
+    /// doorbell rings are `host_doorbells`).
     pub wakes: u64,
-    /// Host doorbell rings (at most one per worker pass that woke one of
-    /// the host's ring sleepers; `host_doorbell`).
+    /// Host doorbell rings (at most one per worker pass that found one of
+    /// the host's doorbell sleepers on a ring it published; `host_doorbell`).
     pub host_doorbells: u64,
+    /// Ring publishes that found a doorbell sleeper: the doorbell is rung at
+    /// the end of a pass in which this moved.
+    pub bell_wants: u64,
+}
+
+impl HostStats {
+    /// Counts whom a ring publish found waiting (`tcps_proto::eager::Woke`).
+    pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
+        self.wakes += u64::from(w.thread);
+        self.bell_wants += u64::from(w.bell);
+    }
 }
 
 impl std::fmt::Display for HostStats {

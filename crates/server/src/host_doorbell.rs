@@ -8,23 +8,23 @@
 //! The host asks for it once (`ControlMsg::HostDoorbell`); the server makes
 //! the eventfd itself (so it never writes to a descriptor a host chose) and
 //! hands it out. It is rung at most once per worker pass and host, and only
-//! when the pass woke a sleeper of that host (the host's `wakes` counter
-//! moved): a host whose threads sleep on rings registered as waiters there
-//! first (`host_waiting`, the rings' lost-wake-up handshake), so a publish
-//! that could end their sleep always counts a wake.
+//! when the pass published to a ring a doorbell sleeper of that host had
+//! registered on (`host_waiting` from `BELL_SLEEPER` up, the rings'
+//! lost-wake-up handshake; counted in `bell_wants`). Such a publish makes
+//! no futex wake: the one doorbell write is the whole wake-up.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 pub struct HostDoorbell {
     fd: OwnedFd,
-    /// The host's `stats.wakes` when it was last rung (or made).
+    /// The host's `stats.bell_wants` when it was last rung (or made).
     rung_at: u64,
 }
 
 impl HostDoorbell {
-    /// The doorbell in `slot`, made on first request (`wakes`: the host's
-    /// wake count now): a duplicate of its eventfd to hand out.
-    pub fn get(slot: &mut Option<HostDoorbell>, wakes: u64) -> Result<OwnedFd, i32> {
+    /// The doorbell in `slot`, made on first request (`wants`: the host's
+    /// `bell_wants` now): a duplicate of its eventfd to hand out.
+    pub fn get(slot: &mut Option<HostDoorbell>, wants: u64) -> Result<OwnedFd, i32> {
         let bell = match slot {
             Some(b) => b,
             None => {
@@ -38,7 +38,7 @@ impl HostDoorbell {
                 slot.insert(HostDoorbell {
                     // SAFETY: `fd` is a fresh descriptor owned by nobody else.
                     fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                    rung_at: wakes,
+                    rung_at: wants,
                 })
             }
         };
@@ -47,15 +47,16 @@ impl HostDoorbell {
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))
     }
 
-    /// End of a worker pass: rings if the pass woke a sleeper of the host
-    /// (its wake count moved from `rung_at`). Never blocks (the eventfd is
+    /// End of a worker pass: rings if the pass published to a ring a
+    /// doorbell sleeper of the host registered on (`wants`, the host's
+    /// `bell_wants`, moved from `rung_at`). Never blocks (the eventfd is
     /// non-blocking; EAGAIN would mean the counter is about to overflow,
     /// i.e. it is rung already). Returns whether it rang.
-    pub fn ring_if_woken(&mut self, wakes: u64) -> bool {
-        if self.rung_at == wakes {
+    pub fn ring_if_woken(&mut self, wants: u64) -> bool {
+        if self.rung_at == wants {
             return false;
         }
-        self.rung_at = wakes;
+        self.rung_at = wants;
         let one = 1u64.to_ne_bytes();
         // SAFETY: writes 8 bytes from a local buffer to our own eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };

@@ -237,6 +237,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         recv_kicks,
         wakes,
         host_doorbells,
+        bell_wants,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
         *a += b;
@@ -259,6 +260,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.recv_kicks += recv_kicks;
     into.wakes += wakes;
     into.host_doorbells += host_doorbells;
+    into.bell_wants += bell_wants;
 }
 
 fn counters_json(s: &HostStats) -> Value {

@@ -52,6 +52,9 @@ def main():
         h.update(msg)
         s.sendall(msg[::-1])
     print(h.hexdigest(), flush=True)
+    # Stay attached until the test has read the server's counters (it
+    # kills us, or closes the connection).
+    s.recv(1)
 
 
 if __name__ == "__main__":

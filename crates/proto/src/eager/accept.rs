@@ -58,8 +58,8 @@ impl<'a> AcceptRingProducer<'a> {
     }
 
     /// Publishes the records before `tail` (one store for a batch) and wakes
-    /// a sleeping host thread. Returns whether one was waiting (woken).
-    pub fn publish(&self, tail: u32) -> bool {
+    /// a sleeping host thread. Returns whom it found waiting.
+    pub fn publish(&self, tail: u32) -> recv::Woke {
         recv::publish(self.ctl(), tail, None)
     }
 
@@ -81,7 +81,7 @@ impl<'a> AcceptRingProducer<'a> {
     }
 
     /// See [`RecvRingProducer::unbind`].
-    pub fn unbind(&self) -> bool {
+    pub fn unbind(&self) -> recv::Woke {
         self.inner.unbind()
     }
 

@@ -46,8 +46,8 @@ pub struct RingSnapshot {
 /// acquires it), then the end of stream after it (`end_errno` first, `end`
 /// last with release, so a host that sees `end` sees the errno and the
 /// final `tail`); fences and wakes a host thread sleeping on `tail`.
-/// Returns whether it woke a sleeper (for the model tests).
-pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>) -> bool {
+/// Returns whom it woke.
+pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>) -> Woke {
     ctl.tail.store(tail, Ordering::Release);
     match end {
         Some(Ok(())) => ctl.end.store(END_EOF, Ordering::Release),
@@ -62,13 +62,42 @@ pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>
 
 /// Dekker against the host's "host_waiting += 1; fence; load tail": the
 /// fence orders the stores before it against the load of `host_waiting`.
-pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> bool {
+/// Threads futex-waiting on `tail` are woken here; doorbell sleepers
+/// (counted in `host_waiting` from [`BELL_SLEEPER`] up) are only reported:
+/// the server rings their host's doorbell once for the whole pass.
+pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> Woke {
     fence(Ordering::SeqCst);
-    let waiting = ctl.host_waiting.load(Ordering::Relaxed) != 0;
-    if waiting {
+    let waiting = ctl.host_waiting.load(Ordering::Relaxed);
+    let woke = Woke {
+        thread: waiting & (BELL_SLEEPER - 1) != 0,
+        bell: waiting >= BELL_SLEEPER,
+    };
+    if woke.thread {
         sync::wake_all(&ctl.tail);
     }
-    waiting
+    woke
+}
+
+/// What `host_waiting` of a ring goes up by for a thread that sleeps on
+/// its host doorbell rather than on the ring's futex; the low 16 bits
+/// count futex sleepers.
+pub const BELL_SLEEPER: u32 = 1 << 16;
+
+/// Whom a publish found waiting on a ring.
+#[must_use]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woke {
+    /// A thread futex-waiting on the ring: woken.
+    pub thread: bool,
+    /// A thread sleeping on its host doorbell: the server must ring it.
+    pub bell: bool,
+}
+
+impl Woke {
+    /// Somebody was waiting.
+    pub fn any(self) -> bool {
+        self.thread || self.bell
+    }
 }
 
 /// The server's pause: publish what it has, then `paused = 1; fence;
@@ -109,16 +138,17 @@ pub(crate) fn is_quiet(ctl: &RecvRingCtl, seen: u32) -> bool {
 }
 
 /// Registers a sleeper (a counter, not a flag: several threads may wait on
-/// one ring), then fences against the server's "store tail; fence; load
+/// one ring; `unit` 1 for a futex sleeper, [`BELL_SLEEPER`] for a doorbell
+/// sleeper), then fences against the server's "store tail; fence; load
 /// host_waiting".
-pub(crate) fn wait_prepare(ctl: &RecvRingCtl) {
-    ctl.host_waiting.fetch_add(1, Ordering::AcqRel);
+pub(crate) fn wait_prepare(ctl: &RecvRingCtl, unit: u32) {
+    ctl.host_waiting.fetch_add(unit, Ordering::AcqRel);
     fence(Ordering::SeqCst);
 }
 
-/// Unregisters a sleeper.
-pub(crate) fn wait_done(ctl: &RecvRingCtl) {
-    ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
+/// Unregisters a sleeper registered with the same `unit`.
+pub(crate) fn wait_done(ctl: &RecvRingCtl, unit: u32) {
+    ctl.host_waiting.fetch_sub(unit, Ordering::AcqRel);
 }
 
 /// The server counts a kick taken (release: with the state the kick
@@ -211,8 +241,8 @@ impl<'a> RecvRingProducer<'a> {
 
     /// Publishes `tail` and, if given, the end of stream after it; wakes a
     /// sleeping host thread. `end`: `Ok(())` EOF, `Err(errno)` an error.
-    /// Returns whether a host thread was waiting (a futex wake was made).
-    pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) -> bool {
+    /// Returns whom it found waiting (a futex wake was made for threads).
+    pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) -> Woke {
         publish(self.ring.ctl(), tail, end)
     }
 
@@ -241,8 +271,8 @@ impl<'a> RecvRingProducer<'a> {
 
     /// Stops receiving ahead: `END_STOPPED` after the last `tail` (release),
     /// then wakes a sleeping host thread (it goes on with requests).
-    /// Returns whether a host thread was waiting (woken).
-    pub fn stop(&self) -> bool {
+    /// Returns whom it found waiting.
+    pub fn stop(&self) -> Woke {
         let ctl = self.ring.ctl();
         ctl.end.store(END_STOPPED, Ordering::Release);
         wake_if_waiting(ctl)
@@ -250,8 +280,8 @@ impl<'a> RecvRingProducer<'a> {
 
     /// Unbinds the ring (the socket closes): `kind = FREE`, `owner = 0`
     /// (release), then wakes sleepers so they see the ring gone.
-    /// Returns whether a host thread was waiting (woken).
-    pub fn unbind(&self) -> bool {
+    /// Returns whom it found waiting.
+    pub fn unbind(&self) -> Woke {
         self.release();
         wake_if_waiting(self.ring.ctl())
     }
@@ -389,12 +419,24 @@ impl<'a> RecvRingConsumer<'a> {
     /// with [`is_quiet`](Self::is_quiet) after this, sleep, then call
     /// [`wait_done`](Self::wait_done).
     pub fn wait_prepare(&self) {
-        wait_prepare(self.ring.ctl())
+        wait_prepare(self.ring.ctl(), 1)
     }
 
     /// Unregisters a sleeper.
     pub fn wait_done(&self) {
-        wait_done(self.ring.ctl())
+        wait_done(self.ring.ctl(), 1)
+    }
+
+    /// Registers a thread that will sleep on its host doorbell, not on
+    /// this ring's futex, and fences: a publish from now on is reported to
+    /// the server as [`Woke::bell`]. Re-check the ring after this.
+    pub fn bell_wait_prepare(&self) {
+        wait_prepare(self.ring.ctl(), BELL_SLEEPER)
+    }
+
+    /// Unregisters a doorbell sleeper.
+    pub fn bell_wait_done(&self) {
+        wait_done(self.ring.ctl(), BELL_SLEEPER)
     }
 
     /// Sleeps until `tail` moves from `seen` or `end` is set, at most

@@ -29,7 +29,7 @@ fn on_control_msg(
         return send_reply(host, reply, fd);
     }
     if let ControlMsg::HostDoorbell { handle } = m {
-        let (errno, fd) = match HostDoorbell::get(&mut host.host_doorbell, host.stats.wakes) {
+        let (errno, fd) = match HostDoorbell::get(&mut host.host_doorbell, host.stats.bell_wants) {
             Ok(fd) => (0, Some(fd)),
             Err(e) => (e, None),
         };

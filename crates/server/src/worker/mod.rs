@@ -196,7 +196,7 @@ impl Worker {
     fn ring_host_doorbells(&mut self) {
         for (_, h) in self.hosts.iter_mut() {
             if let Some(bell) = h.host_doorbell.as_mut() {
-                if bell.ring_if_woken(h.stats.wakes) {
+                if bell.ring_if_woken(h.stats.bell_wants) {
                     h.stats.host_doorbells += 1;
                 }
             }

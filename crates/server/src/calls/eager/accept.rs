@@ -137,9 +137,8 @@ pub(crate) fn accept_loop(
     let moved = st.tail != start;
     if moved {
         if let Some(ring) = host.region.recv_ring(lid) {
-            if AcceptRingProducer::new(ring).publish(st.tail) {
-                host.stats.wakes += 1;
-            }
+            let woke = AcceptRingProducer::new(ring).publish(st.tail);
+            host.stats.count_woke(woke);
         }
     }
     moved

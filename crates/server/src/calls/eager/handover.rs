@@ -37,9 +37,8 @@ pub(crate) fn unbind(host: &mut Host, sid: u32) -> VecDeque<(u32, u32, u16)> {
     // Unbound (`owner = 0`), and a host thread sleeping on the ring woken
     // to see it gone.
     if let Some(r) = ring {
-        if RecvRingProducer::new(r).unbind() {
-            host.stats.wakes += 1;
-        }
+        let woke = RecvRingProducer::new(r).unbind();
+        host.stats.count_woke(woke);
     }
     orphans
 }

@@ -113,8 +113,8 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         });
     }
     let moved = st.tail != start || end.is_some();
-    if moved && ring.publish(st.tail, end) {
-        stats.wakes += 1;
+    if moved {
+        stats.count_woke(ring.publish(st.tail, end));
     }
     moved
 }
@@ -137,9 +137,8 @@ pub(crate) fn stop_ring(host: &mut Host, sid: u32) {
     s.eager = Eager::None;
     host.eager_paused.retain(|&p| p != sid);
     if let Some(ring) = host.region.recv_ring(sid) {
-        if RecvRingProducer::new(ring).stop() {
-            host.stats.wakes += 1;
-        }
+        let woke = RecvRingProducer::new(ring).stop();
+        host.stats.count_woke(woke);
     }
 }
 
