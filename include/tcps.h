@@ -201,6 +201,34 @@ int tcps_io_wait(tcps_io_t io, int timeout_ms);
 /* Waits until every asynchronous send of s finished: 0, or -1/errno. */
 int tcps_flush(int s, int timeout_ms);
 
+/* Connection events: a batched event queue over tcps sockets (the
+ * host/adapter interface of seed 002 section 3), like epoll without
+ * EPOLLET. Readiness comes from host memory (receive and accept rings,
+ * send-queue room) and a wait with nothing ready sleeps on the host
+ * doorbell: an event loop over sockets with rings makes no round trip.
+ * EV_CLOSED and EV_ERROR are always reported. A socket closed meanwhile is
+ * reported once with TCPS_EV_ERROR and then forgotten. */
+#define TCPS_EV_ACCEPT 1u   /* a listener has a connection to accept */
+#define TCPS_EV_DATA   2u   /* bytes to read */
+#define TCPS_EV_ROOM   4u   /* room to send */
+#define TCPS_EV_CLOSED 8u   /* the peer closed its side */
+#define TCPS_EV_ERROR  16u  /* the connection failed */
+#define TCPS_EV_ADD 1
+#define TCPS_EV_DEL 2
+struct tcps_event {
+    unsigned int sock;            /* the tcps socket */
+    unsigned int events;          /* TCPS_EV_* bits that hold */
+    unsigned long long user;      /* the word given to tcps_events_ctl */
+};
+/* A new event queue: its number (>= 0), or -1/errno. */
+int tcps_events_create(void);
+/* TCPS_EV_ADD (or change) / TCPS_EV_DEL socket s; events: TCPS_EV_* bits. */
+int tcps_events_ctl(int q, int op, int s, unsigned int events, unsigned long long user);
+/* Up to max events into ev: how many (0 at the timeout), or -1/errno.
+ * timeout_ms < 0 waits forever, 0 only looks. */
+int tcps_events_wait(int q, struct tcps_event *ev, int max, int timeout_ms);
+int tcps_events_close(int q);
+
 #ifdef __cplusplus
 }
 #endif

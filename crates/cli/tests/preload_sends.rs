@@ -8,14 +8,12 @@
 mod common;
 mod preload;
 
-use common::{wait_timeout, Server, TempDir, TCPS};
+use common::{wait_timeout, Server, TempDir};
 use preload::*;
-use serde_json::Value;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, ExitStatus};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 const PROG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/async_send.py");
 const SENDFILE: &str = concat!(

@@ -9,12 +9,20 @@
 //! woke a sleeper of this host (`ControlMsg::HostDoorbell`). Kernel fds can
 //! be in the same poll(2), so a mixed set needs no helper thread, and no
 //! call is parked at the server: blocking costs no round trip.
+//!
+//! One sleeper at a time per attachment: the doorbell is one eventfd, and
+//! a sleeper empties it before its last look at the rings (a ring rung
+//! after that look stays readable until it polls). A second thread
+//! emptying it could swallow the first one's ring, so while one thread
+//! sleeps here the others wait the old way (a call parked at the server).
+//! Single-threaded event loops (nginx, redis) always sleep here.
 
 use crate::client::Client;
 use crate::socket::Mode;
 use crate::sys::move_high;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
 use tcps_proto::eager::END_STOPPED;
 use tcps_proto::handshake::ControlMsg;
 use tcps_proto::msg::PollEntry;
@@ -25,8 +33,8 @@ const RING_EVENTS: i16 =
     libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP;
 
 /// Registered as a sleeper on the rings of a poll set; unregisters when
-/// dropped. Made by [`Client::ring_wait`].
-pub struct RingWait<'a> {
+/// dropped. Made by `Client::ring_wait`.
+struct RingWait<'a> {
     client: &'a Client,
     rings: Vec<u32>,
 }
@@ -41,7 +49,73 @@ impl Drop for RingWait<'_> {
     }
 }
 
+/// Held while a thread is the attachment's doorbell sleeper.
+struct Sleeper<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Client {
+    /// Sleeps until a ring of `fds` moves, a kernel fd of `kernel` is ready
+    /// (its `revents` set), or `timeout_ms` (<0: forever) passes, without
+    /// asking the server; or returns at once if an entry of `fds` is ready
+    /// already (its `revents` set). Readiness of `fds` is the caller's to
+    /// collect afterwards (`Client::poll` with timeout 0 answers from the
+    /// rings). `Ok(false)`: this wait cannot be done that way (an entry
+    /// needs the server, another thread of this attachment sleeps here, or
+    /// the server gave no doorbell); nothing was waited for.
+    pub fn sleep_on_rings(
+        &self,
+        fds: &mut [PollEntry],
+        kernel: &mut [libc::pollfd],
+        timeout_ms: i32,
+    ) -> io::Result<bool> {
+        let flag = &self.conn.bell_sleeper;
+        if flag
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(false);
+        }
+        let _sleeper = Sleeper(flag);
+        let Ok(bell) = self.host_doorbell() else {
+            return Ok(false);
+        };
+        let Some(_registered) = self.ring_wait(fds) else {
+            return Ok(false);
+        };
+        drain(bell);
+        // The last look, after registering and emptying the bell: a ring
+        // that moves from here on rings the bell.
+        for f in fds.iter_mut() {
+            f.revents = 0;
+        }
+        if self.poll(fds, 0)? > 0 {
+            return Ok(true);
+        }
+        let mut all: Vec<libc::pollfd> = kernel
+            .iter()
+            .map(|p| libc::pollfd { revents: 0, ..*p })
+            .collect();
+        all.push(libc::pollfd {
+            fd: bell,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: `all` is a valid array of pollfds for its length.
+        let n = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, timeout_ms) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for (k, a) in kernel.iter_mut().zip(&all) {
+            k.revents = a.revents;
+        }
+        Ok(true)
+    }
+
     /// The attachment's host doorbell (an eventfd, non-blocking, readable
     /// when the server woke one of this host's ring sleepers), asked from
     /// the server once. Read it empty after waking.
@@ -70,11 +144,9 @@ impl Client {
     /// needs the server (`Client::poll` asks it).
     ///
     /// Then re-check with `Client::poll(fds, 0)` (answered from the rings),
-    /// and only if nothing is ready sleep on [`host_doorbell`]: a ring that
+    /// and only if nothing is ready sleep on the host doorbell: a ring that
     /// moves after this call rings it.
-    ///
-    /// [`host_doorbell`]: Client::host_doorbell
-    pub fn ring_wait(&self, fds: &[PollEntry]) -> Option<RingWait<'_>> {
+    fn ring_wait(&self, fds: &[PollEntry]) -> Option<RingWait<'_>> {
         let mut rings = Vec::with_capacity(fds.len());
         for f in fds {
             if f.events & !RING_EVENTS != 0 {
@@ -101,4 +173,11 @@ impl Client {
             rings,
         })
     }
+}
+
+/// Empties the doorbell (non-blocking: nothing to read is fine).
+fn drain(bell: RawFd) {
+    let mut b = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a local buffer from our eventfd.
+    unsafe { libc::read(bell, b.as_mut_ptr().cast(), b.len()) };
 }

@@ -166,6 +166,8 @@ pub(crate) struct Conn {
     /// The eventfd the server rings for this attachment's ring sleepers,
     /// once asked for (see `ring_wait`).
     pub(crate) host_doorbell: std::sync::OnceLock<OwnedFd>,
+    /// A thread sleeps on the host doorbell (one at a time, see `ring_wait`).
+    pub(crate) bell_sleeper: std::sync::atomic::AtomicBool,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
@@ -191,6 +193,7 @@ impl Conn {
             sendq: SendqShared::new(send_queues),
             socks: Sockets::new(),
             host_doorbell: std::sync::OnceLock::new(),
+            bell_sleeper: std::sync::atomic::AtomicBool::new(false),
             registered_sent: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),

@@ -84,7 +84,6 @@ pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> Woke {
 pub const BELL_SLEEPER: u32 = 1 << 16;
 
 /// Whom a publish found waiting on a ring.
-#[must_use]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Woke {
     /// A thread futex-waiting on the ring: woken.
