@@ -77,3 +77,57 @@ fn blocking_waits_make_no_round_trips() {
         );
     }
 }
+
+const OUT_BLOCKS: usize = 40;
+
+/// The host's counters after `waits.py out`: a non-blocking writer that
+/// waits in epoll for EPOLLOUT whenever its send queue is full, against a
+/// slow reader here that checks every byte.
+fn pollout_waits(srv: &Server, dir: &TempDir, env: &[(&str, &str)]) -> Value {
+    let blocks = OUT_BLOCKS.to_string();
+    host_counters(
+        srv,
+        dir,
+        PROG,
+        &["out", "{port}", &blocks],
+        env,
+        |k, tag| {
+            let total = OUT_BLOCKS * 65536;
+            let mut got = 0usize;
+            let mut b = vec![0u8; 16 * 1024];
+            while got < total {
+                // Slower than the writer: its queue fills and it waits.
+                std::thread::sleep(Duration::from_micros(500));
+                let n = k.read(&mut b).unwrap_or_else(|e| panic!("{tag}: {e}"));
+                assert!(n > 0, "{tag}: EOF after {got} bytes");
+                for (j, &x) in b[..n].iter().enumerate() {
+                    assert_eq!(x as usize, ((got + j) * 7) % 251, "{tag}: byte {}", got + j);
+                }
+                got += n;
+            }
+            total as u64
+        },
+    )
+}
+
+/// Waiting for room (EPOLLOUT with a full send queue) costs no round trip
+/// either: the thread sleeps on the doorbell, registered on the socket's
+/// send queue, and the server rings it when sends finish. Without the
+/// doorbell the wait is sliced server polls.
+#[test]
+fn pollout_waits_make_no_round_trips() {
+    let srv = Server::start("uring", &["--poll", "adaptive"]);
+    let dir = TempDir::new("preload-pollout");
+    let c = pollout_waits(&srv, &dir, &[]);
+    let n = |c: &Value, k: &str| c[k].as_u64().unwrap_or(u64::MAX);
+    let off = pollout_waits(&srv, &dir, &[("TCPS_HOST_DOORBELL", "0")]);
+    eprintln!(
+        "EPOLLOUT waits: {} round trips and {} doorbell rings with the doorbell, {} round trips without",
+        n(&c, "round_trips"),
+        n(&c, "host_doorbells"),
+        n(&off, "round_trips")
+    );
+    assert!(n(&c, "host_doorbells") > 0, "the writer never waited: {c}");
+    assert!(n(&c, "round_trips") <= 20, "{c}");
+    assert!(n(&off, "round_trips") > n(&c, "round_trips") + 20, "{off}");
+}

@@ -155,7 +155,11 @@ impl Client {
                     _ => return Ok(0),
                 },
             };
-            if !self.sleep_on_rings(&mut fds, &mut [], left)? {
+            let room = |s: u32| {
+                let b = self.send_backlog(s);
+                b.failed || (b.bound && b.credit)
+            };
+            if !self.sleep_on_rings(&mut fds, &mut [], left, &room)? {
                 // Some socket needs the server: it parks the wait.
                 if self.poll(&mut fds, left)? > 0 {
                     return Ok(fill(q, &fds, &meta, out));

@@ -6,7 +6,9 @@
 //! ring (the rings' own lost-wake-up handshake: `host_waiting`, then a
 //! fence, then a re-check), and sleeps in poll(2) on the attachment's *host
 //! doorbell*, an eventfd the server rings at the end of a pass in which it
-//! woke a sleeper of this host (`ControlMsg::HostDoorbell`). Kernel fds can
+//! woke a sleeper of this host (`ControlMsg::HostDoorbell`). A thread
+//! waiting for room to send (POLLOUT) registers the same way on the
+//! socket's send queue, whose `done` moving is the room appearing. Kernel fds can
 //! be in the same poll(2), so a mixed set needs no helper thread, and no
 //! call is parked at the server: blocking costs no round trip.
 //!
@@ -31,19 +33,35 @@ use tcps_proto::msg::PollEntry;
 /// reported, so asking for them changes nothing).
 const RING_EVENTS: i16 =
     libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP;
+/// Read-side events: the ones that need a ring.
+const READ_EVENTS: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
 
-/// Registered as a sleeper on the rings of a poll set; unregisters when
-/// dropped. Made by `Client::ring_wait`.
-struct RingWait<'a> {
-    client: &'a Client,
-    rings: Vec<u32>,
+/// What a doorbell sleeper registered on.
+#[derive(Clone, Copy)]
+enum Watch {
+    /// The receive or accept ring of a socket (the ring index is its id).
+    Ring(u32),
+    /// A send queue (its index), for POLLOUT.
+    Queue(u32),
 }
 
-impl Drop for RingWait<'_> {
+/// Registered as a doorbell sleeper on the rings and send queues of a poll
+/// set; unregisters when dropped. Made by `Client::bell_register`.
+struct Registered<'a> {
+    client: &'a Client,
+    watches: Vec<Watch>,
+}
+
+impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        for &s in &self.rings {
-            if let Some(ring) = self.client.conn.recv_ring(s) {
-                ring.bell_wait_done();
+        for &w in &self.watches {
+            match w {
+                Watch::Ring(s) => {
+                    if let Some(ring) = self.client.conn.recv_ring(s) {
+                        ring.bell_wait_done();
+                    }
+                }
+                Watch::Queue(q) => self.client.conn.send_queue(q).bell_wait_done(),
             }
         }
     }
@@ -59,19 +77,23 @@ impl Drop for Sleeper<'_> {
 }
 
 impl Client {
-    /// Sleeps until a ring of `fds` moves, a kernel fd of `kernel` is ready
-    /// (its `revents` set), or `timeout_ms` (<0: forever) passes, without
-    /// asking the server; or returns at once if an entry of `fds` is ready
-    /// already (its `revents` set). Readiness of `fds` is the caller's to
-    /// collect afterwards (`Client::poll` with timeout 0 answers from the
-    /// rings). `Ok(false)`: this wait cannot be done that way (an entry
-    /// needs the server, another thread of this attachment sleeps here, or
-    /// the server gave no doorbell); nothing was waited for.
+    /// Sleeps until a ring of `fds` moves, room appears in the send queue
+    /// of a POLLOUT entry, a kernel fd of `kernel` is ready (its `revents`
+    /// set), or `timeout_ms` (<0: forever) passes, without asking the
+    /// server; or returns at once if an entry of `fds` is ready already.
+    /// `room(sock)` says whether a send on `sock` would not block now (the
+    /// caller's rule: the preload bounds queues by SO_SNDBUF). Readiness of
+    /// `fds` is the caller's to collect afterwards (`Client::poll` with
+    /// timeout 0 answers readability from the rings). `Ok(false)`: this
+    /// wait cannot be done that way (an entry needs the server, another
+    /// thread of this attachment sleeps here, or the server gave no
+    /// doorbell); nothing was waited for.
     pub fn sleep_on_rings(
         &self,
         fds: &mut [PollEntry],
         kernel: &mut [libc::pollfd],
         timeout_ms: i32,
+        room: &dyn Fn(u32) -> bool,
     ) -> io::Result<bool> {
         let flag = &self.conn.bell_sleeper;
         if flag
@@ -84,7 +106,7 @@ impl Client {
         let Ok(bell) = self.host_doorbell() else {
             return Ok(false);
         };
-        let Some(_registered) = self.ring_wait(fds) else {
+        let Some(_registered) = self.bell_register(fds) else {
             return Ok(false);
         };
         drain(bell);
@@ -93,7 +115,7 @@ impl Client {
         for f in fds.iter_mut() {
             f.revents = 0;
         }
-        if self.poll(fds, 0)? > 0 {
+        if self.ready_here(fds, room)? {
             return Ok(true);
         }
         let mut all: Vec<libc::pollfd> = kernel
@@ -137,41 +159,74 @@ impl Client {
         Ok(self.conn.host_doorbell.get_or_init(|| fd).as_raw_fd())
     }
 
-    /// Registers the calling thread as a sleeper on the rings of `fds`, if
-    /// every entry's readiness can come from its ring alone (it asks only
-    /// for readability, and its socket has a bound receive or accept ring
-    /// that has not handed the rest back to the kernel). `None`: some entry
-    /// needs the server (`Client::poll` asks it).
-    ///
-    /// Then re-check with `Client::poll(fds, 0)` (answered from the rings),
-    /// and only if nothing is ready sleep on the host doorbell: a ring that
+    /// Registers the calling thread as a doorbell sleeper on what can end
+    /// the wait for each entry of `fds`: its receive or accept ring for
+    /// readability (a bound ring that has not handed the rest back to the
+    /// kernel), its send queue for POLLOUT (a bound queue with no failed
+    /// send). `None`: some entry needs the server (`Client::poll` asks it).
+    /// Then re-check with [`ready_here`](Self::ready_here), and only if
+    /// nothing is ready sleep on the host doorbell: a ring or queue that
     /// moves after this call rings it.
-    fn ring_wait(&self, fds: &[PollEntry]) -> Option<RingWait<'_>> {
-        let mut rings = Vec::with_capacity(fds.len());
+    fn bell_register(&self, fds: &[PollEntry]) -> Option<Registered<'_>> {
+        let mut watches = Vec::with_capacity(fds.len());
         for f in fds {
-            if f.events & !RING_EVENTS != 0 {
+            if f.events & !(RING_EVENTS | libc::POLLOUT) != 0 {
                 return None;
             }
             let sock = self.conn.socks.get(f.sock)?;
-            let g = sock.recv.lock();
-            if !matches!(g.mode, Mode::Bytes | Mode::Accept) {
-                return None;
+            if f.events & READ_EVENTS != 0 {
+                let g = sock.recv.lock();
+                if !matches!(g.mode, Mode::Bytes | Mode::Accept) {
+                    return None;
+                }
+                if self.conn.recv_ring(f.sock)?.end() == END_STOPPED {
+                    return None;
+                }
+                watches.push(Watch::Ring(f.sock));
             }
-            let ring = self.conn.recv_ring(f.sock)?;
-            if ring.end() == END_STOPPED {
-                return None;
+            if f.events & libc::POLLOUT != 0 {
+                let g = sock.send.lock();
+                match g.queue {
+                    Some(q) if g.error == 0 => watches.push(Watch::Queue(q)),
+                    _ => return None,
+                }
             }
-            rings.push(f.sock);
         }
-        for &s in &rings {
-            if let Some(ring) = self.conn.recv_ring(s) {
-                ring.bell_wait_prepare();
+        for &w in &watches {
+            match w {
+                Watch::Ring(s) => {
+                    if let Some(ring) = self.conn.recv_ring(s) {
+                        ring.bell_wait_prepare();
+                    }
+                }
+                Watch::Queue(q) => self.conn.send_queue(q).bell_wait_prepare(),
             }
         }
-        Some(RingWait {
+        Some(Registered {
             client: self,
-            rings,
+            watches,
         })
+    }
+
+    /// Whether an entry of `fds` is ready, from host memory alone: the
+    /// rings for readability (`Client::poll` with timeout 0 answers from
+    /// them for such entries), `room` for POLLOUT.
+    fn ready_here(&self, fds: &mut [PollEntry], room: &dyn Fn(u32) -> bool) -> io::Result<bool> {
+        let mut read: Vec<PollEntry> = fds
+            .iter()
+            .filter(|f| f.events & READ_EVENTS != 0)
+            .map(|f| PollEntry {
+                events: f.events & !libc::POLLOUT,
+                revents: 0,
+                ..*f
+            })
+            .collect();
+        if !read.is_empty() && self.poll(&mut read, 0)? > 0 {
+            return Ok(true);
+        }
+        Ok(fds
+            .iter()
+            .any(|f| f.events & libc::POLLOUT != 0 && room(f.sock)))
     }
 }
 

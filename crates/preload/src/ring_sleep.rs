@@ -1,6 +1,6 @@
 //! Blocking on offloaded sockets and kernel fds with no round trip: when
 //! every offloaded entry of a wait can be answered from its receive or
-//! accept ring, the thread sleeps in one real poll(2) on the kernel fds and
+//! accept ring (readability) or its send queue (POLLOUT), the thread sleeps in one real poll(2) on the kernel fds and
 //! the attachment's host doorbell, which the server rings when it published
 //! to one of those rings (`tcps::Client::sleep_on_rings`). No helper
 //! thread, no call parked at the server. `TCPS_HOST_DOORBELL=0` turns it
@@ -39,6 +39,8 @@ pub fn sleep(
     if !enabled() {
         return Ok(false);
     }
-    c.sleep_on_rings(tcps, kernel, timeout_ms)
+    // POLLOUT: room by the preload's rule (SO_SNDBUF bytes in flight).
+    let room = |id: u32| crate::sendq::writable(c, id);
+    c.sleep_on_rings(tcps, kernel, timeout_ms, &room)
         .map_err(|e| crate::errno::errno_of(&e))
 }

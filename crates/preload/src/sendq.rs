@@ -198,7 +198,7 @@ fn rest(c: &Client, fd: c_int, id: u32, data: &[u8], n: usize, flags: c_int) -> 
 }
 
 /// Whether a write on `id` would not get EAGAIN from the send queue.
-fn writable(c: &Client, id: u32) -> bool {
+pub fn writable(c: &Client, id: u32) -> bool {
     room(c, id, 1) > 0
 }
 
@@ -290,7 +290,12 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
             None => Duration::ZERO,
         };
         let t = left.min(slice);
-        c.poll(&mut ask, t.as_millis() as c_int)?;
+        if ask.iter().any(|a| a.events != 0) {
+            c.poll(&mut ask, t.as_millis() as c_int)?;
+        } else {
+            // Only full queues to wait for: nothing to ask the server.
+            std::thread::sleep(t);
+        }
         let mut n = 0;
         for ((f, a), &was_full) in fds.iter_mut().zip(&ask).zip(&full) {
             f.revents = a.revents;

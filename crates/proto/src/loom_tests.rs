@@ -176,9 +176,32 @@ fn send_queue_done_never_misses_a_sleeper() {
         let (slept, woke) = race(
             SendQueueCtl::zeroed(),
             |c| queue::wait_prepare(c, 0),
-            |c| queue::publish_done(c, 1),
+            |c| queue::publish_done(c, 1).thread,
         );
         assert!(!slept || woke, "lost wake-up on a send queue");
+    });
+}
+
+/// A doorbell sleeper waiting for room (POLLOUT) is always reported.
+#[test]
+fn send_queue_done_never_misses_a_doorbell_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(
+            SendQueueCtl::zeroed(),
+            |c| {
+                queue::bell_wait_prepare(c);
+                c.done.load(Ordering::Acquire) == 0
+            },
+            |c| {
+                let w = queue::publish_done(c, 1);
+                assert!(!w.thread);
+                w.bell
+            },
+        );
+        assert!(
+            !slept || woke,
+            "lost wake-up: room appears, the doorbell stays quiet"
+        );
     });
 }
 
@@ -194,7 +217,7 @@ fn send_queue_error_never_misses_a_sleeper() {
             |c| queue::wait_prepare(c, 0) && c.error.load(Ordering::Acquire) == 0,
             |c| {
                 c.error.store(libc::EPROTO, Ordering::Release);
-                queue::wake_if_waiting(c)
+                queue::wake_if_waiting(c).thread
             },
         );
         assert!(!slept || woke, "lost wake-up at a send queue error");

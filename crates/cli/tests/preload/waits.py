@@ -2,6 +2,11 @@
 """A client that waits for each answer in epoll, poll or select, beside a
 kernel fd (a pipe), as event loops do: `waits.py MODE PORT ROUNDS`.
 
+MODE `out`: a non-blocking writer instead, which sends ROUNDS blocks of
+64 KiB (byte i of the stream is i*7 mod 251) to a slow reader, waiting
+in epoll for EPOLLOUT whenever a write gets EAGAIN; prints how many waits
+it made.
+
 Connects to 127.0.0.1:PORT, then ROUNDS times: waits until the socket is
 readable (MODE: epoll, poll or select, over the socket and the read end of
 a pipe that never becomes readable), reads one 100-byte message and sends
@@ -31,9 +36,36 @@ def wait_readable(mode, s, r, ep):
             pass
 
 
+def writer(s, rounds):
+    # A small buffer (kernel sockets would otherwise autotune to MiBs and
+    # take everything at once): the writer must wait for room.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+    s.setblocking(False)
+    r, _ = os.pipe()
+    ep = select.epoll()
+    ep.register(s.fileno(), select.EPOLLOUT)
+    ep.register(r, select.EPOLLIN)
+    block = bytes((i * 7) % 251 for i in range(251)) * 263
+    total, waits, off = rounds * 65536, 0, 0
+    while off < total:
+        start = off % 251
+        n = min(65536, total - off)
+        try:
+            off += s.send(block[start:start + n])
+        except BlockingIOError:
+            waits += 1
+            while not any(fd == s.fileno() for fd, _ in ep.poll(5)):
+                pass
+    print("waits", waits, flush=True)
+    s.setblocking(True)
+    s.recv(1)
+
+
 def main():
     mode, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     s = socket.create_connection(("127.0.0.1", port))
+    if mode == "out":
+        return writer(s, rounds)
     r, w = os.pipe()
     ep = None
     if mode == "epoll":

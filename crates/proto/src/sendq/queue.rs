@@ -29,24 +29,31 @@
 //! its shape checked before the server resolves its memory.
 
 use super::ctl::{is_done, SendDesc, SendQueueCtl};
+use crate::eager::{Woke, BELL_SLEEPER};
 use crate::region::SendQueueRef;
 use crate::sync::{self, fence, Ordering};
 use std::time::Duration;
 
 /// Dekker against the host's "host_waiting += 1; fence; load done".
-/// Returns whether it woke a sleeper (for the model tests).
-pub(crate) fn wake_if_waiting(ctl: &SendQueueCtl) -> bool {
+/// Threads futex-waiting on `done` are woken; doorbell sleepers (counted
+/// from [`BELL_SLEEPER`] up, waiting for room: POLLOUT) are only reported,
+/// as on a receive ring. Returns whom it found.
+pub(crate) fn wake_if_waiting(ctl: &SendQueueCtl) -> Woke {
     fence(Ordering::SeqCst);
-    let waiting = ctl.host_waiting.load(Ordering::Relaxed) != 0;
-    if waiting {
+    let waiting = ctl.host_waiting.load(Ordering::Relaxed);
+    let woke = Woke {
+        thread: waiting & (BELL_SLEEPER - 1) != 0,
+        bell: waiting >= BELL_SLEEPER,
+    };
+    if woke.thread {
         sync::wake_all(&ctl.done);
     }
-    waiting
+    woke
 }
 
 /// The server publishes `done` (release: with the error and counters
 /// before it) and wakes a host thread sleeping on it.
-pub(crate) fn publish_done(ctl: &SendQueueCtl, done: u32) -> bool {
+pub(crate) fn publish_done(ctl: &SendQueueCtl, done: u32) -> Woke {
     ctl.done.store(done, Ordering::Release);
     wake_if_waiting(ctl)
 }
@@ -92,6 +99,18 @@ pub(crate) fn has_new(ctl: &SendQueueCtl, ingested: u32) -> bool {
 /// The host unregisters a sleeper.
 pub(crate) fn wait_done(ctl: &SendQueueCtl) {
     ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// A thread that will sleep on its host doorbell until `done` moves
+/// registers (`BELL_SLEEPER`) and fences; re-check room after this.
+pub(crate) fn bell_wait_prepare(ctl: &SendQueueCtl) {
+    ctl.host_waiting.fetch_add(BELL_SLEEPER, Ordering::AcqRel);
+    fence(Ordering::SeqCst);
+}
+
+/// Unregisters a doorbell sleeper.
+pub(crate) fn bell_wait_done(ctl: &SendQueueCtl) {
+    ctl.host_waiting.fetch_sub(BELL_SLEEPER, Ordering::AcqRel);
 }
 
 /// The host's side of a send queue. A view; the host's cursor (`head`,
@@ -188,6 +207,18 @@ impl<'a> SendQueueProducer<'a> {
             sync::wait(&ctl.done, seen, max);
         }
         wait_done(ctl);
+    }
+
+    /// Registers a thread that sleeps on its host doorbell until `done`
+    /// moves (room appears), and fences: the next `publish_done` reports
+    /// [`Woke::bell`]. Re-check the room after this.
+    pub fn bell_wait_prepare(&self) {
+        bell_wait_prepare(self.sq.ctl())
+    }
+
+    /// Unregisters a doorbell sleeper.
+    pub fn bell_wait_done(&self) {
+        bell_wait_done(self.sq.ctl())
     }
 }
 
@@ -303,7 +334,7 @@ impl<'a> SendQueueConsumer<'a> {
         if let Some(seq) = first_error_at {
             self.set_error(seq, libc::EPROTO);
         }
-        wake_if_waiting(ctl);
+        let _ = wake_if_waiting(ctl);
     }
 
     /// The queue's first failure: `error_seq` (relaxed), then `error`
@@ -331,8 +362,8 @@ impl<'a> SendQueueConsumer<'a> {
 
     /// Publishes `done` (release: with the error and counters before it)
     /// and wakes a host thread sleeping on it.
-    /// Returns whether a host thread was waiting (woken).
-    pub fn publish_done(&self, done: u32) -> bool {
+    /// Returns whom it found waiting.
+    pub fn publish_done(&self, done: u32) -> Woke {
         publish_done(self.sq.ctl(), done)
     }
 }

@@ -157,9 +157,8 @@ pub fn finish_job(host: &mut Host, job: &Job, data: Option<MemRange>, len: u32, 
     st.done = job.seq.wrapping_add(1);
     // Stores `done` and wakes a host thread sleeping on it (the lost
     // wake-up handshake, `SendQueueConsumer::publish_done`).
-    if c.publish_done(st.done) {
-        host.stats.wakes += 1;
-    }
+    let woke = c.publish_done(st.done);
+    host.stats.count_woke(woke);
 }
 
 /// The socket was closed and its jobs are done: the queue is free again.
