@@ -106,6 +106,9 @@ impl Client {
         let Ok(bell) = self.host_doorbell() else {
             return Ok(false);
         };
+        if self.spin_on_rings(fds, room)? {
+            return Ok(true);
+        }
         let Some(_registered) = self.bell_register(fds) else {
             return Ok(false);
         };
@@ -157,6 +160,44 @@ impl Client {
         let fd = unsafe { OwnedFd::from_raw_fd(move_high(got.remove(0).into_raw_fd())) };
         // Two threads asking at once: the loser's copy is closed here.
         Ok(self.conn.host_doorbell.get_or_init(|| fd).as_raw_fd())
+    }
+
+    /// Before sleeping, when the server polls on cores of its own
+    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): watches the rings and
+    /// queues of `fds` for a while, so a reply that is microseconds away
+    /// costs neither a doorbell write at the server nor a sleep and wake-up
+    /// here. Kernel fds are not looked at meanwhile (they wait at most the
+    /// spin). The spin adapts like the completion spin: one that runs out
+    /// halves it, one that ends after more than half of it doubles it, so
+    /// an idle loop soon stops spinning. Returns whether something became
+    /// ready.
+    fn spin_on_rings(&self, fds: &mut [PollEntry], room: &dyn Fn(u32) -> bool) -> io::Result<bool> {
+        const MIN_BELL_SPIN_NS: u64 = 1_000;
+        let max = self.conn.spin.as_nanos() as u64;
+        let budget = self.conn.bell_spin_ns.load(Ordering::Relaxed);
+        if max == 0 || budget == 0 {
+            return Ok(false);
+        }
+        let start = std::time::Instant::now();
+        loop {
+            if self.ready_here(fds, room)? {
+                let took = start.elapsed().as_nanos() as u64;
+                if took > budget / 2 {
+                    self.conn
+                        .bell_spin_ns
+                        .store((budget * 2).min(max), Ordering::Relaxed);
+                }
+                return Ok(true);
+            }
+            if start.elapsed().as_nanos() as u64 >= budget {
+                self.conn.bell_spin_ns.store(
+                    (budget / 2).max(MIN_BELL_SPIN_NS.min(max)),
+                    Ordering::Relaxed,
+                );
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Registers the calling thread as a doorbell sleeper on what can end

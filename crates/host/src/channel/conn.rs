@@ -149,7 +149,7 @@ pub(crate) struct Conn {
     /// Most calls one channel carries at once: `ring_entries - 1`.
     pub(super) max_users: u32,
     pub(super) state: AtomicU8,
-    pub(super) spin: Duration,
+    pub(crate) spin: Duration,
     /// Host threads spinning for a completion right now, and the most allowed
     /// (`TCPS_SPINNERS`, default 1): on an oversubscribed machine more
     /// spinners would only steal the CPU the server needs to answer them.
@@ -168,6 +168,9 @@ pub(crate) struct Conn {
     pub(crate) host_doorbell: std::sync::OnceLock<OwnedFd>,
     /// A thread sleeps on the host doorbell (one at a time, see `ring_wait`).
     pub(crate) bell_sleeper: std::sync::atomic::AtomicBool,
+    /// How long a doorbell sleeper spins on its rings first (adaptive,
+    /// within `[0, spin]`; see `ring_wait`).
+    pub(crate) bell_spin_ns: AtomicU64,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
@@ -212,6 +215,7 @@ impl Conn {
             spin: Duration::from_micros(spin_us),
             spinners: AtomicU32::new(0),
             spin_budget_ns: AtomicU64::new(spin_us * 1000),
+            bell_spin_ns: AtomicU64::new(spin_us * 1000),
             max_spinners: crate::settings::setting_num::<u32>("TCPS_SPINNERS")
                 .unwrap_or(DEFAULT_SPINNERS),
         }
