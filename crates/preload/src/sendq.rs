@@ -37,9 +37,8 @@ pub fn enabled() -> bool {
         1 => true,
         2 => false,
         _ => {
-            let off = tcps::setting_str("TCPS_ASYNC_SEND").is_some_and(|v| {
-                v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"))
-            });
+            let off = tcps::setting_str("TCPS_ASYNC_SEND")
+                .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false")));
             ASYNC.store(if off { 2 } else { 1 }, Ordering::Relaxed);
             !off
         }
@@ -165,9 +164,22 @@ const ROOM_SLICE_MAX: Duration = Duration::from_millis(8);
 /// appears; while some wait for room, the wait is sliced (1 ms, doubling to
 /// 8 ms), so a program waiting for POLLOUT sleeps, never spins.
 pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize> {
+    let mut ranks = vec![0u16; fds.len()];
+    poll_ranked(c, fds, &mut ranks, timeout)
+}
+
+/// [`poll`] with the arrival ranks of the ready entries
+/// (`Client::poll_ranked`; entries made writable here rank as the server
+/// left them).
+pub fn poll_ranked(
+    c: &Client,
+    fds: &mut [PollFd],
+    ranks: &mut [u16],
+    timeout: c_int,
+) -> io::Result<usize> {
     let wants_out = |f: &PollFd| f.events & libc::POLLOUT != 0;
     if !enabled() || !fds.iter().any(wants_out) {
-        return c.poll(fds, timeout);
+        return c.poll_ranked(fds, ranks, timeout);
     }
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut slice = Duration::from_millis(1);
@@ -177,7 +189,7 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
             .map(|f| wants_out(f) && !writable(c, f.sock))
             .collect();
         if !full.contains(&true) {
-            return c.poll(fds, timeout);
+            return c.poll_ranked(fds, ranks, timeout);
         }
         let mut ask: Vec<PollFd> = fds.to_vec();
         for (a, &f) in ask.iter_mut().zip(&full) {
@@ -191,7 +203,7 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
             None => Duration::ZERO,
         };
         let t = left.min(slice);
-        c.poll(&mut ask, t.as_millis() as c_int)?;
+        c.poll_ranked(&mut ask, ranks, t.as_millis() as c_int)?;
         let mut n = 0;
         for ((f, a), &was_full) in fds.iter_mut().zip(&ask).zip(&full) {
             f.revents = a.revents;

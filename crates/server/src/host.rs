@@ -79,6 +79,9 @@ pub struct Host {
     /// Sockets to re-arm at the next sweep: their last readiness answered
     /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
     pub rearm_later: Vec<u32>,
+    /// Arrivals observed (free-running): the number of the next one
+    /// (`Arrival::next`).
+    pub arrivals: u32,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -133,6 +136,7 @@ impl Host {
             cooling: Vec::new(),
             eager_paused: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
+            arrivals: 0,
             rearm_later: Vec::new(),
         }
     }
