@@ -234,11 +234,10 @@ pub fn stamp_arrivals(fd: RawFd) {
 }
 
 /// When the first unread byte of connected socket `fd` arrived (the
-/// kernel's receive timestamp, CLOCK_REALTIME ns): a one-byte `MSG_PEEK`
-/// (stamping turned on first, [`stamp_arrivals`]). `None` with nothing
-/// queued or no stamp (a packet that arrived while nothing asked).
+/// kernel's receive timestamp, CLOCK_REALTIME ns): a one-byte `MSG_PEEK`.
+/// `None` with nothing queued, or no stamp (the socket never asked,
+/// [`stamp_arrivals`], or the packet arrived while nothing asked).
 pub fn arrival_ns(fd: RawFd) -> Option<u64> {
-    stamp_arrivals(fd);
     let mut byte = 0u8;
     let mut iov = libc::iovec {
         iov_base: &mut byte as *mut u8 as *mut libc::c_void,

@@ -34,11 +34,9 @@ pub(crate) fn setup_accepted(
         return 0;
     };
     s.policy = policy;
-    if policy.recv == EagerRecv::Off {
-        // Its readiness comes from the kernel: order it by the kernel's
-        // arrival times (`poll::arrival_ranks`), stamped from the start.
-        crate::sys::stamp_arrivals(std::os::fd::AsRawFd::as_raw_fd(&s.fd));
-    }
+    // Readiness is ordered by the kernel's arrival times (the worker's
+    // harvest, `poll::arrival_ranks`): stamped from the start.
+    crate::sys::stamp_arrivals(std::os::fd::AsRawFd::as_raw_fd(&s.fd));
     if !policy.setup_with_accept {
         // Nothing is bound, but a mode that needs no ring is settled now:
         // pull reads ahead from the start, off never does.
