@@ -79,6 +79,10 @@ pub struct Host {
     /// Sockets to re-arm at the next sweep: their last readiness answered
     /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
     pub rearm_later: Vec<u32>,
+    /// `Poll` calls taken in this pass, started after the worker swept the
+    /// engine (`calls::start_polls`): (channel, user_data, entries,
+    /// timeout ms).
+    pub polls_to_start: Vec<(u32, u64, tcps_proto::msg::ArenaRange, i64)>,
     /// Arrivals observed (free-running): the number of the next one
     /// (`Arrival::next`).
     pub arrivals: u32,
@@ -136,6 +140,7 @@ impl Host {
             cooling: Vec::new(),
             eager_paused: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
+            polls_to_start: Vec::new(),
             arrivals: 0,
             rearm_later: Vec::new(),
         }

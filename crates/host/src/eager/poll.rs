@@ -152,6 +152,15 @@ mod tests {
     use tcps_proto::eager::END_NONE;
 
     #[test]
+    fn arrival_numbers_compare_across_the_wrap() {
+        assert!(not_after(5, 5));
+        assert!(not_after(4, 5));
+        assert!(!not_after(6, 5));
+        assert!(not_after(u32::MAX, 2));
+        assert!(!not_after(2, u32::MAX));
+    }
+
+    #[test]
     fn poll_revents_from_a_ring() {
         let (i, rd) = (libc::POLLIN, libc::POLLRDHUP);
         assert_eq!(ring_revents(Mode::Bytes, i, 0, END_NONE, false), 0);

@@ -153,6 +153,11 @@ impl Worker {
         let mut next_engine_poll = Instant::now();
         while !self.shared.stopping.load(Ordering::Relaxed) {
             let mut work = self.scan_channels();
+            if self.hosts.iter().any(|(_, h)| !h.polls_to_start.is_empty()) {
+                // Sweep, then answer the polls (`calls::start_polls`).
+                work += self.poll_engine(Some(Duration::ZERO));
+                self.start_polls();
+            }
             let now = Instant::now();
             work += self.poll_send_queues(now);
             if now >= next_engine_poll {
@@ -266,6 +271,18 @@ impl Worker {
             }
         }
         handled
+    }
+
+    /// Starts the polls the hosts asked for in this pass.
+    fn start_polls(&mut self) {
+        for hkey in 0..self.hosts.key_bound() {
+            let Some((host, mut cx)) = self.host_and_cx(hkey) else {
+                continue;
+            };
+            if host.doomed.is_none() && !host.polls_to_start.is_empty() {
+                guarded(host, "poll", |h| calls::start_polls(&mut cx, h));
+            }
+        }
     }
 
     /// Takes new asynchronous sends from the hosts' hot send queues (and,
