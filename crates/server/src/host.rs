@@ -83,6 +83,9 @@ pub struct Host {
     /// engine (`calls::start_polls`): (channel, user_data, entries,
     /// timeout ms).
     pub polls_to_start: Vec<(u32, u64, tcps_proto::msg::ArenaRange, i64)>,
+    /// Channels whose sleeping host threads are woken at the end of the
+    /// worker's pass (`calls::wake_owed`).
+    pub wakes_owed: Vec<u32>,
     /// Arrivals observed (free-running): the number of the next one
     /// (`Arrival::next`).
     pub arrivals: u32,
@@ -141,6 +144,7 @@ impl Host {
             eager_paused: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
             polls_to_start: Vec::new(),
+            wakes_owed: Vec::new(),
             arrivals: 0,
             rearm_later: Vec::new(),
         }

@@ -29,7 +29,7 @@ pub(crate) mod sendq;
 
 pub use blocking::on_socket_ready;
 pub(crate) use close::{close_all, take_for_export};
-pub use common::{complete, Ctx, Res, TimerKey, Timers};
+pub use common::{complete, wake_owed, Ctx, Res, TimerKey, Timers};
 pub use sendq::poll_queues;
 pub use sendq::queue::prepare_sleep;
 

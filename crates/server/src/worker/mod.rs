@@ -172,6 +172,7 @@ impl Worker {
             work += self.fire_timers(now);
             // Sockets re-armed in this pass are watched from now on.
             self.engine.flush();
+            self.wake_hosts();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
             if now >= self.next_publish {
@@ -271,6 +272,20 @@ impl Worker {
             }
         }
         handled
+    }
+
+    /// Wakes, once per channel, the host threads sleeping on channels that
+    /// got completions in this pass.
+    fn wake_hosts(&mut self) {
+        for hkey in 0..self.hosts.key_bound() {
+            if let Some(h) = self
+                .hosts
+                .get_mut(hkey)
+                .filter(|h| !h.wakes_owed.is_empty())
+            {
+                calls::wake_owed(h);
+            }
+        }
     }
 
     /// Starts the polls the hosts asked for in this pass.
