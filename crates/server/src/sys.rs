@@ -218,9 +218,10 @@ pub fn realtime_ns() -> u64 {
 }
 
 /// Asks the kernel to stamp arriving packets (`SO_TIMESTAMPNS`; the kernel
-/// stamps every packet while any socket asks), for [`arrival_ns`].
-pub fn stamp_arrivals(fd: RawFd) {
-    let on: libc::c_int = 1;
+/// stamps every packet while any socket asks), for [`arrival_ns`]; or
+/// stops (a socket handed back to a program).
+pub fn stamp_arrivals(fd: RawFd, on: bool) {
+    let on = libc::c_int::from(on);
     // SAFETY: an int option from a local.
     unsafe {
         libc::setsockopt(

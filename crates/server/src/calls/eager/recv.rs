@@ -21,8 +21,6 @@ pub(crate) fn bind_recv(host: &mut Host, sid: u32) -> bool {
     };
     RecvRingProducer::new(ring).bind(sid, KIND_BYTES);
     s.eager = Eager::Recv(RecvRing::default());
-    // Its readiness events are put in arrival order (`worker`).
-    sys::stamp_arrivals(s.fd.as_raw_fd());
     true
 }
 
