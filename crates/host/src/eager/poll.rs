@@ -107,7 +107,7 @@ impl Client {
                 Look::Ring(r, s) => {
                     f.revents = r;
                     since[i] = s;
-                    if r != 0 && newest.map_or(true, |n| not_after(n, s)) {
+                    if r != 0 && newest.is_none_or(|n| not_after(n, s)) {
                         newest = Some(s);
                     }
                 }
