@@ -158,28 +158,7 @@ fn redis_benchmark() {
         let p = port.to_string();
         let stats = dir.path().join(format!("{net:?}.stats"));
         let log = dir.path().join(format!("{net:?}.log"));
-        let mut child = command(
-            net,
-            &srv,
-            &stats,
-            &log,
-            &[
-                "redis-server",
-                "--port",
-                &p,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                dir.path().to_str().unwrap(),
-            ],
-        )
-        .spawn()
-        .expect("spawn redis-server");
-        wait_port(port, &mut child, "redis-server", &log);
+        let mut child = redis_server(net, &srv, &stats, &log, port, dir.path());
         let bench = Command::new("redis-benchmark")
             .args([
                 "-p",

@@ -497,10 +497,25 @@ impl Client {
     /// Readability of sockets with rings is answered locally when that
     /// settles the call (see `eager::poll`).
     pub fn poll(&self, fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
-        if fds.len() > MAX_POLL_ENTRIES as usize {
+        let mut ranks = vec![0u16; fds.len()];
+        self.poll_ranked(fds, &mut ranks, timeout_ms)
+    }
+
+    /// [`Client::poll`], and the order the ready entries became readable
+    /// in: `ranks[i]` (0 first) of each entry with `revents`, as the
+    /// server observed the arrivals (`docs/PROTOCOL.md` §10). epoll
+    /// reports in this order, as the kernel's ready list does.
+    /// `ranks.len()` must be `fds.len()`.
+    pub fn poll_ranked(
+        &self,
+        fds: &mut [PollFd],
+        ranks: &mut [u16],
+        timeout_ms: i32,
+    ) -> io::Result<usize> {
+        if fds.len() > MAX_POLL_ENTRIES as usize || ranks.len() != fds.len() {
             return Err(errno(libc::EINVAL));
         }
-        if let Some(n) = self.ring_poll(fds, timeout_ms)? {
+        if let Some(n) = self.ring_poll(fds, ranks, timeout_ms)? {
             return Ok(n);
         }
         let bytes = fds.len() * POLL_ENTRY_LEN;
@@ -521,9 +536,11 @@ impl Client {
             };
             let n = count(&l.exchange(r.encode())?, fds.len())?;
             for (i, f) in fds.iter_mut().enumerate() {
-                let mut rev = [0u8; 2];
-                l.get((i * POLL_ENTRY_LEN + 6) as u32, &mut rev)?;
-                f.revents = i16::from_ne_bytes(rev);
+                // A ready entry's `events` slot holds its arrival rank.
+                let mut e = [0u8; 4];
+                l.get((i * POLL_ENTRY_LEN + 4) as u32, &mut e)?;
+                f.revents = i16::from_ne_bytes([e[2], e[3]]);
+                ranks[i] = u16::from_ne_bytes([e[0], e[1]]);
             }
             Ok(n)
         })

@@ -235,11 +235,24 @@ fn candidates(epfd: c_int) -> (Option<Pass>, bool) {
 }
 
 /// Turns poll results into epoll events (at most `room`), updating
-/// edge-triggered and one-shot state.
-fn collect(epfd: c_int, cands: &[Cand], pfds: &[PollFd], out: &mut Vec<epoll_event>, room: usize) {
+/// edge-triggered and one-shot state. In arrival order (`ranks`), as the
+/// kernel's ready list: a program that handles events in the order given
+/// reads bytes that arrived earlier on one connection before bytes that
+/// arrived later on another.
+fn collect(
+    epfd: c_int,
+    cands: &[Cand],
+    pfds: &[PollFd],
+    ranks: &[u16],
+    out: &mut Vec<epoll_event>,
+    room: usize,
+) {
     let mut sets = sets();
     let Some(s) = sets.get_mut(&epfd) else { return };
-    for (c, p) in cands.iter().zip(pfds) {
+    let mut order: Vec<usize> = (0..pfds.len()).filter(|&i| pfds[i].revents != 0).collect();
+    order.sort_by_key(|&i| ranks[i]);
+    for i in order {
+        let (c, p) = (&cands[i], &pfds[i]);
         if out.len() >= room {
             break;
         }
@@ -317,8 +330,9 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         };
         // Non-blocking pass over both sides.
         let mut ready = 0;
+        let mut ranks = vec![0u16; pfds.len()];
         if !pfds.is_empty() {
-            match crate::poll::poll_offloaded(c, &mut pfds, 0) {
+            match crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0) {
                 Ok(n) => ready = n,
                 Err(e) => return fail(crate::errno::errno_of(&e)),
             }
@@ -327,7 +341,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         // Offloaded events leave the kernel side at least one slot.
         let off_room = if has_kernel && max > 1 { max - 1 } else { max };
         if ready > 0 {
-            collect(epfd, &cands, &pfds, &mut out, off_room);
+            collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
         }
         let mut n = out.len();
         std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);

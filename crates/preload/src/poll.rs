@@ -264,9 +264,15 @@ pub fn wait_mixed(
     }
 }
 
-/// `Client::poll` with POLLOUT meaning room in the send queue too.
-pub fn poll_offloaded(c: &Client, fds: &mut [PollFd], timeout: c_int) -> std::io::Result<usize> {
-    crate::sendq::poll(c, fds, timeout)
+/// `Client::poll_ranked` (readiness with its arrival order) with POLLOUT
+/// meaning room in the send queue too.
+pub fn poll_offloaded(
+    c: &Client,
+    fds: &mut [PollFd],
+    ranks: &mut [u16],
+    timeout: c_int,
+) -> std::io::Result<usize> {
+    crate::sendq::poll_ranked(c, fds, ranks, timeout)
 }
 
 fn tcps_poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> Result<usize, i32> {

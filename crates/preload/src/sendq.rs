@@ -209,7 +209,7 @@ pub fn writable(c: &Client, id: u32) -> bool {
 /// timeout 0, answered from the rings where they have them). An entry
 /// that asked for nothing but POLLOUT is not asked at all. `None`: no
 /// entry is writable that way.
-fn poll_with_room(c: &Client, fds: &mut [PollFd]) -> io::Result<Option<usize>> {
+fn poll_with_room(c: &Client, fds: &mut [PollFd], ranks: &mut [u16]) -> io::Result<Option<usize>> {
     let has_room = |f: &PollFd| {
         f.events & libc::POLLOUT != 0 && {
             let b = c.send_backlog(f.sock);
@@ -237,14 +237,20 @@ fn poll_with_room(c: &Client, fds: &mut [PollFd]) -> io::Result<Option<usize>> {
             at.push(i);
         }
     }
+    let mut ask_ranks = vec![0u16; ask.len()];
     if !ask.is_empty() {
-        c.poll(&mut ask, 0)?;
+        c.poll_ranked(&mut ask, &mut ask_ranks, 0)?;
     }
-    for (f, &l) in fds.iter_mut().zip(&local) {
+    // Writable only: after everything that became readable.
+    for ((f, r), &l) in fds.iter_mut().zip(ranks.iter_mut()).zip(&local) {
         f.revents = if l { libc::POLLOUT } else { 0 };
+        *r = u16::MAX;
     }
-    for (a, &i) in ask.iter().zip(&at) {
+    for ((a, &i), &r) in ask.iter().zip(&at).zip(&ask_ranks) {
         fds[i].revents |= a.revents;
+        if a.revents != 0 {
+            ranks[i] = r;
+        }
     }
     Ok(Some(fds.iter().filter(|f| f.revents != 0).count()))
 }
@@ -261,11 +267,24 @@ const ROOM_SLICE_MAX: Duration = Duration::from_millis(8);
 /// appears; while some wait for room, the wait is sliced (1 ms, doubling to
 /// 8 ms), so a program waiting for POLLOUT sleeps, never spins.
 pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize> {
+    let mut ranks = vec![0u16; fds.len()];
+    poll_ranked(c, fds, &mut ranks, timeout)
+}
+
+/// [`poll`] with the arrival ranks of the ready entries
+/// (`Client::poll_ranked`; entries made writable here rank as the server
+/// left them).
+pub fn poll_ranked(
+    c: &Client,
+    fds: &mut [PollFd],
+    ranks: &mut [u16],
+    timeout: c_int,
+) -> io::Result<usize> {
     let wants_out = |f: &PollFd| f.events & libc::POLLOUT != 0;
     if !enabled() || !fds.iter().any(wants_out) {
-        return c.poll(fds, timeout);
+        return c.poll_ranked(fds, ranks, timeout);
     }
-    if let Some(n) = poll_with_room(c, fds)? {
+    if let Some(n) = poll_with_room(c, fds, ranks)? {
         return Ok(n);
     }
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
@@ -276,7 +295,7 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
             .map(|f| wants_out(f) && !writable(c, f.sock))
             .collect();
         if !full.contains(&true) {
-            return c.poll(fds, timeout);
+            return c.poll_ranked(fds, ranks, timeout);
         }
         let mut ask: Vec<PollFd> = fds.to_vec();
         for (a, &f) in ask.iter_mut().zip(&full) {
@@ -291,7 +310,7 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
         };
         let t = left.min(slice);
         if ask.iter().any(|a| a.events != 0) {
-            c.poll(&mut ask, t.as_millis() as c_int)?;
+            c.poll_ranked(&mut ask, ranks, t.as_millis() as c_int)?;
         } else {
             // Only full queues to wait for: nothing to ask the server.
             std::thread::sleep(t);

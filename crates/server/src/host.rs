@@ -84,6 +84,16 @@ pub struct Host {
     /// Sockets to re-arm at the next sweep: their last readiness answered
     /// none of the polls parked on them (`calls::blocking::on_socket_ready`).
     pub rearm_later: Vec<u32>,
+    /// `Poll` calls taken in this pass, started after the worker swept the
+    /// engine (`calls::start_polls`): (channel, user_data, entries,
+    /// timeout ms).
+    pub polls_to_start: Vec<(u32, u64, tcps_proto::msg::ArenaRange, i64)>,
+    /// Channels whose sleeping host threads are woken at the end of the
+    /// worker's pass (`calls::wake_owed`).
+    pub wakes_owed: Vec<u32>,
+    /// Arrivals observed (free-running): the number of the next one
+    /// (`Arrival::next`).
+    pub arrivals: u32,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -139,6 +149,9 @@ impl Host {
             cooling: Vec::new(),
             eager_paused: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
+            polls_to_start: Vec::new(),
+            wakes_owed: Vec::new(),
+            arrivals: 0,
             rearm_later: Vec::new(),
         }
     }

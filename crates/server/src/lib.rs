@@ -10,6 +10,7 @@
 
 mod admission;
 mod adopt;
+mod arrival;
 mod calls;
 mod closer;
 mod config;

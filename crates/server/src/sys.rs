@@ -205,6 +205,75 @@ pub fn poll_now(fds: &mut [libc::pollfd]) -> SysResult<usize> {
     check(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) }).map(|n| n as usize)
 }
 
+/// CLOCK_REALTIME in nanoseconds (the clock of the kernel's receive
+/// timestamps, [`arrival_ns`]).
+pub fn realtime_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
+}
+
+/// Asks the kernel to stamp arriving packets (`SO_TIMESTAMPNS`; the kernel
+/// stamps every packet while any socket asks), for [`arrival_ns`]; or
+/// stops (a socket handed back to a program).
+pub fn stamp_arrivals(fd: RawFd, on: bool) {
+    let on = libc::c_int::from(on);
+    // SAFETY: an int option from a local.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &on as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+/// When the first unread byte of connected socket `fd` arrived (the
+/// kernel's receive timestamp, CLOCK_REALTIME ns): a one-byte `MSG_PEEK`.
+/// `None` with nothing queued, or no stamp (the socket never asked,
+/// [`stamp_arrivals`], or the packet arrived while nothing asked).
+pub fn arrival_ns(fd: RawFd) -> Option<u64> {
+    let mut byte = 0u8;
+    let mut iov = libc::iovec {
+        iov_base: &mut byte as *mut u8 as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points at a local byte, iovec and control buffer.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n <= 0 {
+        return None;
+    }
+    // SAFETY: walking the control buffer the kernel filled, with the
+    // kernel's own macros; the timespec is read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_TIMESTAMPNS {
+                let t = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                if t.tv_sec == 0 && t.tv_nsec == 0 {
+                    return None;
+                }
+                return Some((t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    None
+}
+
 /// What a thread serving a listening socket woke up for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ListenerWake {

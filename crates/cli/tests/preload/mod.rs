@@ -103,6 +103,37 @@ pub fn command(net: Net, server: &Server, stats: &Path, log: &Path, argv: &[&str
     c
 }
 
+/// redis-server on 127.0.0.1:`port` (no persistence, files in `dir`) on
+/// `net`, listening when this returns.
+pub fn redis_server(
+    net: Net,
+    server: &Server,
+    stats: &Path,
+    log: &Path,
+    port: u16,
+    dir: &Path,
+) -> Child {
+    let p = port.to_string();
+    let argv = [
+        "redis-server",
+        "--port",
+        &p,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.to_str().expect("a UTF-8 path"),
+    ];
+    let mut child = command(net, server, stats, log, &argv)
+        .spawn()
+        .expect("spawn redis-server");
+    wait_port(port, &mut child, "redis-server", log);
+    child
+}
+
 /// One process's summary line from the stats file.
 #[derive(Debug, Default, Clone)]
 pub struct Summary {

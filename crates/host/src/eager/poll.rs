@@ -35,49 +35,95 @@ fn ring_revents(mode: Mode, events: i16, avail: u32, end: u32, end_reported: boo
     }
 }
 
+/// One entry as its ring shows it now.
+enum Look {
+    /// The server must answer (no ring, or a stopped one).
+    Server,
+    /// revents, and when the ring became non-empty (its `since`).
+    Ring(i16, u32),
+}
+
+/// Whether arrival `a` is not after `b` (numbers wrap).
+fn not_after(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) as i32 >= 0
+}
+
 impl Client {
+    /// One entry from its ring; `kicks` gets a listener whose empty accept
+    /// ring never got a kick.
+    fn ring_look(&self, f: &PollEntry, kicks: &mut Vec<u32>) -> Look {
+        let Some(sock) = self.conn.socks.get(f.sock) else {
+            return Look::Server;
+        };
+        let mut g = sock.recv.lock();
+        let ring = match (g.mode, self.conn.recv_ring(f.sock)) {
+            (Mode::Bytes | Mode::Accept, Some(ring)) => ring,
+            _ => return Look::Server,
+        };
+        let avail = ring.available(ring.tail(), g.cur.consumed);
+        let since = ring.since();
+        let end = ring.end();
+        if end == END_STOPPED && avail == 0 {
+            return Look::Server; // the kernel has the rest
+        }
+        let empty_listener = g.mode == Mode::Accept && avail < ACCEPT_RECORD_SIZE;
+        if empty_listener && f.events & READABLE != 0 && !g.demand && ring.take_kick(&mut g.cur) {
+            g.demand = true;
+            kicks.push(f.sock);
+        }
+        Look::Ring(
+            ring_revents(g.mode, f.events, avail, end, g.end_reported),
+            since,
+        )
+    }
+
     /// poll(2) answered from the rings, with no request, when every entry
     /// asks only for readability of a socket with a ring and something is
     /// ready (or `timeout_ms == 0`). `Ok(None)`: ask the server. Either
     /// way, polled listeners whose empty accept ring never got a kick get
     /// one (the server accepts eagerly only once connections are wanted).
+    ///
+    /// Readiness in arrival order (`docs/PROTOCOL.md` §10): `ranks[i]` of
+    /// a ready entry is its place in the order its ring became non-empty
+    /// (the server numbers that). The rings are looked at one by one while
+    /// the server fills them, so a second look at the entries found empty
+    /// adds those that became non-empty no later than the newest one
+    /// reported: the server published them first, so they are visible
+    /// (acquire of the newer `tail`); newer ones wait for the next call.
     pub(crate) fn ring_poll(
         &self,
         fds: &mut [PollEntry],
+        ranks: &mut [u16],
         timeout_ms: i32,
     ) -> io::Result<Option<usize>> {
-        let local = !fds.is_empty() && fds.iter().all(|f| f.events & !LOCAL_POLL == 0);
-        let mut answerable = local;
-        let mut ready = 0;
+        let mut answerable = !fds.is_empty() && fds.iter().all(|f| f.events & !LOCAL_POLL == 0);
         let mut kicks = Vec::new();
-        for f in fds.iter_mut() {
-            let Some(sock) = self.conn.socks.get(f.sock) else {
-                answerable = false;
-                continue;
-            };
-            let mut g = sock.recv.lock();
-            let ring = match (g.mode, self.conn.recv_ring(f.sock)) {
-                (Mode::Bytes | Mode::Accept, Some(ring)) => ring,
-                _ => {
-                    answerable = false;
+        let mut since = vec![0u32; fds.len()];
+        let mut newest: Option<u32> = None;
+        for (i, f) in fds.iter_mut().enumerate() {
+            f.revents = 0;
+            match self.ring_look(f, &mut kicks) {
+                Look::Server => answerable = false,
+                Look::Ring(r, s) => {
+                    f.revents = r;
+                    since[i] = s;
+                    if r != 0 && newest.is_none_or(|n| not_after(n, s)) {
+                        newest = Some(s);
+                    }
+                }
+            }
+        }
+        if let (true, Some(newest)) = (answerable, newest) {
+            for (i, f) in fds.iter_mut().enumerate() {
+                if f.revents != 0 {
                     continue;
                 }
-            };
-            let avail = ring.available(ring.tail(), g.cur.consumed);
-            let end = ring.end();
-            if end == END_STOPPED && avail == 0 {
-                // The kernel has the rest: the server answers.
-                answerable = false;
-            }
-            f.revents = ring_revents(g.mode, f.events, avail, end, g.end_reported);
-            if f.revents != 0 {
-                ready += 1;
-            }
-            let empty_listener = g.mode == Mode::Accept && avail < ACCEPT_RECORD_SIZE;
-            if empty_listener && f.events & READABLE != 0 && !g.demand && ring.take_kick(&mut g.cur)
-            {
-                g.demand = true;
-                kicks.push(f.sock);
+                if let Look::Ring(r, s) = self.ring_look(f, &mut kicks) {
+                    if r != 0 && not_after(s, newest) {
+                        f.revents = r;
+                        since[i] = s;
+                    }
+                }
             }
         }
         // Demand is signalled even by a poll answered here: a program that
@@ -86,7 +132,14 @@ impl Client {
         for s in kicks {
             self.post_kick(s)?;
         }
+        let ready = fds.iter().filter(|f| f.revents != 0).count();
         if answerable && (ready > 0 || timeout_ms == 0) {
+            let newest = newest.unwrap_or(0);
+            let mut order: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].revents != 0).collect();
+            order.sort_by_key(|&i| std::cmp::Reverse(newest.wrapping_sub(since[i])));
+            for (rank, &i) in order.iter().enumerate() {
+                ranks[i] = rank.min(u16::MAX as usize) as u16;
+            }
             return Ok(Some(ready));
         }
         Ok(None)
@@ -97,6 +150,15 @@ impl Client {
 mod tests {
     use super::*;
     use tcps_proto::eager::END_NONE;
+
+    #[test]
+    fn arrival_numbers_compare_across_the_wrap() {
+        assert!(not_after(5, 5));
+        assert!(not_after(4, 5));
+        assert!(!not_after(6, 5));
+        assert!(not_after(u32::MAX, 2));
+        assert!(!not_after(2, u32::MAX));
+    }
 
     #[test]
     fn poll_revents_from_a_ring() {

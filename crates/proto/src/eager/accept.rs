@@ -57,6 +57,11 @@ impl<'a> AcceptRingProducer<'a> {
         self.inner.ring().write_record(pos, rec)
     }
 
+    /// See [`RecvRingProducer::stamp`].
+    pub fn stamp(&self, seq: u32) {
+        self.inner.stamp(seq)
+    }
+
     /// Publishes the records before `tail` (one store for a batch) and wakes
     /// a sleeping host thread. Returns whom it found waiting.
     pub fn publish(&self, tail: u32) -> recv::Woke {

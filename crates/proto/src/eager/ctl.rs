@@ -42,7 +42,12 @@ pub struct RecvRingCtl {
     /// Server-written: non-zero while the server does not read because the
     /// ring is full (the host kicks after consuming).
     pub paused: AtomicU32,
-    _pad1: [u8; 48],
+    /// Server-written: the host's arrival number (one counter per host,
+    /// in the order the server observed readiness) of the publish that
+    /// made the ring non-empty; stored before that `tail` (which releases
+    /// it). Hosts order readiness by it (`docs/PROTOCOL.md` §10).
+    pub since: AtomicU32,
+    _pad1: [u8; 44],
     /// Server-written: the socket id + 1 the ring is bound to; 0 when free.
     pub owner: AtomicU32,
     /// Server-written: `KIND_*`.
@@ -68,7 +73,8 @@ impl RecvRingCtl {
             end: AtomicU32::new(0),
             end_errno: AtomicI32::new(0),
             paused: AtomicU32::new(0),
-            _pad1: [0; 48],
+            since: AtomicU32::new(0),
+            _pad1: [0; 44],
             owner: AtomicU32::new(0),
             kind: AtomicU32::new(0),
             kicks_seen: AtomicU32::new(0),

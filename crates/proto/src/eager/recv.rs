@@ -226,6 +226,7 @@ impl<'a> RecvRingProducer<'a> {
         ctl.end.store(0, Ordering::Relaxed);
         ctl.end_errno.store(0, Ordering::Relaxed);
         ctl.paused.store(0, Ordering::Relaxed);
+        ctl.since.store(0, Ordering::Relaxed);
         ctl.kicks_seen.store(0, Ordering::Relaxed);
         ctl.kind.store(kind, Ordering::Relaxed);
         ctl.owner.store(sid + 1, Ordering::Release);
@@ -243,6 +244,14 @@ impl<'a> RecvRingProducer<'a> {
     /// Returns whom it found waiting (a futex wake was made for threads).
     pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) -> Woke {
         publish(self.ring.ctl(), tail, end)
+    }
+
+    /// Records that the next publish makes the ring non-empty, as arrival
+    /// `seq` of this host (relaxed: the `tail` store of that publish
+    /// releases it; a host that acquires the new `tail` sees this `since`
+    /// or a later one).
+    pub fn stamp(&self, seq: u32) {
+        self.ring.ctl().since.store(seq, Ordering::Relaxed);
     }
 
     /// The ring is (nearly) full: publishes `tail`, sets `paused`, fences and
@@ -369,6 +378,12 @@ impl<'a> RecvRingConsumer<'a> {
     /// The errno of `END_ERROR` (read after [`end`](Self::end)).
     pub fn end_errno(&self) -> i32 {
         self.ring.ctl().end_errno.load(Ordering::Acquire)
+    }
+
+    /// The arrival number of the publish that made the ring non-empty
+    /// (read after [`tail`](Self::tail), whose acquire orders it).
+    pub fn since(&self) -> u32 {
+        self.ring.ctl().since.load(Ordering::Relaxed)
     }
 
     /// Whether the server paused the ring (it waits for a kick).

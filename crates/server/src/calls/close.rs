@@ -73,6 +73,8 @@ pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> O
     if let Some(q) = s.queue {
         queue::unbind(host, q);
     }
+    // The program gets the socket as it would have had it: unstamped.
+    crate::sys::stamp_arrivals(s.fd.as_raw_fd(), false);
     Some(s.fd)
 }
 

@@ -59,12 +59,30 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
         aux,
     };
     match host.cursors[ch as usize].complete(&chan, &c) {
+        // A thread sleeps on the channel: woken once at the end of the
+        // worker's pass, however many completions the pass publishes
+        // there (`wake_owed`).
         Ok(true) => {
-            host.stats.wakes += 1;
-            ServerCursor::wake_host(&chan)
+            if !host.wakes_owed.contains(&ch) {
+                host.wakes_owed.push(ch);
+            }
         }
         Ok(false) => {}
         Err(e) => host.doomed = Some(format!("channel {ch}: {e}")),
+    }
+}
+
+/// Wakes the host threads sleeping on the channels that got completions
+/// in this pass: one futex wake per channel per pass, not per completion
+/// (issue 14 item 5). The handshake is whole: each `complete` stored its
+/// `cq_tail`, fenced and saw `host_waiting` before this; only the wake is
+/// later (by the rest of the pass).
+pub fn wake_owed(host: &mut Host) {
+    for ch in std::mem::take(&mut host.wakes_owed) {
+        if let Some(chan) = host.region.channel(ch) {
+            host.stats.wakes += 1;
+            ServerCursor::wake_host(&chan);
+        }
     }
 }
 

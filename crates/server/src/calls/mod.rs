@@ -29,7 +29,7 @@ pub(crate) mod sendq;
 
 pub use blocking::on_socket_ready;
 pub(crate) use close::{close_all, take_for_export};
-pub use common::{complete, Ctx, Res, TimerKey, Timers};
+pub use common::{complete, wake_owed, Ctx, Res, TimerKey, Timers};
 pub use sendq::poll_queues;
 pub use sendq::queue::prepare_sleep;
 
@@ -84,6 +84,18 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
     }
 }
 
+/// Starts the `Poll` calls taken in this pass. The worker sweeps the
+/// engine first (a non-blocking harvest, every ready socket read ahead), so
+/// a poll is answered from what had reached the kernel sockets when it
+/// came, not from a view up to a harvest interval old in which a socket
+/// that reads ahead could miss bytes that arrived before those of a socket
+/// the kernel answers for (issue 14 item 7).
+pub fn start_polls(cx: &mut Ctx<'_>, host: &mut Host) {
+    for (ch, user_data, entries, timeout_ms) in std::mem::take(&mut host.polls_to_start) {
+        poll::start(cx, host, ch, user_data, entries, timeout_ms);
+    }
+}
+
 /// Starts a call that may wait, or that is not answered (the host did not
 /// wait for it): `None`, it is answered later or never. Any other call is
 /// executed at once ([`execute`]) and its result returned.
@@ -135,7 +147,9 @@ fn start(
             entries,
             timeout_ms,
             ..
-        } => poll::start(cx, host, ch, user_data, entries, timeout_ms),
+        } => host
+            .polls_to_start
+            .push((ch, user_data, entries, timeout_ms)),
         _ => return Some(execute(cx, host, ch, call)),
     }
     None

@@ -16,6 +16,7 @@ use super::common::{
     announce_parked, arena_bytes, complete, rearm, write_arena, Ctx, Res, TimerKey,
 };
 use super::eager::recv;
+use crate::arrival::Arrival;
 use crate::host::{Host, ParkedPoll};
 use crate::sys;
 use std::cmp::Reverse;
@@ -87,14 +88,61 @@ pub(crate) fn evaluate_poll(
         }
     }
     let ready = entries.iter().filter(|e| e.revents != 0).count();
+    let ranks = arrival_ranks(host, &entries, ready);
     let mut out = Vec::with_capacity(entries.len() * 8);
-    for e in &entries {
+    for (e, rank) in entries.iter().zip(&ranks) {
         out.extend_from_slice(&e.sock.to_ne_bytes());
-        out.extend_from_slice(&e.events.to_ne_bytes());
+        // A ready entry's `events` slot carries its arrival rank.
+        let slot = if e.revents != 0 { *rank } else { e.events };
+        out.extend_from_slice(&slot.to_ne_bytes());
         out.extend_from_slice(&e.revents.to_ne_bytes());
     }
     write_arena(host, ch, r, &out);
     Ok((ready, entries))
+}
+
+/// The order in which the ready entries became readable, as ranks (0:
+/// first; written in the `events` slot of each ready entry so the host
+/// reports readiness in arrival order, `docs/PROTOCOL.md` §10). Sockets
+/// that read ahead: when their ring or buffer became non-empty, numbered
+/// in the order the server observed it; others: the kernel's receive
+/// timestamp of their first unread byte. Entries ready only for writing
+/// (or with nothing to time) come first, in their order.
+fn arrival_ranks(host: &Host, entries: &[PollEntry], ready: usize) -> Vec<i16> {
+    let mut ranks = vec![0i16; entries.len()];
+    if ready < 2 {
+        return ranks;
+    }
+    const IN: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLHUP;
+    let keys: Vec<Option<Arrival>> = entries
+        .iter()
+        .map(|e| {
+            if e.revents & IN == 0 {
+                return None;
+            }
+            if let Some(a) = recv::arrival(host, e.sock) {
+                return Some(a);
+            }
+            let s = host.socket(e.sock)?;
+            sys::arrival_ns(s.fd.as_raw_fd()).map(|ns| Arrival { seq: 0, ns })
+        })
+        .collect();
+    // Numbers when every timed entry reads ahead (exact, one counter),
+    // else the clock (the kernel's stamps and the server's).
+    let by_seq = keys.iter().flatten().all(|a| a.seq != 0);
+    let newest = host.arrivals;
+    let mut order: Vec<usize> = (0..entries.len())
+        .filter(|&i| entries[i].revents != 0)
+        .collect();
+    order.sort_by_key(|&i| match keys[i] {
+        None => (0, 0),
+        Some(a) if by_seq => (1, u64::from(u32::MAX - newest.wrapping_sub(a.seq))),
+        Some(a) => (1, a.ns),
+    });
+    for (rank, &i) in order.iter().enumerate() {
+        ranks[i] = rank.min(i16::MAX as usize) as i16;
+    }
+    ranks
 }
 
 pub(crate) fn start(

@@ -28,6 +28,14 @@ pub trait Engine: Send {
     /// (`None`: until an event).
     fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Event>) -> io::Result<()>;
     fn name(&self) -> &'static str;
+    /// Submits arms still queued, without collecting: the worker calls it
+    /// at the end of every pass, so a socket it re-armed is watched again
+    /// at once, not only at the next `wait` (up to 200 µs later when idle).
+    /// Readiness that arrives while a socket is not watched is seen only
+    /// when the arm is submitted, after readiness of sockets that were
+    /// watched although it arrived first: events out of arrival order
+    /// (issue 14 item 7). Engines that arm at once have nothing to do.
+    fn flush(&mut self) {}
     /// Whether urgent (MSG_OOB) data only wakes a wait that includes
     /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
     fn urgent_needs_pollin(&self) -> bool {

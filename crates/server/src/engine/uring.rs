@@ -116,6 +116,12 @@ impl Engine for UringEngine {
         "io_uring"
     }
 
+    fn flush(&mut self) {
+        if !self.ring.submission().is_empty() {
+            let _ = self.ring.submit();
+        }
+    }
+
     fn urgent_needs_pollin(&self) -> bool {
         true
     }

@@ -153,6 +153,11 @@ impl Worker {
         let mut next_engine_poll = Instant::now();
         while !self.shared.stopping.load(Ordering::Relaxed) {
             let mut work = self.scan_channels();
+            if self.hosts.iter().any(|(_, h)| !h.polls_to_start.is_empty()) {
+                // Sweep, then answer the polls (`calls::start_polls`).
+                work += self.poll_engine(Some(Duration::ZERO));
+                self.start_polls();
+            }
             let now = Instant::now();
             work += self.poll_send_queues(now);
             if now >= next_engine_poll {
@@ -165,6 +170,9 @@ impl Worker {
                     };
             }
             work += self.fire_timers(now);
+            // Sockets re-armed in this pass are watched from now on.
+            self.engine.flush();
+            self.wake_hosts();
             // Also after a sleep: events handled while sleeping woke rings.
             self.ring_host_doorbells();
             self.reap_doomed();
@@ -280,6 +288,32 @@ impl Worker {
         handled
     }
 
+    /// Wakes, once per channel, the host threads sleeping on channels that
+    /// got completions in this pass.
+    fn wake_hosts(&mut self) {
+        for hkey in 0..self.hosts.key_bound() {
+            if let Some(h) = self
+                .hosts
+                .get_mut(hkey)
+                .filter(|h| !h.wakes_owed.is_empty())
+            {
+                calls::wake_owed(h);
+            }
+        }
+    }
+
+    /// Starts the polls the hosts asked for in this pass.
+    fn start_polls(&mut self) {
+        for hkey in 0..self.hosts.key_bound() {
+            let Some((host, mut cx)) = self.host_and_cx(hkey) else {
+                continue;
+            };
+            if host.doomed.is_none() && !host.polls_to_start.is_empty() {
+                guarded(host, "poll", |h| calls::start_polls(&mut cx, h));
+            }
+        }
+    }
+
     /// Takes new asynchronous sends from the hosts' hot send queues (and,
     /// every `SWEEP_EVERY`, from all bound ones); returns how many.
     fn poll_send_queues(&mut self, now: Instant) -> usize {
@@ -320,11 +354,43 @@ impl Worker {
             warn!(error = %e, "engine wait failed");
         }
         let n = events.len();
+        self.arrival_order(&mut events);
         for ev in &events {
             self.handle_event(*ev);
         }
         self.events = events;
         n
+    }
+
+    /// Puts a harvest's socket events in the order their data arrived
+    /// (the kernel's receive timestamps of the first unread bytes; events
+    /// without one first, as they came). io_uring completes polls out of
+    /// that order, and each event is published to its host at once, so a
+    /// host could otherwise see a later arrival before an earlier one on
+    /// another socket (issue 14 item 7). One peek per socket event, and
+    /// only in harvests of two or more.
+    fn arrival_order(&self, events: &mut [Event]) {
+        if events.len() < 2 {
+            return;
+        }
+        let key = |ev: &Event| -> u64 {
+            let Some(Token::Socket { host, sock, .. }) = Token::decode(ev.token) else {
+                return 0;
+            };
+            if ev.revents & libc::POLLIN as u32 == 0 {
+                return 0;
+            }
+            self.hosts
+                .get(host)
+                .and_then(|h| h.sockets.get(sock))
+                .and_then(|s| sys::arrival_ns(s.fd.as_raw_fd()))
+                .unwrap_or(0)
+        };
+        let mut keyed: Vec<(u64, Event)> = events.iter().map(|e| (key(e), *e)).collect();
+        keyed.sort_by_key(|k| k.0);
+        for (e, k) in events.iter_mut().zip(keyed) {
+            *e = k.1;
+        }
     }
 
     fn handle_event(&mut self, ev: Event) {

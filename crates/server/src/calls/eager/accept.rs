@@ -4,6 +4,7 @@
 
 use super::ring::{accept_capacity, note_paused, AcceptRing, Eager};
 use super::setup::setup_accepted;
+use crate::arrival::Arrival;
 use crate::calls::common::{check_quota, insert_accepted, Ctx};
 use crate::config::EagerPolicy;
 use crate::host::Host;
@@ -85,6 +86,7 @@ pub(crate) fn accept_loop(
     let (mut used, c) = ring.look(st.tail, st.consumed);
     st.consumed = c;
     forget_taken(st);
+    let was_empty = used == 0;
     loop {
         if used >= cap {
             // Publish, `paused = 1`, fence, re-read head (the lost-kick
@@ -137,7 +139,13 @@ pub(crate) fn accept_loop(
     let moved = st.tail != start;
     if moved {
         if let Some(ring) = host.region.recv_ring(lid) {
-            let woke = AcceptRingProducer::new(ring).publish(st.tail);
+            let ring = AcceptRingProducer::new(ring);
+            if was_empty {
+                // As for a receive ring (`fill_recv`).
+                st.since = Arrival::next(&mut host.arrivals);
+                ring.stamp(st.since.seq);
+            }
+            let woke = ring.publish(st.tail);
             host.stats.count_woke(woke);
         }
     }

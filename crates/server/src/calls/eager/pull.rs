@@ -19,6 +19,7 @@ pub(crate) fn fill_pull(host: &mut Host, sid: u32) -> bool {
         sockets,
         stats,
         eager_paused,
+        arrivals,
         ..
     } = host;
     let Some(sock) = sockets.get_mut(sid as usize) else {
@@ -74,7 +75,11 @@ pub(crate) fn fill_pull(host: &mut Host, sid: u32) -> bool {
             }
         }
     }
-    pb.len() != start || pb.end.is_some()
+    let moved = pb.len() != start || pb.end.is_some();
+    if moved && start == 0 {
+        pb.since = crate::arrival::Arrival::next(arrivals);
+    }
+    moved
 }
 
 /// Takes up to `len` bytes of socket `sid`'s pull buffer into `dst`.

@@ -69,6 +69,8 @@ pub struct PullBuf {
     pub(crate) account: PullAccount,
     /// What this buffer added to `account` (its allocation).
     pub(crate) counted: usize,
+    /// When the buffer last became non-empty (as the server saw it).
+    pub(crate) since: crate::arrival::Arrival,
 }
 
 impl PullBuf {
@@ -82,6 +84,7 @@ impl PullBuf {
             throttled: false,
             account,
             counted: 0,
+            since: Default::default(),
         }
     }
 

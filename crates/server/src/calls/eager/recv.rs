@@ -4,6 +4,7 @@
 
 use super::pullbuf::PullEnd;
 use super::ring::{note_paused, pause_threshold, Eager, RecvRing};
+use crate::arrival::Arrival;
 use crate::config::EagerRecv;
 use crate::host::Host;
 use crate::sys;
@@ -39,6 +40,7 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         sockets,
         stats,
         eager_paused,
+        arrivals,
         ..
     } = host;
     let Some(sock) = sockets.get_mut(sid as usize) else {
@@ -59,6 +61,7 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     let start = st.tail;
     let (mut used, c) = ring.look(st.tail, st.consumed, 1);
     st.consumed = c;
+    let was_empty = used == 0;
     let mut end = None;
     loop {
         let free = size - used;
@@ -113,6 +116,12 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         });
     }
     let moved = st.tail != start || end.is_some();
+    if moved && was_empty {
+        // Readable from now on: numbered in the order observed (hosts
+        // report readiness in that order, `docs/PROTOCOL.md` §10).
+        st.since = Arrival::next(arrivals);
+        ring.stamp(st.since.seq);
+    }
     if moved {
         stats.count_woke(ring.publish(st.tail, end));
     }
@@ -190,6 +199,17 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
             let used = r.look(a.tail, a.consumed).0;
             ready(None, used > 0)
         }
+    }
+}
+
+/// When socket `sid`, which reads ahead, last became readable as the
+/// server saw it (its ring or buffer went from empty to holding data).
+pub(crate) fn arrival(host: &Host, sid: u32) -> Option<Arrival> {
+    match &host.socket(sid)?.eager {
+        Eager::Recv(b) => Some(b.since),
+        Eager::Accept(a) => Some(a.since),
+        Eager::Pull(p) => Some(p.since),
+        Eager::None => None,
     }
 }
 

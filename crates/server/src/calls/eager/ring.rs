@@ -4,6 +4,7 @@
 //! `RecvRingProducer` and `AcceptRingProducer`.
 
 use super::pullbuf::{PullBuf, PullEnd};
+use crate::arrival::Arrival;
 use std::collections::VecDeque;
 use tcps_proto::eager::{ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING};
 
@@ -66,6 +67,8 @@ pub struct RecvRing {
     /// What `end` was (kept here: the ring's copy is host-writable).
     pub(crate) end: Option<PullEnd>,
     pub(crate) kicks: u32,
+    /// When the ring last became non-empty (as the server saw it).
+    pub(crate) since: Arrival,
 }
 
 /// The server's private state of a bound accept ring.
@@ -80,6 +83,8 @@ pub struct AcceptRing {
     /// Connections published and maybe not yet taken: (position, socket id,
     /// generation), oldest first.
     pub(crate) published: VecDeque<(u32, u32, u16)>,
+    /// When the ring last became non-empty (as the server saw it).
+    pub(crate) since: Arrival,
 }
 
 /// With less free room than this a ring pauses (the host kicks after

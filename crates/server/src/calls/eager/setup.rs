@@ -34,6 +34,11 @@ pub(crate) fn setup_accepted(
         return 0;
     };
     s.policy = policy;
+    // Readiness is ordered by the kernel's arrival times (the worker's
+    // harvest, `poll::arrival_ranks`): stamped from the start. Only
+    // connections the server accepted (their description is the server's;
+    // one handed back at exec is unstamped, `close::take_for_export`).
+    crate::sys::stamp_arrivals(std::os::fd::AsRawFd::as_raw_fd(&s.fd), true);
     if !policy.setup_with_accept {
         // Nothing is bound, but a mode that needs no ring is settled now:
         // pull reads ahead from the start, off never does.
