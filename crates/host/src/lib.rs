@@ -42,5 +42,6 @@ pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use events::{ConnEvent, EventQueue, EV_ACCEPT, EV_ALL, EV_CLOSED, EV_DATA, EV_ERROR, EV_ROOM};
+pub use ring_wait::EdgeWatch;
 pub use sendq::{IoHandle, SendBacklog};
 pub use settings::{pin_settings, pinned_settings, setting, setting_str};

@@ -36,6 +36,15 @@ const RING_EVENTS: i16 =
 /// Read-side events: the ones that need a ring.
 const READ_EVENTS: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
 
+/// What a doorbell sleeper watches on one socket: its receive or accept
+/// ring (`read`), its send queue (`write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EdgeWatch {
+    pub sock: u32,
+    pub read: bool,
+    pub write: bool,
+}
+
 /// What a doorbell sleeper registered on.
 #[derive(Clone, Copy)]
 enum Watch {
@@ -46,7 +55,7 @@ enum Watch {
 }
 
 /// Registered as a doorbell sleeper on the rings and send queues of a poll
-/// set; unregisters when dropped. Made by `Client::bell_register`.
+/// set; unregisters when dropped. Made by `Client::register`.
 struct Registered<'a> {
     client: &'a Client,
     watches: Vec<Watch>,
@@ -95,6 +104,40 @@ impl Client {
         timeout_ms: i32,
         room: &dyn Fn(u32) -> bool,
     ) -> io::Result<bool> {
+        let mut watch = Vec::with_capacity(fds.len());
+        for f in fds.iter() {
+            if f.events & !(RING_EVENTS | libc::POLLOUT) != 0 {
+                return Ok(false);
+            }
+            watch.push(EdgeWatch {
+                sock: f.sock,
+                read: f.events & READ_EVENTS != 0,
+                write: f.events & libc::POLLOUT != 0,
+            });
+        }
+        self.sleep_on_edges(&watch, kernel, timeout_ms, &mut || {
+            for f in fds.iter_mut() {
+                f.revents = 0;
+            }
+            self.ready_here(fds, room)
+        })
+    }
+
+    /// The doorbell sleep itself: watches the receive or accept ring
+    /// (`read`) and the send queue (`write`) of each socket of `watch`, and
+    /// sleeps until one of them moves, a kernel fd of `kernel` is ready, or
+    /// `timeout_ms` passes; `ready()` is the caller's own look (true:
+    /// something is ready, do not sleep), made while spinning and once more
+    /// after registering. `Ok(false)`: not possible (a socket has no such
+    /// ring or queue, another thread of this attachment sleeps here, no
+    /// doorbell); nothing was waited for.
+    pub fn sleep_on_edges(
+        &self,
+        watch: &[EdgeWatch],
+        kernel: &mut [libc::pollfd],
+        timeout_ms: i32,
+        ready: &mut dyn FnMut() -> io::Result<bool>,
+    ) -> io::Result<bool> {
         let flag = &self.conn.bell_sleeper;
         if flag
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
@@ -106,19 +149,19 @@ impl Client {
         let Ok(bell) = self.host_doorbell() else {
             return Ok(false);
         };
-        if self.spin_on_rings(fds, room)? {
-            return Ok(true);
-        }
-        let Some(_registered) = self.bell_register(fds) else {
+        let Some(targets) = self.watch_targets(watch) else {
             return Ok(false);
         };
+        // Spin unregistered: a publish meanwhile costs the server no
+        // doorbell write.
+        if self.spin(ready)? {
+            return Ok(true);
+        }
+        let _registered = self.register(targets);
         drain(bell);
         // The last look, after registering and emptying the bell: a ring
-        // that moves from here on rings the bell.
-        for f in fds.iter_mut() {
-            f.revents = 0;
-        }
-        if self.ready_here(fds, room)? {
+        // or queue that moves from here on rings the bell.
+        if ready()? {
             return Ok(true);
         }
         let mut all: Vec<libc::pollfd> = kernel
@@ -139,6 +182,30 @@ impl Client {
             k.revents = a.revents;
         }
         Ok(true)
+    }
+
+    /// An edge counter of socket `s`'s read side: it changes whenever the
+    /// server publishes bytes, a connection or an end into the socket's
+    /// receive or accept ring (epoll's edge-triggered entries fire on it,
+    /// as the kernel's fire on every arrival). `None`: the socket has no
+    /// such ring, or it handed the rest back to the kernel.
+    pub fn read_edge(&self, s: u32) -> Option<u64> {
+        let sock = self.conn.socks.get(s)?;
+        if !matches!(sock.recv.lock().mode, Mode::Bytes | Mode::Accept) {
+            return None;
+        }
+        let ring = self.conn.recv_ring(s)?;
+        let end = ring.end();
+        (end != END_STOPPED).then(|| u64::from(end) << 32 | u64::from(ring.tail()))
+    }
+
+    /// An edge counter of socket `s`'s write side: the sends of its send
+    /// queue the server finished (room appears when it moves). `None`: no
+    /// send queue.
+    pub fn write_edge(&self, s: u32) -> Option<u32> {
+        let sock = self.conn.socks.get(s)?;
+        let q = sock.send.lock().queue?;
+        Some(self.conn.send_queue(q).done())
     }
 
     /// The attachment's host doorbell (an eventfd, non-blocking, readable
@@ -163,15 +230,15 @@ impl Client {
     }
 
     /// Before sleeping, when the server polls on cores of its own
-    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): watches the rings and
-    /// queues of `fds` for a while, so a reply that is microseconds away
+    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): looks (`ready`) again
+    /// and again for a while, so a reply that is microseconds away
     /// costs neither a doorbell write at the server nor a sleep and wake-up
     /// here. Kernel fds are not looked at meanwhile (they wait at most the
     /// spin). The spin adapts like the completion spin: one that runs out
     /// halves it, one that ends after more than half of it doubles it, so
     /// an idle loop soon stops spinning. Returns whether something became
     /// ready.
-    fn spin_on_rings(&self, fds: &mut [PollEntry], room: &dyn Fn(u32) -> bool) -> io::Result<bool> {
+    fn spin(&self, ready: &mut dyn FnMut() -> io::Result<bool>) -> io::Result<bool> {
         const MIN_BELL_SPIN_NS: u64 = 1_000;
         let max = self.conn.spin.as_nanos() as u64;
         let budget = self.conn.bell_spin_ns.load(Ordering::Relaxed);
@@ -180,7 +247,7 @@ impl Client {
         }
         let start = std::time::Instant::now();
         loop {
-            if self.ready_here(fds, room)? {
+            if ready()? {
                 let took = start.elapsed().as_nanos() as u64;
                 if took > budget / 2 {
                     self.conn
@@ -200,32 +267,27 @@ impl Client {
         }
     }
 
-    /// Registers the calling thread as a doorbell sleeper on what can end
-    /// the wait for each entry of `fds`: its receive or accept ring for
-    /// readability (a bound ring that has not handed the rest back to the
-    /// kernel), its send queue for POLLOUT (a bound queue with no failed
-    /// send). `None`: some entry needs the server (`Client::poll` asks it).
-    /// Then re-check with [`ready_here`](Self::ready_here), and only if
-    /// nothing is ready sleep on the host doorbell: a ring or queue that
-    /// moves after this call rings it.
-    fn bell_register(&self, fds: &[PollEntry]) -> Option<Registered<'_>> {
-        let mut watches = Vec::with_capacity(fds.len());
-        for f in fds {
-            if f.events & !(RING_EVENTS | libc::POLLOUT) != 0 {
-                return None;
-            }
-            let sock = self.conn.socks.get(f.sock)?;
-            if f.events & READ_EVENTS != 0 {
+    /// What a doorbell sleeper registers on for `watch`: receive or accept
+    /// rings (bound, not handed back to the kernel), send queues (bound, no
+    /// failed send). `None`: some socket has no such ring or queue (the
+    /// server must be asked). After registering, look once more, and only
+    /// if nothing is ready sleep on the host doorbell: a ring or queue that
+    /// moves after the registration rings it.
+    fn watch_targets(&self, watch: &[EdgeWatch]) -> Option<Vec<Watch>> {
+        let mut watches = Vec::with_capacity(watch.len());
+        for w in watch {
+            let sock = self.conn.socks.get(w.sock)?;
+            if w.read {
                 let g = sock.recv.lock();
                 if !matches!(g.mode, Mode::Bytes | Mode::Accept) {
                     return None;
                 }
-                if self.conn.recv_ring(f.sock)?.end() == END_STOPPED {
+                if self.conn.recv_ring(w.sock)?.end() == END_STOPPED {
                     return None;
                 }
-                watches.push(Watch::Ring(f.sock));
+                watches.push(Watch::Ring(w.sock));
             }
-            if f.events & libc::POLLOUT != 0 {
+            if w.write {
                 let g = sock.send.lock();
                 match g.queue {
                     Some(q) if g.error == 0 => watches.push(Watch::Queue(q)),
@@ -233,6 +295,11 @@ impl Client {
                 }
             }
         }
+        Some(watches)
+    }
+
+    /// Registers as a doorbell sleeper on `targets` (from `watch_targets`).
+    fn register(&self, watches: Vec<Watch>) -> Registered<'_> {
         for &w in &watches {
             match w {
                 Watch::Ring(s) => {
@@ -243,10 +310,10 @@ impl Client {
                 Watch::Queue(q) => self.conn.send_queue(q).bell_wait_prepare(),
             }
         }
-        Some(Registered {
+        Registered {
             client: self,
             watches,
-        })
+        }
     }
 
     /// Whether an entry of `fds` is ready, from host memory alone: the

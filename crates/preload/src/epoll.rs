@@ -8,15 +8,27 @@
 //! which watches the epoll fd itself (readable when its kernel fds have
 //! events) so that no kernel event is consumed by the wait.
 //!
-//! Edge-triggered interest (EPOLLET; nginx uses it) cannot be read off a
-//! level poll, so an entry reports a direction once and is then quiet until
-//! the program operates on the socket in that direction again (any
-//! read/recv/accept re-arms EPOLLIN, any write/send/connect re-arms
-//! EPOLLOUT; `fdtable::note_read/note_write`). A program that reads until
-//! EAGAIN, or stops after a short read, sees what the kernel would show it;
-//! the only difference is an extra wake-up where the kernel would have seen
-//! no new edge, which edge-triggered programs tolerate. EPOLLONESHOT
-//! disables an entry after one report until EPOLL_CTL_MOD.
+//! Edge-triggered interest (EPOLLET; nginx and redis use it) fires on
+//! edges, as the kernel's: a socket with a receive or accept ring fires
+//! whenever the server publishes into the ring (new bytes, a connection, an
+//! end: `Client::read_edge`), whether or not the program read what came
+//! before; EPOLLOUT fires once at registration and then when room appears
+//! after a write found the send queue full (the kernel's SOCK_NOSPACE:
+//! `fdtable::note_full`). When an entry fires it reports everything that
+//! holds then (EPOLLIN with EPOLLOUT, as the kernel's ready list does), and
+//! an edge is spent by the look that follows it, reported or not. A socket
+//! with no ring (eager receive off, a connect in progress) cannot show its
+//! edges here: its entry reports a direction once and is then quiet until
+//! the program operates on the socket in that direction again
+//! (`fdtable::note_read/note_write`), with at most an extra wake-up where
+//! the kernel saw no new edge. EPOLLONESHOT disables an entry after one
+//! report until EPOLL_CTL_MOD.
+//!
+//! A wait with nothing ready sleeps on the host doorbell, watching the ring
+//! of every entry with read interest (fired or not: a new arrival is what
+//! it waits for) and the send queue of every entry waiting for room
+//! (`Client::sleep_on_edges`); sets with a socket it cannot watch that way
+//! wait through `poll::wait_mixed`.
 
 use crate::errno::fail;
 use crate::log::debug;
@@ -25,7 +37,7 @@ use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
-use tcps::PollFd;
+use tcps::{Client, PollFd};
 
 const EV_IN: u32 = libc::EPOLLIN as u32;
 const EV_OUT: u32 = libc::EPOLLOUT as u32;
@@ -41,12 +53,46 @@ struct Entry {
     id: u32,
     events: u32,
     data: u64,
-    /// Edge-triggered: the program's read/write sequence numbers when this
-    /// entry last reported that direction (armed while they differ).
+    /// Edge-triggered, a socket whose edges are not visible here: the
+    /// program's read/write sequence numbers when this entry last reported
+    /// that direction (armed while they differ).
     reported_rd: u32,
     reported_wr: u32,
+    /// Edge-triggered: the read edge spent by the last look (None: none).
+    rd_edge: Option<u64>,
+    /// Edge-triggered: `full_seq` when EPOLLOUT was last reported.
+    reported_full: u32,
     /// EPOLLONESHOT fired.
     disabled: bool,
+}
+
+/// What a look at an entry's socket starts from.
+#[derive(Clone, Copy)]
+struct Edges {
+    rd: u32,
+    wr: u32,
+    full: u32,
+    /// The receive or accept ring's edge (None: no ring).
+    rd_edge: Option<u64>,
+    /// The socket has a send queue (its room is known here).
+    queue: bool,
+}
+
+impl Edges {
+    /// The look at `id` for an entry with `events`: ring and queue are
+    /// looked up for edge-triggered entries only (a level-triggered entry
+    /// asks for everything every time).
+    fn of(c: &Client, id: u32, events: u32) -> Edges {
+        let s = fdtable::id_state(id);
+        let et = events & EV_ET != 0;
+        Edges {
+            rd: s.rd_seq.load(Ordering::Relaxed),
+            wr: s.wr_seq.load(Ordering::Relaxed),
+            full: s.full_seq.load(Ordering::Relaxed),
+            rd_edge: if et { c.read_edge(id) } else { None },
+            queue: et && events & EV_OUT != 0 && c.write_edge(id).is_some(),
+        }
+    }
 }
 
 impl Entry {
@@ -58,23 +104,46 @@ impl Entry {
             data: ev.u64,
             reported_rd: s.rd_seq.load(Ordering::Relaxed).wrapping_sub(1),
             reported_wr: s.wr_seq.load(Ordering::Relaxed).wrapping_sub(1),
+            rd_edge: None,
+            reported_full: s.full_seq.load(Ordering::Relaxed).wrapping_sub(1),
             disabled: false,
         }
     }
 
+    /// Whether EPOLLOUT waits for an edge (room after a full queue).
+    fn write_pending(&self, x: &Edges) -> bool {
+        if x.queue {
+            x.full != self.reported_full
+        } else {
+            x.wr != self.reported_wr
+        }
+    }
+
     /// The poll events to ask for now (0: nothing armed).
-    fn wanted(&self, rd: u32, wr: u32) -> u32 {
+    fn wanted(&self, x: &Edges) -> u32 {
         if self.disabled {
             return 0;
         }
-        let mut w = self.events & (READ_SIDE | EV_OUT);
-        if self.events & EV_ET != 0 {
-            if rd == self.reported_rd {
-                w &= !READ_SIDE;
-            }
-            if wr == self.reported_wr {
-                w &= !EV_OUT;
-            }
+        let all = self.events & (READ_SIDE | EV_OUT);
+        if self.events & EV_ET == 0 {
+            return all;
+        }
+        let read_fired = match x.rd_edge {
+            Some(g) => self.rd_edge != Some(g),
+            None => x.rd != self.reported_rd,
+        };
+        let write_fired = self.write_pending(x);
+        if x.rd_edge.is_some() || x.queue {
+            // An edge reports all that holds, as the kernel's does.
+            let fired = (read_fired && all & READ_SIDE != 0) || (write_fired && all & EV_OUT != 0);
+            return if fired { all } else { 0 };
+        }
+        let mut w = all;
+        if !read_fired {
+            w &= !READ_SIDE;
+        }
+        if !write_fired {
+            w &= !EV_OUT;
         }
         w
     }
@@ -187,20 +256,19 @@ pub unsafe extern "C" fn epoll_ctl(
     }
 }
 
-/// One candidate of a pass: fd, the sequence numbers it was armed with.
+/// One candidate of a pass: fd, and what its look started from.
 struct Cand {
     fd: c_int,
     id: u32,
-    rd: u32,
-    wr: u32,
+    x: Edges,
 }
 
-/// The armed offloaded entries of `epfd` (None: the set has none at all)
-/// and whether the set has kernel fds.
 /// The candidates of a pass and the poll entries to ask the server about.
 type Pass = (Vec<Cand>, Vec<PollFd>);
 
-fn candidates(epfd: c_int) -> (Option<Pass>, bool) {
+/// The armed offloaded entries of `epfd` (None: the set has none at all)
+/// and whether the set has kernel fds.
+fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
         return (None, true);
@@ -211,19 +279,10 @@ fn candidates(epfd: c_int) -> (Option<Pass>, bool) {
     let mut cands = Vec::new();
     let mut pfds = Vec::new();
     for (&fd, e) in &s.entries {
-        let st = fdtable::id_state(e.id);
-        let (rd, wr) = (
-            st.rd_seq.load(Ordering::Relaxed),
-            st.wr_seq.load(Ordering::Relaxed),
-        );
-        let w = e.wanted(rd, wr);
+        let x = Edges::of(c, e.id, e.events);
+        let w = e.wanted(&x);
         if w != 0 {
-            cands.push(Cand {
-                fd,
-                id: e.id,
-                rd,
-                wr,
-            });
+            cands.push(Cand { fd, id: e.id, x });
             pfds.push(PollFd {
                 sock: e.id,
                 events: w as i16,
@@ -232,6 +291,31 @@ fn candidates(epfd: c_int) -> (Option<Pass>, bool) {
         }
     }
     (Some((cands, pfds)), s.kernel_fds > 0)
+}
+
+/// What a doorbell sleep on `epfd` must watch: the ring of every entry
+/// with read interest (a new arrival ends the wait, fired or not) and the
+/// send queue of every entry that waits for room. Empty: nothing to wait
+/// for here.
+fn watches(epfd: c_int, c: &Client) -> Vec<tcps::EdgeWatch> {
+    let sets = sets();
+    let Some(s) = sets.get(&epfd) else {
+        return Vec::new();
+    };
+    let mut w = Vec::with_capacity(s.entries.len());
+    for e in s.entries.values().filter(|e| !e.disabled) {
+        let x = Edges::of(c, e.id, e.events);
+        let read = e.events & READ_SIDE != 0;
+        let write = e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x));
+        if read || write {
+            w.push(tcps::EdgeWatch {
+                sock: e.id,
+                read,
+                write,
+            });
+        }
+    }
+    w
 }
 
 /// Turns poll results into epoll events (at most `room`), updating
@@ -249,15 +333,22 @@ fn collect(
 ) {
     let mut sets = sets();
     let Some(s) = sets.get_mut(&epfd) else { return };
+    // A look spends the read edge it started from, as the kernel drops a
+    // fired entry whose poll finds nothing; a ready entry keeps its edge
+    // until it is reported (there may be no room for it in this call).
+    for (c, p) in cands.iter().zip(pfds) {
+        if p.revents == 0 {
+            if let Some(e) = s.entries.get_mut(&c.fd).filter(|e| e.id == c.id) {
+                e.rd_edge = c.x.rd_edge.or(e.rd_edge);
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..pfds.len()).filter(|&i| pfds[i].revents != 0).collect();
     order.sort_by_key(|&i| ranks[i]);
     for i in order {
         let (c, p) = (&cands[i], &pfds[i]);
         if out.len() >= room {
             break;
-        }
-        if p.revents == 0 {
-            continue;
         }
         let Some(e) = s.entries.get_mut(&c.fd) else {
             continue;
@@ -267,14 +358,17 @@ fn collect(
         }
         let ev = (p.revents as u16 as u32) & (e.events | EV_ERR | EV_HUP);
         if ev == 0 {
+            e.rd_edge = c.x.rd_edge.or(e.rd_edge);
             continue;
         }
         if e.events & EV_ET != 0 {
+            e.rd_edge = c.x.rd_edge.or(e.rd_edge);
             if ev & (READ_SIDE | EV_ERR | EV_HUP) != 0 {
-                e.reported_rd = c.rd;
+                e.reported_rd = c.x.rd;
             }
             if ev & (EV_OUT | EV_ERR | EV_HUP) != 0 {
-                e.reported_wr = c.wr;
+                e.reported_wr = c.x.wr;
+                e.reported_full = c.x.full;
             }
         }
         if e.events & EV_ONESHOT != 0 {
@@ -305,9 +399,13 @@ fn kernel_turn() -> bool {
     })
 }
 
+/// Whether `epfd` is a set with offloaded entries.
+fn has_offloaded(epfd: c_int) -> bool {
+    sets().get(&epfd).is_some_and(|s| !s.entries.is_empty())
+}
+
 unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
-    let (offloaded, has_kernel) = candidates(epfd);
-    if offloaded.is_none() {
+    if !has_offloaded(epfd) {
         return real::epoll_wait()(epfd, events, max, timeout);
     }
     if max <= 0 || events.is_null() {
@@ -319,12 +417,8 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
     let max = max as usize;
     let deadline = (timeout > 0)
         .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
-    let mut first = Some(offloaded);
     loop {
-        let (offloaded, has_kernel) = match first.take() {
-            Some(o) => (o, has_kernel),
-            None => candidates(epfd),
-        };
+        let (offloaded, has_kernel) = candidates(c, epfd);
         let Some((cands, mut pfds)) = offloaded else {
             return real::epoll_wait()(epfd, events, max as c_int, timeout);
         };
@@ -340,9 +434,11 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         let mut out = Vec::new();
         // Offloaded events leave the kernel side at least one slot.
         let off_room = if has_kernel && max > 1 { max - 1 } else { max };
-        if ready > 0 {
+        if !pfds.is_empty() {
+            // Also when nothing is ready: the look spends the edges.
             collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
         }
+        let _ = ready;
         let mut n = out.len();
         std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
         if has_kernel && n < max && (n == 0 || kernel_turn()) {
@@ -373,11 +469,14 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
                 revents: 0,
             });
         }
-        if pfds.is_empty() && kernel.is_empty() {
-            // Nothing armed at all: sleep like epoll_wait on an empty set.
-            return real::epoll_wait()(epfd, events, max as c_int, remaining);
+        match edge_sleep(c, epfd, &mut kernel, remaining) {
+            Ok(true) => continue,
+            Ok(false) => {}
+            Err(e) => return fail(e),
         }
         if pfds.is_empty() {
+            // Nothing armed (or nothing offloaded to watch): sleep like
+            // epoll_wait on the kernel side alone.
             return real::epoll_wait()(epfd, events, max as c_int, remaining);
         }
         for p in &mut pfds {
@@ -387,6 +486,36 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             return fail(e);
         }
     }
+}
+
+/// Sleeps on the host doorbell until a ring or queue of `epfd`'s entries
+/// moves, a kernel fd of the set is ready, or `timeout` (see the module
+/// docs). `Ok(false)`: the set cannot be watched that way.
+fn edge_sleep(
+    c: &Client,
+    epfd: c_int,
+    kernel: &mut [libc::pollfd],
+    timeout: c_int,
+) -> Result<bool, i32> {
+    if !crate::ring_sleep::enabled() {
+        return Ok(false);
+    }
+    let watch = watches(epfd, c);
+    if watch.is_empty() {
+        return Ok(false);
+    }
+    let mut ready = || -> std::io::Result<bool> {
+        let Some((_, mut p)) = candidates(c, epfd).0 else {
+            return Ok(true);
+        };
+        if p.is_empty() {
+            return Ok(false);
+        }
+        let mut r = vec![0u16; p.len()];
+        Ok(crate::poll::poll_offloaded(c, &mut p, &mut r, 0)? > 0)
+    };
+    c.sleep_on_edges(&watch, kernel, timeout, &mut ready)
+        .map_err(|e| crate::errno::errno_of(&e))
 }
 
 #[no_mangle]
@@ -407,7 +536,7 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if candidates(epfd).0.is_none() {
+    if !has_offloaded(epfd) {
         return real::epoll_pwait()(epfd, events, max, timeout, mask);
     }
     poll::with_sigmask(mask, || wait_impl(epfd, events, max, timeout))
@@ -427,7 +556,7 @@ pub unsafe extern "C" fn epoll_pwait2(
             Some(t) => (t.tv_sec.max(0) * 1000 + (t.tv_nsec + 999_999) / 1_000_000)
                 .min(i32::MAX as i64) as c_int,
         };
-    if candidates(epfd).0.is_none() {
+    if !has_offloaded(epfd) {
         return real::epoll_pwait()(epfd, events, max, ms, mask);
     }
     poll::with_sigmask(mask, || wait_impl(epfd, events, max, ms))
@@ -444,31 +573,59 @@ mod tests {
             data: 0,
             reported_rd: 7,
             reported_wr: 9,
+            rd_edge: Some(100),
+            reported_full: 3,
             disabled: false,
+        }
+    }
+
+    /// A look at a socket: sequence numbers, the ring's edge, a queue.
+    fn look(rd: u32, wr: u32, full: u32, rd_edge: Option<u64>, queue: bool) -> Edges {
+        Edges {
+            rd,
+            wr,
+            full,
+            rd_edge,
+            queue,
         }
     }
 
     #[test]
     fn level_triggered_always_asks() {
         let e = entry(EV_IN | EV_OUT | EV_RDHUP);
-        assert_eq!(e.wanted(7, 9), EV_IN | EV_OUT | EV_RDHUP);
+        assert_eq!(
+            e.wanted(&look(7, 9, 3, Some(100), true)),
+            EV_IN | EV_OUT | EV_RDHUP
+        );
     }
 
     #[test]
-    fn edge_triggered_rearms_per_direction() {
+    fn edge_triggered_without_a_ring_rearms_per_direction() {
         let e = entry(EV_IN | EV_OUT | EV_ET);
         // Both reported since the last read and write: nothing armed.
-        assert_eq!(e.wanted(7, 9), 0);
+        assert_eq!(e.wanted(&look(7, 9, 3, None, false)), 0);
         // A read re-arms EPOLLIN only; a write EPOLLOUT only.
-        assert_eq!(e.wanted(8, 9), EV_IN);
-        assert_eq!(e.wanted(7, 10), EV_OUT);
+        assert_eq!(e.wanted(&look(8, 9, 3, None, false)), EV_IN);
+        assert_eq!(e.wanted(&look(7, 10, 3, None, false)), EV_OUT);
+    }
+
+    #[test]
+    fn edge_triggered_with_a_ring_fires_on_arrivals_and_room() {
+        let e = entry(EV_IN | EV_OUT | EV_ET);
+        // No arrival, no full queue since the last report: quiet, even
+        // after the program read and wrote.
+        assert_eq!(e.wanted(&look(8, 10, 3, Some(100), true)), 0);
+        // A new arrival fires the entry, reporting all that holds.
+        assert_eq!(e.wanted(&look(7, 9, 3, Some(101), true)), EV_IN | EV_OUT);
+        // So does a full queue waiting for room.
+        assert_eq!(e.wanted(&look(7, 9, 4, Some(100), true)), EV_IN | EV_OUT);
     }
 
     #[test]
     fn oneshot_disables() {
         let mut e = entry(EV_IN | EV_ONESHOT);
         e.disabled = true;
-        assert_eq!(e.wanted(0, 0), 0);
+        assert_eq!(e.wanted(&look(0, 0, 0, Some(1), false)), 0);
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct IdState {
     pub refs: AtomicU32,
     pub rd_seq: AtomicU32,
     pub wr_seq: AtomicU32,
+    /// Bumped when a write or sendfile found the send queue full (EAGAIN
+    /// or a short count): the kernel's SOCK_NOSPACE, after which room
+    /// appearing is an EPOLLOUT edge (`epoll.rs`).
+    pub full_seq: AtomicU32,
     /// SO_SNDBUF as read once for the send queue's bound (0: not read;
     /// `sendq.rs`).
     pub sndbuf: AtomicU32,
@@ -35,6 +39,7 @@ static IDS: [IdState; MAX_IDS] = [const {
         refs: AtomicU32::new(0),
         rd_seq: AtomicU32::new(0),
         wr_seq: AtomicU32::new(0),
+        full_seq: AtomicU32::new(0),
         sndbuf: AtomicU32::new(0),
     }
 }; MAX_IDS];
@@ -88,6 +93,11 @@ pub fn note_read(id: u32) {
 #[inline]
 pub fn note_write(id: u32) {
     id_state(id).wr_seq.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A write or sendfile on `id` found no room (EAGAIN or a short count).
+pub fn note_full(id: u32) {
+    id_state(id).full_seq.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Every offloaded fd and its id (fork, exec).

@@ -41,6 +41,11 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
         Some(r) => r,
         None => c.send(id, data, flags),
     };
+    match &r {
+        Ok(n) if *n < data.len() => fdtable::note_full(id),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => fdtable::note_full(id),
+        _ => {}
+    }
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {

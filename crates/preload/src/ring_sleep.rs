@@ -13,7 +13,7 @@ use tcps::{Client, PollFd};
 /// 0 unknown, 1 on, 2 off (`TCPS_HOST_DOORBELL`).
 static ENABLED: AtomicU8 = AtomicU8::new(0);
 
-fn enabled() -> bool {
+pub fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         1 => true,
         2 => false,

@@ -168,6 +168,9 @@ unsafe fn offloaded_sendfile(
         total += n;
         err = e;
     }
+    if total < count {
+        crate::fdtable::note_full(id);
+    }
     COUNTERS.sendfile_bytes.fetch_add(total, Ordering::Relaxed);
     debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
     let end = start + total as off64_t;

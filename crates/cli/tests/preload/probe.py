@@ -133,6 +133,26 @@ except BlockingIOError:
 c.send(b"edge2")
 say("et.second", [ev for _, ev in ep.poll(2)])
 a.recv(100)
+# Every new arrival is an edge, read or not (the kernel queues the entry
+# on each one); with nothing new, nothing.
+c.send(b"x")
+say("et.unread.first", [ev for _, ev in ep.poll(2)])
+c.send(b"y")
+say("et.unread.second", [ev for _, ev in ep.poll(2)])
+say("et.unread.quiet", ep.poll(0.05))
+time.sleep(0.05)
+say("et.unread.read", a.recv(100))
+# EPOLLIN|EPOLLOUT edge-triggered: once at registration (both), then an
+# arrival reports both again; a write that finds room is no edge.
+ep.modify(a.fileno(), select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+say("et.both.first", [ev for _, ev in ep.poll(2)])
+say("et.both.quiet", ep.poll(0.05))
+a.send(b"w")
+say("et.both.after_write", ep.poll(0.05))
+say("et.both.peer", c.recv(10))
+c.send(b"z")
+say("et.both.arrival", [ev for _, ev in ep.poll(2)])
+a.recv(10)
 ep.close()
 
 # 7. dup: the duplicate outlives the original.
