@@ -31,7 +31,7 @@ done
 for f in README.md docs/*.md; do
     while read -r src; do
         [ -z "$src" ] && continue
-        find crates examples -path "*$src" 2>/dev/null | grep -q . ||
+        find crates examples -path "*$src" 2>/dev/null | grep . >/dev/null ||
             fail "$f names $src, which no longer exists"
     done < <(grep -ohE '`[A-Za-z0-9_/.-]+\.rs`' "$f" | tr -d '`' | sort -u || true)
 done

@@ -45,7 +45,7 @@ fetch_all() {
       fail "$v: /$f SHA-256 differs"
   done
   # A HEAD of the large file: headers only, the right Content-Length.
-  curl -sfI --http1.1 "http://127.0.0.1:$port/sub/big.bin" | tr -d '\r' | grep -qi '^content-length: 300001$' ||
+  curl -sfI --http1.1 "http://127.0.0.1:$port/sub/big.bin" | tr -d '\r' | grep -i >/dev/null '^content-length: 300001$' ||
     fail "$v: HEAD /sub/big.bin"
   curl -sf --http1.0 "http://127.0.0.1:$port/index.html" | cmp -s - "$tmp/root/index.html" || fail "$v: HTTP/1.0 body differs"
   local n

@@ -400,6 +400,18 @@ impl Drop for Server {
 }
 
 /// Spawns `tcps <args>` with stderr (and stdout) appended to `log`.
+/// Held (shared) while this test process forks a child: between fork and
+/// exec the child holds a copy of every descriptor, close-on-exec ones
+/// included, so a socket "closed" meanwhile is still open there. A test
+/// that needs a close to take effect at once holds it exclusively
+/// (`no_forks`).
+pub static FORKING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// No child is forked by this test process while the guard lives.
+pub fn no_forks() -> std::sync::RwLockWriteGuard<'static, ()> {
+    FORKING.write().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn spawn_logged(args: &[&OsStr], log: &Path, nofile_soft: Option<u64>) -> Child {
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -431,9 +443,9 @@ pub fn spawn_logged(args: &[&OsStr], log: &Path, nofile_soft: Option<u64>) -> Ch
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(f.try_clone().expect("dup log"))
-        .stderr(f)
-        .spawn()
-        .expect("spawn tcps server")
+        .stderr(f);
+    let _forking = FORKING.read().unwrap_or_else(|p| p.into_inner());
+    cmd.spawn().expect("spawn tcps server")
 }
 
 /// The child gets SIGKILL if the thread that spawned it dies (e.g. the test
