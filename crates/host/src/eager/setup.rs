@@ -150,6 +150,37 @@ impl Client {
         }
     }
 
+    /// SO_RCVLOWAT of a socket with a receive ring is this library's alone:
+    /// the ring applies it (`recv.rs`), while the server's kernel socket
+    /// keeps the default, since a mark there would hold back the readiness
+    /// that drives its reading ahead. `Ok(false)`: no ring, an option as
+    /// any other.
+    pub(crate) fn eager_set_rcvlowat(&self, s: u32, value: &[u8]) -> io::Result<bool> {
+        let sock = self.conn.socks.get_or_insert(s)?;
+        if self.recv_mode(s, sock)? != Mode::Bytes {
+            return Ok(false);
+        }
+        let v = value
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(i32::from_ne_bytes);
+        let v = v.ok_or(errno(libc::EINVAL))?;
+        // The kernel: negative is "as much as possible", 0 is 1.
+        let v = if v < 0 {
+            i32::MAX / 2
+        } else {
+            v.clamp(1, i32::MAX / 2)
+        };
+        sock.recv.lock().rcvlowat = v as usize;
+        Ok(true)
+    }
+
+    /// SO_RCVLOWAT of a socket with a receive ring (`None`: ask the kernel).
+    pub(crate) fn eager_rcvlowat(&self, s: u32) -> Option<i32> {
+        let g = self.conn.socks.get(s)?.recv.lock();
+        (g.mode == Mode::Bytes).then_some(g.rcvlowat.max(1) as i32)
+    }
+
     /// The socket's mode, asking the server once (`RecvBind`, one round
     /// trip) if it is not known.
     pub(super) fn recv_mode(&self, s: u32, sock: &Socket) -> io::Result<Mode> {
