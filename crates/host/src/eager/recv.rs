@@ -387,6 +387,30 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_receive_waits_for_what_the_kernel_wakes_it_for() {
+        let need = |len: usize, flags: i32, lowat: usize| {
+            let mut b = vec![0u8; len];
+            let call = RecvCall {
+                buf: &mut b,
+                flags,
+                got: 0,
+                lowat,
+                last: false,
+            };
+            call.need(4096)
+        };
+        let (peek, waitall) = (libc::MSG_PEEK, libc::MSG_WAITALL);
+        assert_eq!(need(100, 0, 1), 1);
+        assert_eq!(need(1000, 0, 600), 600); // SO_RCVLOWAT
+        assert_eq!(need(100, 0, 600), 100); // ... at most the length
+        assert_eq!(need(1000, peek, 600), 600);
+        assert_eq!(need(1000, waitall, 600), 1); // takes bytes as they come
+        assert_eq!(need(1000, peek | waitall, 1), 1000); // the whole length
+        assert_eq!(need(10_000, peek | waitall, 1), 4096); // ... at most a ring
+        assert_eq!(need(0, 0, 600), 0); // zero length: anything
+    }
+
+    #[test]
     fn forged_tail_reads_at_most_a_ring() {
         let r = region();
         let c = RecvRingConsumer::new(r.recv_ring(0).unwrap());
