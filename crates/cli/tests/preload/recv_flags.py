@@ -439,6 +439,12 @@ def special():
         case(role + " readv iovcnt -1", show(readv(s.fileno(), ctypes.create_string_buffer(64), -1)))
         case(role + " readv iovcnt 1025", show(readv(s.fileno(), (iovec * 1025)(), 1025)))
         case(role + " readv iovcnt 0", show(readv(s.fileno(), None, 0)))
+        b = ctypes.create_string_buffer(100)
+        for name, vec in (("first", [(None, 10), (b, 100)]), ("second", [(b, 10), (None, 100)])):
+            arr = (iovec * 2)(*[iovec(ctypes.cast(p, c_void_p) if p is not None else None, n) for p, n in vec])
+            m = msghdr(None, 0, ctypes.cast(arr, c_void_p), 2, None, 0, 0)
+            case(role + " NULL iov_base " + name, show(readv(s.fileno(), arr, 2)),
+                 show(recvmsg(s.fileno(), ctypes.byref(m), 0)))
         case(role + " recvmsg NULL msghdr", show(recvmsg(s.fileno(), None, 0)))
         m = msghdr(None, 0, None, 1025, None, 0, 0)
         case(role + " recvmsg iovlen 1025", show(recvmsg(s.fileno(), ctypes.byref(m), 0)))
