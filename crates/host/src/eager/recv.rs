@@ -145,7 +145,9 @@ impl Client {
         call.lowat = g.rcvlowat;
         let tail = ring.tail();
         let avail = ring.available(tail, g.cur.consumed) as usize;
-        let enough = avail >= call.need(ring.size() as usize);
+        // A paused ring gets no more bytes until some are consumed (the
+        // server pauses it short of full): what it holds is all there is.
+        let enough = avail >= call.need(ring.size() as usize) || ring.paused();
         if avail > 0 && (enough || call.last || ring.end() != END_NONE) {
             return self.recv_take(s, g, ring, tail, avail, call);
         }
