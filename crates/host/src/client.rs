@@ -335,7 +335,11 @@ impl Client {
         if let Some(n) = self.ring_recv(s, sock, buf, flags)? {
             return Ok(n);
         }
-        let flags = sock.request_flags(flags & RECV_FLAGS);
+        let mut flags = sock.request_flags(flags & RECV_FLAGS);
+        if flags & libc::MSG_OOB != 0 {
+            // The kernel's urgent read never waits; nor may the server's.
+            flags |= libc::MSG_DONTWAIT;
+        }
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
             let r = Call::Recv {

@@ -453,6 +453,16 @@ def special():
         case(role + " rest", do_recv(s.fileno(), 4096, 0))
         s.close(), p.close()
 
+        # Urgent data: the kernel hands the urgent byte to MSG_OOB.
+        s, p = one(role, "nonblock")
+        p.sendall(b"abc")
+        p.send(b"!", socket.MSG_OOB)
+        settle(s.fileno(), 3)
+        time.sleep(0.05)
+        case(role + " urgent data", do_recv(s.fileno(), 100, 0), do_recv(s.fileno(), 100, socket.MSG_OOB),
+             do_recv(s.fileno(), 100, 0))
+        s.close(), p.close()
+
         # Reset with nothing unread, on a blocking socket in a recv.
         s, p = one(role)
         t = later(0.1, lambda: reset(p))

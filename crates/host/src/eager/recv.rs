@@ -11,7 +11,7 @@ use tcps_proto::eager::{RecvRingConsumer, END_ERROR, END_NONE, END_STOPPED};
 
 /// recv flags a ring acts on. Of the other flags the kernel's TCP receive
 /// acts on, `MSG_ERRQUEUE` is answered in `Client::recv` (EAGAIN) and
-/// `MSG_OOB` here (EINVAL: the ring carries no urgent data); the rest the
+/// `MSG_OOB` by a request (the ring carries no urgent data); the rest the
 /// kernel accepts and ignores on TCP (`MSG_NOSIGNAL`, `MSG_CMSG_CLOEXEC`,
 /// `MSG_MORE`, ...), and so does the ring.
 const RING_RECV_FLAGS: i32 =
@@ -99,7 +99,9 @@ impl Client {
             return Ok(None);
         };
         if flags & libc::MSG_OOB != 0 {
-            return Err(errno(libc::EINVAL));
+            // The ring has no urgent data: a request reads it from the
+            // server's kernel socket (it never waits there either).
+            return Ok(None);
         }
         self.conn.check_open(libc::ENOTCONN)?;
         let flags = flags & RING_RECV_FLAGS;
