@@ -32,12 +32,6 @@ const PLAIN_DIFFS: &[&str] = &[
     // length: it returns what is there.
     "acc peek|waitall late data",
     "con peek|waitall late data",
-    // A blocking recv under SO_RCVLOWAT returns what is there at once,
-    // where the kernel waits for the mark until SO_RCVTIMEO.
-    "acc rcvlowat timeout",
-    "con rcvlowat timeout",
-    // FIONREAD on a listener without an accept ring: 0, the kernel EINVAL.
-    "listener fionread",
 ];
 
 /// A server with eager receive and accept off.

@@ -336,6 +336,9 @@ impl Client {
             return Ok(n);
         }
         let mut flags = sock.request_flags(flags & RECV_FLAGS);
+        if self.plain_rcvlowat_wait(s, sock, flags)? {
+            flags |= libc::MSG_DONTWAIT;
+        }
         if flags & libc::MSG_OOB != 0 {
             // The kernel's urgent read never waits; nor may the server's.
             flags |= libc::MSG_DONTWAIT;

@@ -182,6 +182,14 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                         *(arg as *mut c_int) = n as c_int;
                         0
                     }
+                    // A listener (without an accept ring): EINVAL.
+                    Err(e)
+                        if errno_of(&e) == libc::ENOTCONN
+                            && c.getsockopt_int(id, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)
+                                .is_ok_and(|v| v != 0) =>
+                    {
+                        fail(libc::EINVAL)
+                    }
                     // Nothing yet, or not connected: the kernel says 0.
                     Err(e) if matches!(errno_of(&e), libc::EAGAIN | libc::ENOTCONN) => {
                         *(arg as *mut c_int) = 0;

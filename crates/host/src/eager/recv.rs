@@ -1,7 +1,7 @@
 //! recv(2) from a socket's receive ring, and the zero-copy view of it
 //! (`recv_view`/`recv_consume`): no request, a copy out of shared memory.
 
-use crate::client::Client;
+use crate::client::{Client, PollFd};
 use crate::socket::{Mode, RecvSide, Socket};
 use crate::sys::errno;
 use crate::table::SpinGuard;
@@ -215,6 +215,34 @@ impl Client {
         } else {
             Next::Again
         })
+    }
+
+    /// A blocking receive by request under SO_RCVLOWAT: the server's
+    /// receive does not wait for the mark, so first wait for POLLIN, which
+    /// its kernel socket reports only at the mark (or at the end or an
+    /// error), for at most SO_RCVTIMEO. `true`: the time passed, the
+    /// receive must not wait (it takes what is there, as the kernel's).
+    pub(crate) fn plain_rcvlowat_wait(
+        &self,
+        s: u32,
+        sock: &Socket,
+        flags: i32,
+    ) -> io::Result<bool> {
+        let (lowat, timeo) = {
+            let g = sock.recv.lock();
+            (g.rcvlowat, g.rcvtimeo)
+        };
+        let skip = libc::MSG_DONTWAIT | libc::MSG_OOB | libc::MSG_WAITALL;
+        if lowat <= 1 || flags & skip != 0 || self.nonblocking_of(s, sock)? {
+            return Ok(false);
+        }
+        let ms = timeo.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+        let mut fds = [PollFd {
+            sock: s,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        Ok(self.poll(&mut fds, ms)? == 0)
     }
 
     /// FIONREAD (SIOCINQ) from the socket's receive ring: the bytes it

@@ -28,6 +28,16 @@ fn timeval(v: &[u8]) -> Option<Duration> {
     (!t.is_zero()).then_some(t)
 }
 
+/// An SO_RCVLOWAT value as the kernel keeps it: negative is "as much as
+/// possible", 0 is 1.
+fn rcvlowat(v: i32) -> usize {
+    if v < 0 {
+        (i32::MAX / 2) as usize
+    } else {
+        v.clamp(1, i32::MAX / 2) as usize
+    }
+}
+
 impl RecvSide {
     /// The ring is bound with this `mode`: start where the server says the
     /// host is, counting kicks from what it has seen (see
@@ -144,6 +154,14 @@ impl Client {
         let mut g = sock.recv.lock();
         if level == libc::SOL_SOCKET && name == libc::SO_RCVTIMEO {
             g.rcvtimeo = timeval(value);
+        } else if level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
+            // Set on the kernel socket (no ring): noted for
+            // `plain_rcvlowat_wait`.
+            let v = value
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(i32::from_ne_bytes);
+            g.rcvlowat = v.map_or(1, rcvlowat);
         } else if level == SOL_TCPS && name == TCPS_EAGER_RECV && g.mode == Mode::Plain {
             // A new policy: ask the server again at the next recv.
             g.mode = Mode::Unknown;
@@ -165,13 +183,7 @@ impl Client {
             .and_then(|b| b.try_into().ok())
             .map(i32::from_ne_bytes);
         let v = v.ok_or(errno(libc::EINVAL))?;
-        // The kernel: negative is "as much as possible", 0 is 1.
-        let v = if v < 0 {
-            i32::MAX / 2
-        } else {
-            v.clamp(1, i32::MAX / 2)
-        };
-        sock.recv.lock().rcvlowat = v as usize;
+        sock.recv.lock().rcvlowat = rcvlowat(v);
         Ok(true)
     }
 
