@@ -336,7 +336,7 @@ impl Client {
             return Ok(n);
         }
         let mut flags = sock.request_flags(flags & RECV_FLAGS);
-        if self.plain_rcvlowat_wait(s, sock, flags)? {
+        if self.plain_rcvlowat_wait(s, sock, buf.len(), flags)? {
             flags |= libc::MSG_DONTWAIT;
         }
         if flags & libc::MSG_OOB != 0 {

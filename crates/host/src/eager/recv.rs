@@ -222,10 +222,13 @@ impl Client {
     /// its kernel socket reports only at the mark (or at the end or an
     /// error), for at most SO_RCVTIMEO. `true`: the time passed, the
     /// receive must not wait (it takes what is there, as the kernel's).
+    /// Not for a receive of `len` below the mark (the kernel waits for
+    /// `len` bytes then, which POLLIN does not tell).
     pub(crate) fn plain_rcvlowat_wait(
         &self,
         s: u32,
         sock: &Socket,
+        len: usize,
         flags: i32,
     ) -> io::Result<bool> {
         let (lowat, timeo) = {
@@ -233,7 +236,7 @@ impl Client {
             (g.rcvlowat, g.rcvtimeo)
         };
         let skip = libc::MSG_DONTWAIT | libc::MSG_OOB | libc::MSG_WAITALL;
-        if lowat <= 1 || flags & skip != 0 || self.nonblocking_of(s, sock)? {
+        if lowat <= 1 || len < lowat || flags & skip != 0 || self.nonblocking_of(s, sock)? {
             return Ok(false);
         }
         let ms = timeo.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
