@@ -21,6 +21,10 @@ use tcps_proto::{addr, Call, Completion};
 /// events that occurred (`POLLIN`, `POLLOUT`, ... as in poll(2)).
 pub type PollFd = PollEntry;
 
+/// recv flags a `Recv` request carries (`MSG_OOB` too: the server's kernel
+/// socket has the urgent data); the others the kernel ignores on TCP.
+const RECV_FLAGS: i32 =
+    libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT | libc::MSG_OOB | libc::MSG_TRUNC;
 const POLL_ENTRY_LEN: usize = std::mem::size_of::<PollEntry>();
 
 /// A host attached to a tcps TCP server. Cheap to clone; all clones share
@@ -312,13 +316,33 @@ impl Client {
     /// recv(2): at most [`arena_size`](Client::arena_size) bytes per call
     /// (less when the call shares a busy channel). A socket with a receive
     /// ring (`docs/PROTOCOL.md` §10) is read from it, with no request.
+    ///
+    /// Flags as the kernel's TCP receive: `MSG_ERRQUEUE` is EAGAIN (nothing
+    /// on a TCP socket's error queue here), flags it ignores are ignored,
+    /// `MSG_TRUNC` counts and discards without writing `buf`; a
+    /// zero-length receive waits and fails as any, and returns 0.
     pub fn recv(&self, s: u32, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+        if flags & libc::MSG_ERRQUEUE != 0 {
+            return Err(errno(libc::EAGAIN));
+        }
+        if buf.is_empty() {
+            let mut probe = [0u8; 1];
+            let peek = flags | libc::MSG_PEEK | libc::MSG_TRUNC;
+            return self.recv(s, &mut probe, peek).map(|_| 0);
+        }
         let sock = self.conn.socks.get_or_insert(s)?;
         self.async_error_of(sock)?;
         if let Some(n) = self.ring_recv(s, sock, buf, flags)? {
             return Ok(n);
         }
-        let flags = sock.request_flags(flags);
+        let mut flags = sock.request_flags(flags & RECV_FLAGS);
+        if self.plain_rcvlowat_wait(s, sock, buf.len(), flags)? {
+            flags |= libc::MSG_DONTWAIT;
+        }
+        if flags & libc::MSG_OOB != 0 {
+            // The kernel's urgent read never waits; nor may the server's.
+            flags |= libc::MSG_DONTWAIT;
+        }
         self.with_channel(libc::ENOTCONN, buf.len().min(1), buf.len(), |l| {
             let cap = buf.len().min(l.room() as usize);
             let r = Call::Recv {
@@ -328,7 +352,9 @@ impl Client {
             };
             let n = count(&l.exchange(r.encode())?, cap)?;
             l.count_network(0, n);
-            l.get(0, &mut buf[..n])?;
+            if flags & libc::MSG_TRUNC == 0 {
+                l.get(0, &mut buf[..n])?;
+            }
             Ok(n)
         })
     }
@@ -404,6 +430,12 @@ impl Client {
             };
             self.with_input(set, value).map(drop)
         };
+        if level == libc::SOL_SOCKET
+            && name == libc::SO_RCVLOWAT
+            && self.eager_set_rcvlowat(s, value)?
+        {
+            return Ok(());
+        }
         self.forget_options(s);
         let r = if level == SOL_TCPS {
             at_server()
@@ -423,6 +455,13 @@ impl Client {
     /// getsockopt(2): fills `out` (at most 256 bytes used) and returns the
     /// value's length, truncated to the space given as Linux does.
     pub fn getsockopt(&self, s: u32, level: i32, name: i32, out: &mut [u8]) -> io::Result<usize> {
+        if level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
+            if let Some(v) = self.eager_rcvlowat(s) {
+                let n = out.len().min(4);
+                out[..n].copy_from_slice(&v.to_ne_bytes()[..n]);
+                return Ok(n);
+            }
+        }
         let at_server = |out: &mut [u8]| {
             let get = |value| Call::GetSockOpt {
                 sock: s,

@@ -61,6 +61,8 @@ pub(crate) struct RecvSide {
     pub end_reported: bool,
     /// SO_RCVTIMEO as set through this library (`None`: no limit).
     pub rcvtimeo: Option<Duration>,
+    /// SO_RCVLOWAT as set through this library (0: never set, i.e. 1).
+    pub rcvlowat: usize,
     /// A connection this library accepted and has not closed: closing it
     /// cannot fail and frees nothing another call could be waiting for
     /// (its port is the listener's), so `close` need not wait for the

@@ -166,14 +166,32 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 if arg.is_null() {
                     return fail(libc::EFAULT);
                 }
-                // No server op for it: peek what is there (up to 64 KiB).
-                let mut buf = vec![0u8; 64 * 1024];
-                match c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                // What the receive ring holds, else (no ring) a peek that
+                // counts without copying (up to 256 KiB).
+                let mut buf = Vec::new();
+                let r = match c.ring_pending(id) {
+                    Ok(Some(n)) => Ok(n),
+                    Ok(None) => {
+                        buf.resize(256 * 1024, 0u8);
+                        c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT)
+                    }
+                    Err(e) => Err(e),
+                };
+                match r {
                     Ok(n) => {
                         *(arg as *mut c_int) = n as c_int;
                         0
                     }
-                    Err(e) if errno_of(&e) == libc::EAGAIN => {
+                    // A listener (without an accept ring): EINVAL.
+                    Err(e)
+                        if errno_of(&e) == libc::ENOTCONN
+                            && c.getsockopt_int(id, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)
+                                .is_ok_and(|v| v != 0) =>
+                    {
+                        fail(libc::EINVAL)
+                    }
+                    // Nothing yet, or not connected: the kernel says 0.
+                    Err(e) if matches!(errno_of(&e), libc::EAGAIN | libc::ENOTCONN) => {
                         *(arg as *mut c_int) = 0;
                         0
                     }

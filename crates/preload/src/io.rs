@@ -11,8 +11,16 @@ use crate::real;
 use crate::sock::on_socket;
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
-/// Largest single receive into a temporary buffer (vectored reads).
+/// Largest single receive into a temporary buffer (vectored reads, and
+/// `MSG_TRUNC` into a NULL buffer, which counts at most this much).
 const MAX_TMP: usize = 256 * 1024;
+
+/// The most iovecs a call takes (the kernel's UIO_MAXIOV).
+const MAX_IOV: usize = 1024;
+
+fn err(e: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e)
+}
 
 pub unsafe fn recv_id(
     c: &tcps::Client,
@@ -22,14 +30,34 @@ pub unsafe fn recv_id(
     flags: c_int,
 ) -> ssize_t {
     fdtable::note_read(id);
-    let out: &mut [u8] = if len == 0 {
-        &mut []
+    let r = if buf.is_null() && len > 0 {
+        null_recv(c, id, len, flags)
     } else {
-        std::slice::from_raw_parts_mut(buf as *mut u8, len)
+        let out: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            std::slice::from_raw_parts_mut(buf as *mut u8, len)
+        };
+        c.recv(id, out, flags)
     };
-    match c.recv(id, out, flags) {
+    match r {
         Ok(n) => n as ssize_t,
         Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// A receive into a NULL buffer, as the kernel's: with `MSG_TRUNC` it
+/// counts and discards like any; without, it waits and ends like any, and
+/// fails with EFAULT once there are bytes to copy (they stay unread).
+fn null_recv(c: &tcps::Client, id: u32, len: usize, flags: c_int) -> std::io::Result<usize> {
+    if flags & libc::MSG_TRUNC != 0 {
+        let mut scratch = vec![0u8; len.min(MAX_TMP)];
+        return c.recv(id, &mut scratch, flags);
+    }
+    let mut probe = [0u8; 1];
+    match c.recv(id, &mut probe, flags | libc::MSG_PEEK | libc::MSG_TRUNC)? {
+        0 => Ok(0),
+        _ => Err(err(libc::EFAULT)),
     }
 }
 
@@ -88,15 +116,20 @@ unsafe fn gather(iov: &[iovec]) -> Vec<u8> {
     out
 }
 
-/// Receives into an iovec array (through one temporary buffer).
+/// Receives into an iovec array (through one temporary buffer). A NULL
+/// array, or a NULL base with a length, is a NULL buffer (`null_recv`).
 unsafe fn recv_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     if iov.len() == 1 {
         return recv_id(c, id, iov[0].iov_base, iov[0].iov_len, flags);
     }
+    if iov.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
+        return recv_id(c, id, std::ptr::null_mut(), total, flags);
+    }
     let mut tmp = vec![0u8; total.min(MAX_TMP)];
     let n = recv_id(c, id, tmp.as_mut_ptr() as *mut c_void, tmp.len(), flags);
-    if n <= 0 {
+    if n <= 0 || flags & libc::MSG_TRUNC != 0 {
+        // MSG_TRUNC writes nothing.
         return n;
     }
     let mut off = 0usize;
@@ -111,6 +144,18 @@ unsafe fn recv_vec(c: &tcps::Client, id: u32, iov: &[iovec], flags: c_int) -> ss
     n
 }
 
+/// The iovec array of a vectored receive, checked as the kernel does:
+/// more than `MAX_IOV` is `too_many`, a NULL array with entries EFAULT.
+unsafe fn recv_iovecs<'a>(iov: *const iovec, n: usize, too_many: i32) -> Result<&'a [iovec], i32> {
+    if n > MAX_IOV {
+        Err(too_many)
+    } else if n > 0 && iov.is_null() {
+        Err(libc::EFAULT)
+    } else {
+        Ok(iovecs(iov, n as c_int))
+    }
+}
+
 unsafe fn send_vec(c: &tcps::Client, fd: c_int, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
     if iov.len() == 1 {
         return send_id(c, fd, id, bytes(iov[0].iov_base, iov[0].iov_len), flags);
@@ -120,7 +165,9 @@ unsafe fn send_vec(c: &tcps::Client, fd: c_int, id: u32, iov: &[iovec], flags: c
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    on_socket!(fd, |c, id| recv_id(c, id, buf, len, 0), else real::read()(fd, buf, len))
+    // read(2) of nothing on a socket is 0, whatever its state (a zero-length
+    // recv(2) waits and fails as any).
+    on_socket!(fd, |c, id| if len == 0 { 0 } else { recv_id(c, id, buf, len, 0) }, else real::read()(fd, buf, len))
 }
 
 #[no_mangle]
@@ -207,7 +254,17 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    on_socket!(fd, |c, id| recv_vec(c, id, iovecs(iov, n), 0), else real::readv()(fd, iov, n))
+    on_socket!(fd, |c, id| {
+        let Ok(n) = usize::try_from(n) else {
+            return fail(libc::EINVAL);
+        };
+        match recv_iovecs(iov, n, libc::EINVAL) {
+            Err(e) => fail(e),
+            // As read(2): nothing to read is 0.
+            Ok(v) if v.iter().all(|v| v.iov_len == 0) => 0,
+            Ok(v) => recv_vec(c, id, v, 0),
+        }
+    }, else real::readv()(fd, iov, n))
 }
 
 #[no_mangle]
@@ -222,12 +279,18 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             return fail(libc::EFAULT);
         }
         let m = &mut *msg;
-        let n = recv_vec(c, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags);
+        let v = match recv_iovecs(m.msg_iov, m.msg_iovlen, libc::EMSGSIZE) {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        let n = recv_vec(c, id, v, flags);
         if n >= 0 {
-            // TCP: no source address and (through the server) no ancillary data.
+            // TCP: no source address and (through the server) no ancillary
+            // data; the kernel hands MSG_CMSG_CLOEXEC back in msg_flags and
+            // sets nothing else on TCP (no MSG_TRUNC, no MSG_EOR).
             m.msg_namelen = 0;
             m.msg_controllen = 0;
-            m.msg_flags = 0;
+            m.msg_flags = flags & libc::MSG_CMSG_CLOEXEC;
         }
         n
     }, else real::recvmsg()(fd, msg, flags))

@@ -183,6 +183,9 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     on_socket!(fd, |c, id| {
+        if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+            return fail(libc::EINVAL);
+        }
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };

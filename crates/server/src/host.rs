@@ -234,6 +234,10 @@ pub struct Sock {
     /// recv/accept or send/connect may wait before it returns EAGAIN.
     pub rcv_timeout: Option<std::time::Duration>,
     pub snd_timeout: Option<std::time::Duration>,
+    /// The error a `MSG_WAITALL` recv met after it had moved bytes (it
+    /// returned them): the next recv returns it, as the kernel keeps the
+    /// error for the next call.
+    pub recv_error: Option<i32>,
     /// The send queue bound to it (`Op::AsyncBind`).
     pub queue: Option<u32>,
     /// Closed by the host while asynchronous sends were still queued: it
@@ -276,6 +280,7 @@ impl Sock {
             arm_seq: 0,
             rcv_timeout: None,
             snd_timeout: None,
+            recv_error: None,
             queue: None,
             closing: false,
             live_accepted: 0,

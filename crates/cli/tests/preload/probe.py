@@ -154,6 +154,17 @@ c.send(b"z")
 say("et.both.arrival", [ev for _, ev in ep.poll(2)])
 a.recv(10)
 ep.close()
+# SO_RCVLOWAT: poll reports readable only from the mark on.
+a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 10)
+c.send(b"12345")
+time.sleep(0.05)
+lp = select.poll()
+lp.register(a, select.POLLIN)
+say("rcvlowat.below", lp.poll(50))
+c.send(b"67890")
+say("rcvlowat.at", [ev for _, ev in lp.poll(2000)])
+say("rcvlowat.read", a.recv(100))
+a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 # 7. dup: the duplicate outlives the original.
 d = a.dup()

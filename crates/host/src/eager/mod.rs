@@ -13,7 +13,8 @@
 //! * the ring cursor (consumed, kicks posted), whether the host told the
 //!   server it wants connections (accept rings start accepting eagerly
 //!   only then);
-//! * SO_RCVTIMEO as this library tracks it, and O_NONBLOCK (in the record:
+//! * SO_RCVTIMEO and SO_RCVLOWAT as this library tracks them (the mark of
+//!   a socket with a ring is the library's alone), and O_NONBLOCK (in the record:
 //!   a socket accepted eagerly is blocking at the server whatever
 //!   `accept4`'s flags say);
 //! * whether an `END_ERROR` was reported (once; later recvs return 0).

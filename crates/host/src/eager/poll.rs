@@ -14,12 +14,19 @@ const LOCAL_POLL: i16 =
 const READABLE: i16 = libc::POLLIN | libc::POLLRDNORM;
 
 /// revents of a poll entry on a ring: `avail` bytes (or record bytes)
-/// pending, the ring's `end`.
-fn ring_revents(mode: Mode, events: i16, avail: u32, end: u32, end_reported: bool) -> i16 {
+/// pending, readable from `lowat` bytes on (SO_RCVLOWAT, as the kernel's
+/// tcp_poll), the ring's `end`.
+fn ring_revents(
+    mode: Mode,
+    events: i16,
+    (avail, lowat): (u32, u32),
+    end: u32,
+    end_reported: bool,
+) -> i16 {
     match mode {
         Mode::Bytes => {
             let mut r = 0;
-            if avail > 0 {
+            if avail >= lowat.max(1) {
                 r |= events & READABLE;
             }
             match end {
@@ -71,8 +78,16 @@ impl Client {
             g.demand = true;
             kicks.push(f.sock);
         }
+        // SO_RCVLOWAT, kept by the library for a ring; a paused ring adds
+        // nothing until bytes are consumed, so what it holds is all there
+        // is (as a receive takes it), and the ring's size caps the mark.
+        let lowat = if g.rcvlowat <= 1 || ring.paused() {
+            1
+        } else {
+            (g.rcvlowat as u32).min(ring.size())
+        };
         Look::Ring(
-            ring_revents(g.mode, f.events, avail, end, g.end_reported),
+            ring_revents(g.mode, f.events, (avail, lowat), end, g.end_reported),
             since,
         )
     }
@@ -163,17 +178,23 @@ mod tests {
     #[test]
     fn poll_revents_from_a_ring() {
         let (i, rd) = (libc::POLLIN, libc::POLLRDHUP);
-        assert_eq!(ring_revents(Mode::Bytes, i, 0, END_NONE, false), 0);
-        assert_eq!(ring_revents(Mode::Bytes, i, 5, END_NONE, false), i);
-        assert_eq!(ring_revents(Mode::Bytes, i | rd, 0, END_EOF, false), i | rd);
-        assert_eq!(ring_revents(Mode::Bytes, i, 0, END_EOF, false), i);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_NONE, false), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (5, 1), END_NONE, false), i);
+        // SO_RCVLOWAT 10: readable only from 10 bytes on.
+        assert_eq!(ring_revents(Mode::Bytes, i, (5, 10), END_NONE, false), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (10, 10), END_NONE, false), i);
         assert_eq!(
-            ring_revents(Mode::Bytes, i, 0, END_ERROR, false),
+            ring_revents(Mode::Bytes, i | rd, (0, 1), END_EOF, false),
+            i | rd
+        );
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_EOF, false), i);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, false),
             i | libc::POLLERR
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, 0, END_ERROR, true), i);
-        assert_eq!(ring_revents(Mode::Accept, i, 63, END_NONE, false), 0);
-        assert_eq!(ring_revents(Mode::Accept, i, 64, END_NONE, false), i);
-        assert_eq!(ring_revents(Mode::Plain, i, 64, END_NONE, false), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, true), i);
+        assert_eq!(ring_revents(Mode::Accept, i, (63, 1), END_NONE, false), 0);
+        assert_eq!(ring_revents(Mode::Accept, i, (64, 1), END_NONE, false), i);
+        assert_eq!(ring_revents(Mode::Plain, i, (64, 1), END_NONE, false), 0);
     }
 }

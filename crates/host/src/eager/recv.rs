@@ -1,7 +1,7 @@
 //! recv(2) from a socket's receive ring, and the zero-copy view of it
 //! (`recv_view`/`recv_consume`): no request, a copy out of shared memory.
 
-use crate::client::Client;
+use crate::client::{Client, PollFd};
 use crate::socket::{Mode, RecvSide, Socket};
 use crate::sys::errno;
 use crate::table::SpinGuard;
@@ -9,8 +9,11 @@ use std::io;
 use std::time::{Duration, Instant};
 use tcps_proto::eager::{RecvRingConsumer, END_ERROR, END_NONE, END_STOPPED};
 
-/// recv flags a ring serves (`MSG_OOB` is EINVAL: the ring has no urgent
-/// data; anything else the server would refuse too).
+/// recv flags a ring acts on. Of the other flags the kernel's TCP receive
+/// acts on, `MSG_ERRQUEUE` is answered in `Client::recv` (EAGAIN) and
+/// `MSG_OOB` by a request (the ring carries no urgent data); the rest the
+/// kernel accepts and ignores on TCP (`MSG_NOSIGNAL`, `MSG_CMSG_CLOEXEC`,
+/// `MSG_MORE`, ...), and so does the ring.
 const RING_RECV_FLAGS: i32 =
     libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_DONTWAIT | libc::MSG_TRUNC;
 
@@ -29,11 +32,41 @@ struct RecvCall<'b> {
     buf: &'b mut [u8],
     flags: i32,
     got: usize,
+    /// SO_RCVLOWAT (read at each look).
+    lowat: usize,
+    /// No more waiting (SO_RCVTIMEO passed, or a non-blocking call found
+    /// fewer bytes than it waits for): take what there is.
+    last: bool,
 }
 
 impl RecvCall<'_> {
     fn peek(&self) -> bool {
         self.flags & libc::MSG_PEEK != 0
+    }
+
+    /// MSG_WAITALL that consumes: takes bytes as they come until the
+    /// buffer is full.
+    fn waitall_consuming(&self) -> bool {
+        self.flags & libc::MSG_WAITALL != 0 && !self.peek()
+    }
+
+    /// Bytes that must be in the ring before this call copies any (at most
+    /// `size`, the ring's): as the kernel wakes a waiting reader, the whole
+    /// length for `MSG_PEEK|MSG_WAITALL`, else SO_RCVLOWAT (at most the
+    /// length); none for a zero-length receive, which then returns 0 once
+    /// anything is there.
+    fn need(&self, size: usize) -> usize {
+        let want = self.buf.len() - self.got;
+        let n = if want == 0 {
+            0
+        } else if self.waitall_consuming() {
+            1
+        } else if self.flags & libc::MSG_WAITALL != 0 {
+            want
+        } else {
+            self.lowat.clamp(1, want)
+        };
+        n.min(size)
     }
 
     /// What was got, else `e`.
@@ -56,17 +89,29 @@ impl Client {
         buf: &mut [u8],
         flags: i32,
     ) -> io::Result<Option<usize>> {
-        if self.recv_mode(s, sock)? != Mode::Bytes {
-            return Ok(None);
+        match self.recv_mode(s, sock)? {
+            Mode::Bytes => {}
+            // A listener (with its accept ring) receives nothing.
+            Mode::Accept => return Err(errno(libc::ENOTCONN)),
+            _ => return Ok(None),
         }
         let Some(ring) = self.conn.recv_ring(s) else {
             return Ok(None);
         };
-        if flags & !RING_RECV_FLAGS != 0 {
-            return Err(errno(libc::EINVAL));
+        if flags & libc::MSG_OOB != 0 {
+            // The ring has no urgent data: a request reads it from the
+            // server's kernel socket (it never waits there either).
+            return Ok(None);
         }
         self.conn.check_open(libc::ENOTCONN)?;
-        let mut call = RecvCall { buf, flags, got: 0 };
+        let flags = flags & RING_RECV_FLAGS;
+        let mut call = RecvCall {
+            buf,
+            flags,
+            got: 0,
+            lowat: 1,
+            last: false,
+        };
         let mut deadline = None;
         loop {
             let (tail, timeo) = match self.recv_look(s, sock, &ring, &mut call)? {
@@ -77,7 +122,8 @@ impl Client {
             let deadline = *deadline.get_or_insert_with(|| timeo.map(|t| Instant::now() + t));
             match self.wait_ring(&ring, tail, deadline) {
                 Ok(true) => {}
-                Ok(false) => return call.got_or(libc::EAGAIN),
+                // SO_RCVTIMEO passed: what there is, else EAGAIN.
+                Ok(false) => call.last = true,
                 Err(_) if call.got > 0 => return Ok(Some(call.got)),
                 Err(e) => return Err(e),
             }
@@ -98,19 +144,31 @@ impl Client {
             // Closed (and maybe reused) meanwhile.
             return Ok(Next::Answer(call.got_or(libc::EBADF)));
         }
+        call.lowat = g.rcvlowat;
         let tail = ring.tail();
-        let want = call.buf.len() - call.got;
         let avail = ring.available(tail, g.cur.consumed) as usize;
-        if want == 0 || avail > 0 {
+        // A paused ring gets no more bytes until some are consumed (the
+        // server pauses it short of full): what it holds is all there is.
+        let enough = avail >= call.need(ring.size() as usize) || ring.paused();
+        if avail > 0 && (enough || call.last || ring.end() != END_NONE) {
             return self.recv_take(s, g, ring, tail, avail, call);
         }
-        // Empty.
-        if let Some(next) = recv_end(&mut g, ring, tail, call.got) {
-            return Ok(next);
+        if avail == 0 {
+            if let Some(next) = recv_end(&mut g, ring, tail, call.got) {
+                return Ok(next);
+            }
+        }
+        if call.last {
+            return Ok(Next::Answer(call.got_or(libc::EAGAIN)));
         }
         let timeo = g.rcvtimeo;
         drop(g);
         if call.flags & libc::MSG_DONTWAIT != 0 || self.nonblocking_of(s, sock)? {
+            if avail > 0 {
+                // Fewer than it would wait for: take them.
+                call.last = true;
+                return Ok(Next::Again);
+            }
             if call.got > 0 {
                 sock.recv.lock().recvs += 1;
             }
@@ -144,8 +202,7 @@ impl Client {
             g.bytes += n as u64;
             kick = ring.consume(&mut g.cur, n as u32);
         }
-        let waitall = call.flags & libc::MSG_WAITALL != 0 && !call.peek();
-        let finished = !waitall || call.got == call.buf.len();
+        let finished = !call.waitall_consuming() || call.got == call.buf.len() || call.last;
         if finished {
             g.recvs += 1;
         }
@@ -158,6 +215,58 @@ impl Client {
         } else {
             Next::Again
         })
+    }
+
+    /// A blocking receive by request under SO_RCVLOWAT: the server's
+    /// receive does not wait for the mark, so first wait for POLLIN, which
+    /// its kernel socket reports only at the mark (or at the end or an
+    /// error), for at most SO_RCVTIMEO. `true`: the time passed, the
+    /// receive must not wait (it takes what is there, as the kernel's).
+    /// Not for a receive of `len` below the mark (the kernel waits for
+    /// `len` bytes then, which POLLIN does not tell).
+    pub(crate) fn plain_rcvlowat_wait(
+        &self,
+        s: u32,
+        sock: &Socket,
+        len: usize,
+        flags: i32,
+    ) -> io::Result<bool> {
+        let (lowat, timeo) = {
+            let g = sock.recv.lock();
+            (g.rcvlowat, g.rcvtimeo)
+        };
+        let skip = libc::MSG_DONTWAIT | libc::MSG_OOB | libc::MSG_WAITALL;
+        if lowat <= 1 || len < lowat || flags & skip != 0 || self.nonblocking_of(s, sock)? {
+            return Ok(false);
+        }
+        let ms = timeo.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+        let mut fds = [PollFd {
+            sock: s,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        Ok(self.poll(&mut fds, ms)? == 0)
+    }
+
+    /// FIONREAD (SIOCINQ) from the socket's receive ring: the bytes it
+    /// holds, what the server read ahead (more may still wait in the
+    /// server's kernel socket beyond the ring's size). `Ok(None)`: no ring
+    /// (the caller peeks); EINVAL for a listener, as the kernel's.
+    pub fn ring_pending(&self, s: u32) -> io::Result<Option<usize>> {
+        let sock = self.conn.socks.get_or_insert(s)?;
+        match self.recv_mode(s, sock)? {
+            Mode::Accept => return Err(errno(libc::EINVAL)),
+            Mode::Bytes => {}
+            _ => return Ok(None),
+        }
+        let Some(ring) = self.conn.recv_ring(s) else {
+            return Ok(None);
+        };
+        let g = sock.recv.lock();
+        if g.mode != Mode::Bytes {
+            return Ok(None);
+        }
+        Ok(Some(ring.available(ring.tail(), g.cur.consumed) as usize))
     }
 
     /// A zero-copy view of the bytes at the front of the socket's receive
@@ -310,6 +419,30 @@ pub(super) mod tests {
         let mut out = [0u8; 20];
         assert_eq!(c.copy_out(p, p.wrapping_add(20), &mut out), 20);
         assert_eq!(&out[..], &data[..20]);
+    }
+
+    #[test]
+    fn a_receive_waits_for_what_the_kernel_wakes_it_for() {
+        let need = |len: usize, flags: i32, lowat: usize| {
+            let mut b = vec![0u8; len];
+            let call = RecvCall {
+                buf: &mut b,
+                flags,
+                got: 0,
+                lowat,
+                last: false,
+            };
+            call.need(4096)
+        };
+        let (peek, waitall) = (libc::MSG_PEEK, libc::MSG_WAITALL);
+        assert_eq!(need(100, 0, 1), 1);
+        assert_eq!(need(1000, 0, 600), 600); // SO_RCVLOWAT
+        assert_eq!(need(100, 0, 600), 100); // ... at most the length
+        assert_eq!(need(1000, peek, 600), 600);
+        assert_eq!(need(1000, waitall, 600), 1); // takes bytes as they come
+        assert_eq!(need(1000, peek | waitall, 1), 1000); // the whole length
+        assert_eq!(need(10_000, peek | waitall, 1), 4096); // ... at most a ring
+        assert_eq!(need(0, 0, 600), 0); // zero length: anything
     }
 
     #[test]

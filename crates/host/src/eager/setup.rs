@@ -28,6 +28,16 @@ fn timeval(v: &[u8]) -> Option<Duration> {
     (!t.is_zero()).then_some(t)
 }
 
+/// An SO_RCVLOWAT value as the kernel keeps it: negative is "as much as
+/// possible", 0 is 1.
+fn rcvlowat(v: i32) -> usize {
+    if v < 0 {
+        (i32::MAX / 2) as usize
+    } else {
+        v.clamp(1, i32::MAX / 2) as usize
+    }
+}
+
 impl RecvSide {
     /// The ring is bound with this `mode`: start where the server says the
     /// host is, counting kicks from what it has seen (see
@@ -144,10 +154,43 @@ impl Client {
         let mut g = sock.recv.lock();
         if level == libc::SOL_SOCKET && name == libc::SO_RCVTIMEO {
             g.rcvtimeo = timeval(value);
+        } else if level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
+            // Set on the kernel socket (no ring): noted for
+            // `plain_rcvlowat_wait`.
+            let v = value
+                .get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(i32::from_ne_bytes);
+            g.rcvlowat = v.map_or(1, rcvlowat);
         } else if level == SOL_TCPS && name == TCPS_EAGER_RECV && g.mode == Mode::Plain {
             // A new policy: ask the server again at the next recv.
             g.mode = Mode::Unknown;
         }
+    }
+
+    /// SO_RCVLOWAT of a socket with a receive ring is this library's alone:
+    /// the ring applies it (`recv.rs`), while the server's kernel socket
+    /// keeps the default, since a mark there would hold back the readiness
+    /// that drives its reading ahead. `Ok(false)`: no ring, an option as
+    /// any other.
+    pub(crate) fn eager_set_rcvlowat(&self, s: u32, value: &[u8]) -> io::Result<bool> {
+        let sock = self.conn.socks.get_or_insert(s)?;
+        if self.recv_mode(s, sock)? != Mode::Bytes {
+            return Ok(false);
+        }
+        let v = value
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(i32::from_ne_bytes);
+        let v = v.ok_or(errno(libc::EINVAL))?;
+        sock.recv.lock().rcvlowat = rcvlowat(v);
+        Ok(true)
+    }
+
+    /// SO_RCVLOWAT of a socket with a receive ring (`None`: ask the kernel).
+    pub(crate) fn eager_rcvlowat(&self, s: u32) -> Option<i32> {
+        let g = self.conn.socks.get(s)?.recv.lock();
+        (g.mode == Mode::Bytes).then_some(g.rcvlowat.max(1) as i32)
     }
 
     /// The socket's mode, asking the server once (`RecvBind`, one round

@@ -254,6 +254,11 @@ fn try_recv(
         // Once per request (a parked one is retried).
         host.stats.recvs_on_demand += 1;
     }
+    if p.progress == 0 {
+        if let Some(e) = host.socket_mut(sid).and_then(|s| s.recv_error.take()) {
+            return Step::Done(Err(e));
+        }
+    }
     loop {
         // SAFETY: base..base+total is a checked range of the host's
         // arena, mapped for the life of `host`; progress < total.
@@ -279,7 +284,12 @@ fn try_recv(
                 return Step::Done(Ok((p.progress as i64, 0)))
             }
             Err(libc::EAGAIN) => return would_block(p),
-            Err(_) if p.progress > 0 => return Step::Done(Ok((p.progress as i64, 0))),
+            Err(e) if p.progress > 0 => {
+                if let Some(s) = host.socket_mut(sid) {
+                    s.recv_error = Some(e);
+                }
+                return Step::Done(Ok((p.progress as i64, 0)));
+            }
             Err(e) => return Step::Done(Err(e)),
         }
     }

@@ -56,7 +56,10 @@ pub(crate) fn start(
     if host.socket(sid).is_none() {
         return complete(host, ch, user_data, op, Err(libc::EBADF));
     }
-    if is_reader && recv::ring_bound(host, sid) {
+    // Urgent data is not in the ring: `MSG_OOB` asks the kernel socket
+    // (without touching the stream the ring carries).
+    let urgent = matches!(call, Call::Recv { .. }) && flags & libc::MSG_OOB != 0;
+    if is_reader && !urgent && recv::ring_bound(host, sid) {
         // The host receives (accepts) from the socket's ring, not by request.
         return complete(host, ch, user_data, op, Err(libc::EINVAL));
     }
