@@ -239,6 +239,14 @@ pub fn stamp_arrivals(fd: RawFd, on: bool) {
 /// `None` with nothing queued, or no stamp (the socket never asked,
 /// [`stamp_arrivals`], or the packet arrived while nothing asked).
 pub fn arrival_ns(fd: RawFd) -> Option<u64> {
+    // Only a socket with bytes queued is peeked: a peek that finds none
+    // reports (and so clears) a pending error such as ECONNRESET, which
+    // the receive that follows must still see. SIOCINQ leaves it alone.
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCINQ writes one int into a local.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) } != 0 || queued <= 0 {
+        return None;
+    }
     let mut byte = 0u8;
     let mut iov = libc::iovec {
         iov_base: &mut byte as *mut u8 as *mut libc::c_void,
