@@ -16,7 +16,7 @@ For each: throughput (kernel, tcps, ratio); the application's CPU per
 request (its process tree, user+system, from /proc before/after; ratio);
 the TCP server's CPU per request; round trips and wake-ups per request
 (`tcps stat --json` totals before/after: round_trips, wakes +
-host_doorbells); p50/p99
+doorbell_rings); p50/p99
 latency (ratio). `--repeat N` runs kernel and tcps alternately N times and
 reports medians. Loopback, no network namespace.
 
@@ -112,7 +112,7 @@ class Bench:
                              capture_output=True, text=True, check=True).stdout
         c = json.loads(out)["total"]["counters"]
         # Wake-ups of host threads: futex wakes plus host doorbell rings.
-        return c.get("round_trips", 0), c.get("wakes", 0) + c.get("host_doorbells", 0)
+        return c.get("round_trips", 0), c.get("wakes", 0) + c.get("doorbell_rings", 0)
 
     def prefix(self, net):
         p = ["taskset", "-c", APP_CPU]

@@ -23,9 +23,11 @@ Counters (since each host attached; with --watch: during the last interval):
               Send, Recv, Accept, ...)
   RTRIPS      channel round trips: completions published, each one a call
               the host waited on (asynchronous sends and kicks need none)
-  WAKES       futex wakes of sleeping host threads: a completion, receive or
-              accept ring publish, or finished asynchronous send found a
-              host thread asleep waiting for it
+  WAKES       wake-ups of sleeping host threads: futex wakes (a completion,
+              receive or accept ring publish, or finished asynchronous send
+              found a host thread asleep waiting for it) plus host doorbell
+              rings (a thread asleep in poll/epoll on its rings and send
+              queues; at most one per server pass)
   ACCEPT e/d  connections accepted ahead into accept rings (eager) / Accept
               requests that went to the kernel (on demand)
   RECV e/d    receives served ahead (into receive rings or answered from the
@@ -340,7 +342,7 @@ fn counter_cells(c: &Value) -> Vec<String> {
     vec![
         num(c, "calls_total").to_string(),
         num(c, "round_trips").to_string(),
-        num(c, "wakes").to_string(),
+        (num(c, "wakes") + num(c, "doorbell_rings")).to_string(),
         format!(
             "{}/{}",
             num(c, "accepts_eager"),

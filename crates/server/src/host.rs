@@ -427,11 +427,11 @@ pub struct HostStats {
     /// Futex wakes of sleeping host threads: a completion, a receive or
     /// accept ring publish, or a finished asynchronous send found a host
     /// thread waiting for it (wakes at server shutdown are not counted;
-    /// doorbell rings are `host_doorbells`).
+    /// doorbell rings are `doorbell_rings`).
     pub wakes: u64,
     /// Host doorbell rings (at most one per worker pass that found one of
     /// the host's doorbell sleepers on a ring it published; `host_doorbell`).
-    pub host_doorbells: u64,
+    pub doorbell_rings: u64,
     /// Ring publishes that found a doorbell sleeper: the doorbell is rung at
     /// the end of a pass in which this moved.
     pub bell_wants: u64,

@@ -46,6 +46,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Futex wakes of sleeping host threads (completions, ring publishes, finished sends).",
     ),
     (
+        "doorbell_rings",
+        "Host doorbell rings: wake-ups of host threads sleeping in poll on rings and send queues (at most one per worker pass).",
+    ),
+    (
         "accepts_eager",
         "Connections accepted ahead into accept rings.",
     ),

@@ -236,7 +236,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         bytes_eager,
         recv_kicks,
         wakes,
-        host_doorbells,
+        doorbell_rings,
         bell_wants,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
@@ -259,7 +259,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.bytes_eager += bytes_eager;
     into.recv_kicks += recv_kicks;
     into.wakes += wakes;
-    into.host_doorbells += host_doorbells;
+    into.doorbell_rings += doorbell_rings;
     into.bell_wants += bell_wants;
 }
 
@@ -276,7 +276,7 @@ fn counters_json(s: &HostStats) -> Value {
         "calls_total": total,
         "round_trips": s.round_trips,
         "wakes": s.wakes,
-        "host_doorbells": s.host_doorbells,
+        "doorbell_rings": s.doorbell_rings,
         "accepts_eager": s.accepts_eager,
         "accepts_on_demand": s.accepts_on_demand,
         "recvs_eager": s.recvs_eager,

@@ -174,7 +174,7 @@ impl Worker {
             self.engine.flush();
             self.wake_hosts();
             // Also after a sleep: events handled while sleeping woke rings.
-            self.ring_host_doorbells();
+            self.ring_doorbell_rings();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
             if now >= self.next_publish {
@@ -201,11 +201,11 @@ impl Worker {
 
     /// Rings the host doorbell of every host this pass woke a ring sleeper
     /// of: once per pass, however many rings were published.
-    fn ring_host_doorbells(&mut self) {
+    fn ring_doorbell_rings(&mut self) {
         for (_, h) in self.hosts.iter_mut() {
             if let Some(bell) = h.host_doorbell.as_mut() {
                 if bell.ring_if_woken(h.stats.bell_wants) {
-                    h.stats.host_doorbells += 1;
+                    h.stats.doorbell_rings += 1;
                 }
             }
         }
