@@ -286,7 +286,16 @@ impl Client {
         // nor consumes.
         let mut probe = [0u8; 1];
         let flags = flags | libc::MSG_PEEK | libc::MSG_TRUNC;
-        match self.ring_recv(s, sock, &mut probe, flags)? {
+        let got = match self.ring_recv(s, sock, &mut probe, flags) {
+            // A listener has an accept ring, no receive ring (recv gets
+            // ENOTCONN there, as from the kernel).
+            Err(e) if sock.recv.lock().mode == Mode::Accept => {
+                let _ = e;
+                return Err(errno(libc::EOPNOTSUPP));
+            }
+            r => r?,
+        };
+        match got {
             None => return Err(errno(libc::EOPNOTSUPP)),
             Some(0) => return Ok((std::ptr::null(), 0)),
             Some(_) => {}
