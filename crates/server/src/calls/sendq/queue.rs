@@ -265,8 +265,12 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
         let seq = st.ingested.wrapping_add(i);
         // Copied out once: the copy is what gets checked and used.
         let d = sq.take_desc(seq);
+        // More of the stream is already queued behind this send (nginx's
+        // headers, then the file): MSG_MORE lets the kernel put them in
+        // one segment instead of pushing the headers alone.
+        let more = i + 1 < n;
         sock.writers
-            .push_back(job_of(sid, q, seq, &d, registry, files));
+            .push_back(job_of(sid, q, seq, &d, more, registry, files));
     }
     host.queues[q as usize].ingested = st.ingested.wrapping_add(n);
     n as usize
@@ -274,13 +278,16 @@ pub(crate) fn take(host: &mut Host, sid: u32) -> usize {
 
 /// The job of descriptor `seq` (copied out once: `d`) of socket `sid`'s
 /// queue `q`: a file range holding its file (only one this host handed
-/// over), or a byte range holding its registration. A malformed descriptor
+/// over), or a byte range holding its registration (sent with MSG_MORE
+/// when the host asked for it or `more` of the stream is queued behind
+/// it). A malformed descriptor
 /// or an unknown handle or range makes a job that fails (`held == false`).
 fn job_of(
     sid: u32,
     q: u32,
     seq: u32,
     d: &SendDesc,
+    more: bool,
     registry: &mut Registry,
     files: &HashMap<u32, Arc<OwnedFd>>,
 ) -> Parked {
@@ -292,7 +299,7 @@ fn job_of(
         file: None,
     };
     let mut flags = libc::MSG_NOSIGNAL;
-    if d.flags & DESC_MORE != 0 {
+    if d.flags & DESC_MORE != 0 || more {
         flags |= libc::MSG_MORE;
     }
     let (op, call, job) = match d.entry() {
