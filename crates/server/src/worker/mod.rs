@@ -189,7 +189,12 @@ impl Worker {
                 PollMode::Adaptive => now.duration_since(last_work) < self.cfg.spin,
                 PollMode::Block => false,
             };
-            if spin {
+            if spin && self.cfg.poll == PollMode::Adaptive {
+                // Polite spinning: a thread that shares this core (a client,
+                // the application) runs now if it is runnable; alone on the
+                // core this returns at once.
+                std::thread::yield_now();
+            } else if spin {
                 std::hint::spin_loop();
             } else {
                 self.sleep();
