@@ -423,12 +423,10 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             return real::epoll_wait()(epfd, events, max as c_int, timeout);
         };
         // Non-blocking pass over both sides.
-        let mut ready = 0;
         let mut ranks = vec![0u16; pfds.len()];
         if !pfds.is_empty() {
-            match crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0) {
-                Ok(n) => ready = n,
-                Err(e) => return fail(crate::errno::errno_of(&e)),
+            if let Err(e) = crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0) {
+                return fail(crate::errno::errno_of(&e));
             }
         }
         let mut out = Vec::new();
@@ -438,7 +436,6 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             // Also when nothing is ready: the look spends the edges.
             collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
         }
-        let _ = ready;
         let mut n = out.len();
         std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
         if has_kernel && n < max && (n == 0 || kernel_turn()) {

@@ -289,8 +289,7 @@ impl Client {
         let got = match self.ring_recv(s, sock, &mut probe, flags) {
             // A listener has an accept ring, no receive ring (recv gets
             // ENOTCONN there, as from the kernel).
-            Err(e) if sock.recv.lock().mode == Mode::Accept => {
-                let _ = e;
+            Err(_) if sock.recv.lock().mode == Mode::Accept => {
                 return Err(errno(libc::EOPNOTSUPP));
             }
             r => r?,
