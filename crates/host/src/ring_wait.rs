@@ -5,14 +5,14 @@
 //! woken when one of those rings moves. It registers as a sleeper on every
 //! ring (the rings' own lost-wake-up handshake: `host_waiting`, then a
 //! fence, then a re-check), and sleeps in poll(2) on the attachment's *host
-//! doorbell*, an eventfd the server rings at the end of a pass in which it
+//! doorbell*, a pipe the server rings at the end of a pass in which it
 //! woke a sleeper of this host (`ControlMsg::HostDoorbell`). A thread
 //! waiting for room to send (POLLOUT) registers the same way on the
 //! socket's send queue, whose `done` moving is the room appearing. Kernel fds can
 //! be in the same poll(2), so a mixed set needs no helper thread, and no
 //! call is parked at the server: blocking costs no round trip.
 //!
-//! One sleeper at a time per attachment: the doorbell is one eventfd, and
+//! One sleeper at a time per attachment: the doorbell is one pipe, and
 //! a sleeper empties it before its last look at the rings (a ring rung
 //! after that look stays readable until it polls). A second thread
 //! emptying it could swallow the first one's ring, so while one thread
@@ -208,9 +208,10 @@ impl Client {
         Some(self.conn.send_queue(q).done())
     }
 
-    /// The attachment's host doorbell (an eventfd, non-blocking, readable
-    /// when the server woke one of this host's ring sleepers), asked from
-    /// the server once. Read it empty after waking.
+    /// The attachment's host doorbell (the read end of a pipe,
+    /// non-blocking, readable when the server woke one of this host's ring
+    /// or queue sleepers), asked from the server once. Read it empty after
+    /// waking.
     pub fn host_doorbell(&self) -> io::Result<RawFd> {
         if let Some(fd) = self.conn.host_doorbell.get() {
             return Ok(fd.as_raw_fd());
@@ -225,6 +226,10 @@ impl Client {
         // SAFETY: `move_high` returns a descriptor we own (the received one,
         // or a close-on-exec duplicate of it that replaced it).
         let fd = unsafe { OwnedFd::from_raw_fd(move_high(got.remove(0).into_raw_fd())) };
+        // The read end is this process's own open file: non-blocking, so
+        // emptying it never waits (the server made it so; say it again).
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         // Two threads asking at once: the loser's copy is closed here.
         Ok(self.conn.host_doorbell.get_or_init(|| fd).as_raw_fd())
     }
@@ -338,9 +343,15 @@ impl Client {
     }
 }
 
-/// Empties the doorbell (non-blocking: nothing to read is fine).
+/// Empties the doorbell, a pipe the server writes a byte to per ring
+/// (non-blocking: nothing to read is fine).
 fn drain(bell: RawFd) {
-    let mut b = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a local buffer from our eventfd.
-    unsafe { libc::read(bell, b.as_mut_ptr().cast(), b.len()) };
+    let mut b = [0u8; 256];
+    loop {
+        // SAFETY: reads at most 256 bytes into a local buffer from our pipe.
+        let n = unsafe { libc::read(bell, b.as_mut_ptr().cast(), b.len()) };
+        if n < b.len() as isize {
+            return;
+        }
+    }
 }

@@ -23,7 +23,7 @@
 //! host   → server  SocketAdopt { handle, nonblocking } + SCM_RIGHTS [socket]
 //!                  adopt a TCP socket the host created (and maybe bound) itself
 //! host   → server  SocketDup  { handle: sock }  a dup of one of my sockets
-//! host   → server  HostDoorbell { handle }  the eventfd the server rings when
+//! host   → server  HostDoorbell { handle }  the pipe the server rings when
 //!                  it woke one of my ring sleepers (poll on rings + kernel fds)
 //! server → host    Reply      { handle, errno }      (one per message above)
 //! server → host    Adopted    { handle, sock }       (SocketAdopt's success)
@@ -182,12 +182,13 @@ pub enum ControlMsg {
     /// `errno` is 0. For what only the host's own credentials may do on a
     /// socket the server accepted (privileged options).
     SocketDup { handle: u32 },
-    /// Give this host a *host doorbell*: an eventfd the server adds 1 to at
-    /// the end of a worker pass in which it woke a thread of this host that
-    /// sleeps on a ring (a receive or accept ring published or ended).
-    /// Answered by a `Reply` carrying the eventfd (SCM_RIGHTS) when `errno`
-    /// is 0; asking again hands out the same eventfd. With it a host blocks
-    /// in one poll(2) on its kernel fds and its rings at once.
+    /// Give this host a *host doorbell*: a pipe the server writes a byte
+    /// to at the end of a worker pass in which it published to a ring or
+    /// send queue a doorbell sleeper of this host registered on. Answered
+    /// by a `Reply` carrying the read end (SCM_RIGHTS) when `errno` is 0
+    /// (the write end stays the server's alone); asking again hands out the
+    /// same pipe. With it a host blocks in one poll(2) on its kernel fds
+    /// and its rings at once.
     HostDoorbell { handle: u32 },
     /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },

@@ -317,6 +317,21 @@ pub fn eventfd() -> SysResult<OwnedFd> {
     check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }).map(own)
 }
 
+/// A pipe, both ends non-blocking and close-on-exec: `(read, write)`.
+pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the local array.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+    Ok((own(fds[0]), own(fds[1])))
+}
+
+/// Writes one byte to a non-blocking pipe (rings it); EAGAIN (full) is fine.
+pub fn pipe_ring(fd: RawFd) {
+    let one = [1u8];
+    // SAFETY: writing 1 byte from a valid buffer.
+    unsafe { libc::write(fd, one.as_ptr() as *const libc::c_void, 1) };
+}
+
 /// Adds one to an eventfd (rings it).
 pub fn eventfd_ring(fd: RawFd) {
     let one = 1u64.to_ne_bytes();
