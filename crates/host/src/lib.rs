@@ -44,4 +44,4 @@ pub use client::{Client, PollFd};
 pub use events::{ConnEvent, EventQueue, EV_ACCEPT, EV_ALL, EV_CLOSED, EV_DATA, EV_ERROR, EV_ROOM};
 pub use ring_wait::EdgeWatch;
 pub use sendq::{IoHandle, SendBacklog};
-pub use settings::{pin_settings, pinned_settings, setting, setting_str};
+pub use settings::{pin_settings, pinned_settings, setting, setting_str, Switch};

@@ -45,6 +45,38 @@ pub fn setting_str(name: &str) -> Option<Result<String, OsString>> {
     setting(name).map(OsString::into_string)
 }
 
+/// An on/off setting, on unless set to `0`, `off`, `no` or `false`; read
+/// once and then kept (e.g. `TCPS_ASYNC_SEND`, `TCPS_HOST_DOORBELL`).
+pub struct Switch {
+    name: &'static str,
+    /// 0 not read yet, 1 on, 2 off.
+    state: std::sync::atomic::AtomicU8,
+}
+
+impl Switch {
+    pub const fn new(name: &'static str) -> Switch {
+        Switch {
+            name,
+            state: std::sync::atomic::AtomicU8::new(0),
+        }
+    }
+
+    pub fn on(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.state.load(Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let off = setting_str(self.name).is_some_and(|v| {
+                    v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"))
+                });
+                self.state.store(if off { 2 } else { 1 }, Relaxed);
+                !off
+            }
+        }
+    }
+}
+
 /// The setting `name` parsed as a number (`None` if unset or not one).
 pub(crate) fn setting_num<T: std::str::FromStr>(name: &str) -> Option<T> {
     setting_str(name)?.ok()?.trim().parse().ok()

@@ -7,23 +7,14 @@
 //! off.
 
 use libc::{c_int, pollfd};
-use std::sync::atomic::{AtomicU8, Ordering};
 use tcps::{Client, PollFd};
 
-/// 0 unknown, 1 on, 2 off (`TCPS_HOST_DOORBELL`).
-static ENABLED: AtomicU8 = AtomicU8::new(0);
+static DOORBELL: tcps::Switch = tcps::Switch::new("TCPS_HOST_DOORBELL");
 
+/// Whether waits may sleep on the host doorbell (`TCPS_HOST_DOORBELL`,
+/// default on).
 pub fn enabled() -> bool {
-    match ENABLED.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let off = tcps::setting_str("TCPS_HOST_DOORBELL")
-                .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false")));
-            ENABLED.store(if off { 2 } else { 1 }, Ordering::Relaxed);
-            !off
-        }
-    }
+    DOORBELL.on()
 }
 
 /// Sleeps until a ring of `tcps` moves, a kernel fd of `kernel` is ready,

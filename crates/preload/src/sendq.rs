@@ -14,7 +14,7 @@ use crate::fdtable;
 use crate::real;
 use libc::c_int;
 use std::io;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tcps::{Client, PollFd};
 
@@ -26,23 +26,13 @@ const ASYNC_FLAGS: c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | libc::MSG_M
 /// connection pays no getsockopt round trip.
 const SURE_ROOM: u64 = 4096;
 
-/// 0: `TCPS_ASYNC_SEND` not read yet, 1: on, 2: off.
-static ASYNC: AtomicU8 = AtomicU8::new(0);
+static ASYNC: tcps::Switch = tcps::Switch::new("TCPS_ASYNC_SEND");
 
 /// Whether sends are asynchronous (`TCPS_ASYNC_SEND`, default on; `0`,
 /// `off`, `no` or `false` switch it off). Read once (the load-time hook
 /// reads it first, before the program can change its environment).
 pub fn enabled() -> bool {
-    match ASYNC.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let off = tcps::setting_str("TCPS_ASYNC_SEND")
-                .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false")));
-            ASYNC.store(if off { 2 } else { 1 }, Ordering::Relaxed);
-            !off
-        }
-    }
+    ASYNC.on()
 }
 
 /// The socket's SO_SNDBUF, read once (a round trip) and cached per id.

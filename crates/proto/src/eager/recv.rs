@@ -67,11 +67,7 @@ pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>
 /// the server rings their host's doorbell once for the whole pass.
 pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> Woke {
     fence(Ordering::SeqCst);
-    let waiting = ctl.host_waiting.load(Ordering::Relaxed);
-    let woke = Woke {
-        thread: waiting & (BELL_SLEEPER - 1) != 0,
-        bell: waiting >= BELL_SLEEPER,
-    };
+    let woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
     if woke.thread {
         sync::wake_all(&ctl.tail);
     }
@@ -93,6 +89,15 @@ pub struct Woke {
 }
 
 impl Woke {
+    /// Whom a `host_waiting` count (futex sleepers, plus `BELL_SLEEPER`
+    /// per doorbell sleeper) names.
+    pub fn of(host_waiting: u32) -> Woke {
+        Woke {
+            thread: host_waiting & (BELL_SLEEPER - 1) != 0,
+            bell: host_waiting >= BELL_SLEEPER,
+        }
+    }
+
     /// Somebody was waiting.
     pub fn any(self) -> bool {
         self.thread || self.bell

@@ -40,11 +40,7 @@ use std::time::Duration;
 /// as on a receive ring. Returns whom it found.
 pub(crate) fn wake_if_waiting(ctl: &SendQueueCtl) -> Woke {
     fence(Ordering::SeqCst);
-    let waiting = ctl.host_waiting.load(Ordering::Relaxed);
-    let woke = Woke {
-        thread: waiting & (BELL_SLEEPER - 1) != 0,
-        bell: waiting >= BELL_SLEEPER,
-    };
+    let woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
     if woke.thread {
         sync::wake_all(&ctl.done);
     }

@@ -172,9 +172,8 @@ impl Worker {
             work += self.fire_timers(now);
             // Sockets re-armed in this pass are watched from now on.
             self.engine.flush();
-            self.wake_hosts();
             // Also after a sleep: events handled while sleeping woke rings.
-            self.ring_doorbell_rings();
+            self.wake_hosts();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
             if now >= self.next_publish {
@@ -202,18 +201,6 @@ impl Worker {
             }
         }
         self.shutdown();
-    }
-
-    /// Rings the host doorbell of every host this pass woke a ring sleeper
-    /// of: once per pass, however many rings were published.
-    fn ring_doorbell_rings(&mut self) {
-        for (_, h) in self.hosts.iter_mut() {
-            if let Some(bell) = h.host_doorbell.as_mut() {
-                if bell.ring_if_woken(h.stats.bell_wants) {
-                    h.stats.doorbell_rings += 1;
-                }
-            }
-        }
     }
 
     /// Publishes every host's counters and depths for `tcps stat`.
@@ -293,16 +280,19 @@ impl Worker {
         handled
     }
 
-    /// Wakes, once per channel, the host threads sleeping on channels that
-    /// got completions in this pass.
+    /// The pass's wake-ups, once each however many events caused them: the
+    /// host threads sleeping on channels that got completions (once per
+    /// channel), and the host doorbell of every host a ring or queue
+    /// publish found a doorbell sleeper of.
     fn wake_hosts(&mut self) {
-        for hkey in 0..self.hosts.key_bound() {
-            if let Some(h) = self
-                .hosts
-                .get_mut(hkey)
-                .filter(|h| !h.wakes_owed.is_empty())
-            {
+        for (_, h) in self.hosts.iter_mut() {
+            if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
+            }
+            if let Some(bell) = h.host_doorbell.as_mut() {
+                if bell.ring_if_woken(h.stats.bell_wants) {
+                    h.stats.doorbell_rings += 1;
+                }
             }
         }
     }
