@@ -37,12 +37,24 @@ const RING_EVENTS: i16 =
 const READ_EVENTS: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP;
 
 /// What a doorbell sleeper watches on one socket: its receive or accept
-/// ring (`read`), its send queue (`write`).
+/// ring (`read`), its send queue (`write`). [`EdgeWatch::READY_LOG`]
+/// watches the host's ready log instead: every receive and accept ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EdgeWatch {
     pub sock: u32,
     pub read: bool,
     pub write: bool,
+}
+
+impl EdgeWatch {
+    /// Watches every receive and accept ring of the host at once, through
+    /// its ready log (`tcps_proto::ready_log`): what a sleeper with a ready
+    /// list of its own registers on (see `Client::ready_log_since`).
+    pub const READY_LOG: EdgeWatch = EdgeWatch {
+        sock: u32::MAX,
+        read: true,
+        write: false,
+    };
 }
 
 /// What a doorbell sleeper registered on.
@@ -52,6 +64,8 @@ enum Watch {
     Ring(u32),
     /// A send queue (its index), for POLLOUT.
     Queue(u32),
+    /// The ready log: any receive or accept ring.
+    Log,
 }
 
 /// Registered as a doorbell sleeper on the rings and send queues of a poll
@@ -71,6 +85,7 @@ impl Drop for Registered<'_> {
                     }
                 }
                 Watch::Queue(q) => self.client.conn.send_queue(q).bell_wait_done(),
+                Watch::Log => self.client.conn.ready_log().bell_wait_done(),
             }
         }
     }
@@ -208,6 +223,22 @@ impl Client {
         Some(self.conn.send_queue(q).done())
     }
 
+    /// Where the host's ready log ends now: the cursor of a reader that
+    /// starts looking from here (see [`ready_log_since`](Self::ready_log_since)).
+    pub fn ready_log_tail(&self) -> u32 {
+        self.conn.ready_log().tail()
+    }
+
+    /// The ids of the sockets whose receive or accept ring the server
+    /// published into (bytes, a connection, an end) since `*cursor`, in
+    /// publish order, pushed onto `out`; the cursor moves to the end. A
+    /// ready list fed by this looks only at sockets that moved. `false`:
+    /// the reader fell more than a log behind and `out` may miss some: look
+    /// at every socket once.
+    pub fn ready_log_since(&self, cursor: &mut u32, out: &mut Vec<u32>) -> bool {
+        self.conn.ready_log().read(cursor, out)
+    }
+
     /// The attachment's host doorbell (the read end of a pipe,
     /// non-blocking, readable when the server woke one of this host's ring
     /// or queue sleepers), asked from the server once. Read it empty after
@@ -281,6 +312,10 @@ impl Client {
     fn watch_targets(&self, watch: &[EdgeWatch]) -> Option<Vec<Watch>> {
         let mut watches = Vec::with_capacity(watch.len());
         for w in watch {
+            if *w == EdgeWatch::READY_LOG {
+                watches.push(Watch::Log);
+                continue;
+            }
             let sock = self.conn.socks.get(w.sock)?;
             if w.read {
                 let g = sock.recv.lock();
@@ -313,6 +348,7 @@ impl Client {
                     }
                 }
                 Watch::Queue(q) => self.conn.send_queue(q).bell_wait_prepare(),
+                Watch::Log => self.conn.ready_log().bell_wait_prepare(),
             }
         }
         Registered {

@@ -64,6 +64,8 @@ struct Entry {
     reported_full: u32,
     /// EPOLLONESHOT fired.
     disabled: bool,
+    /// On the set's ready list.
+    listed: bool,
 }
 
 /// What a look at an entry's socket starts from.
@@ -79,18 +81,19 @@ struct Edges {
 }
 
 impl Edges {
-    /// The look at `id` for an entry with `events`: ring and queue are
-    /// looked up for edge-triggered entries only (a level-triggered entry
-    /// asks for everything every time).
+    /// The look at `id` for an entry with `events`.
     fn of(c: &Client, id: u32, events: u32) -> Edges {
         let s = fdtable::id_state(id);
-        let et = events & EV_ET != 0;
         Edges {
             rd: s.rd_seq.load(Ordering::Relaxed),
             wr: s.wr_seq.load(Ordering::Relaxed),
             full: s.full_seq.load(Ordering::Relaxed),
-            rd_edge: if et { c.read_edge(id) } else { None },
-            queue: et && events & EV_OUT != 0 && c.write_edge(id).is_some(),
+            rd_edge: if events & READ_SIDE != 0 {
+                c.read_edge(id)
+            } else {
+                None
+            },
+            queue: events & EV_OUT != 0 && c.write_edge(id).is_some(),
         }
     }
 }
@@ -107,7 +110,23 @@ impl Entry {
             rd_edge: None,
             reported_full: s.full_seq.load(Ordering::Relaxed).wrapping_sub(1),
             disabled: false,
+            listed: false,
         }
+    }
+
+    /// Whether the entry must stay on the ready list even when nothing is
+    /// ready, because the ready log would not bring it back: a read side
+    /// without a ring, and a write side (the log announces rings, not
+    /// room) that is level-triggered, has no send queue, or waits for
+    /// room after a full queue.
+    fn sticky(&self, x: &Edges) -> bool {
+        if self.disabled {
+            return false;
+        }
+        let read = self.events & READ_SIDE != 0 && x.rd_edge.is_none();
+        let write = self.events & EV_OUT != 0
+            && (self.events & EV_ET == 0 || !x.queue || self.write_pending(x));
+        read || write
     }
 
     /// Whether EPOLLOUT waits for an edge (room after a full queue).
@@ -153,9 +172,86 @@ impl Entry {
 pub struct Set {
     /// Offloaded fds registered in this set.
     entries: BTreeMap<c_int, Entry>,
+    /// The fds of `entries` by socket id (dup'd fds share one).
+    by_id: BTreeMap<u32, Vec<c_int>>,
+    /// The ready list: the entries a wait looks at (see the module docs).
+    ready: Vec<c_int>,
+    /// How far this set has read the host's ready log (None: not yet).
+    log_cursor: Option<u32>,
+    /// `fdtable::rescan_epoch` when the set last looked at everything.
+    rescan: u32,
     /// Kernel fds registered in the real epoll fd (saturating; a closed fd
     /// leaves the count high, which only costs a real epoll_wait).
     kernel_fds: usize,
+}
+
+impl Set {
+    /// Puts `fd`'s entry on the ready list (once).
+    fn list(&mut self, fd: c_int) {
+        if let Some(e) = self.entries.get_mut(&fd) {
+            if !e.listed {
+                e.listed = true;
+                self.ready.push(fd);
+            }
+        }
+    }
+
+    fn insert(&mut self, fd: c_int, e: Entry) {
+        let id = e.id;
+        if let Some(old) = self.entries.insert(fd, e) {
+            self.unindex(fd, old.id);
+            self.ready.retain(|&f| f != fd);
+        }
+        self.by_id.entry(id).or_default().push(fd);
+        self.list(fd); // looked at once, as the kernel's ctl does
+    }
+
+    fn remove(&mut self, fd: c_int) -> Option<Entry> {
+        let e = self.entries.remove(&fd)?;
+        self.unindex(fd, e.id);
+        if e.listed {
+            self.ready.retain(|&f| f != fd);
+        }
+        Some(e)
+    }
+
+    fn unindex(&mut self, fd: c_int, id: u32) {
+        if let Some(v) = self.by_id.get_mut(&id) {
+            v.retain(|&f| f != fd);
+            if v.is_empty() {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+
+    /// Lists the entries of the sockets the server published into since
+    /// the last look (the host's ready log); everything when the log
+    /// overflowed, on the first look, or after a rescan was asked for.
+    fn refill(&mut self, c: &Client) {
+        let epoch = fdtable::rescan_epoch();
+        let mut all = epoch != self.rescan;
+        self.rescan = epoch;
+        let mut ids = Vec::new();
+        match self.log_cursor.as_mut() {
+            None => {
+                self.log_cursor = Some(c.ready_log_tail());
+                all = true;
+            }
+            Some(cur) => all |= !c.ready_log_since(cur, &mut ids),
+        }
+        if all {
+            let fds: Vec<c_int> = self.entries.keys().copied().collect();
+            fds.into_iter().for_each(|fd| self.list(fd));
+            return;
+        }
+        for id in ids {
+            if let Some(fds) = self.by_id.get(&id) {
+                for fd in fds.clone() {
+                    self.list(fd);
+                }
+            }
+        }
+    }
 }
 
 static SETS: Mutex<BTreeMap<c_int, Set>> = Mutex::new(BTreeMap::new());
@@ -168,7 +264,7 @@ fn sets() -> std::sync::MutexGuard<'static, BTreeMap<c_int, Set>> {
 /// the last reference to a file goes).
 pub fn forget_fd(fd: c_int) {
     for s in sets().values_mut() {
-        s.entries.remove(&fd);
+        s.remove(fd);
     }
 }
 
@@ -245,10 +341,10 @@ pub unsafe extern "C" fn epoll_ctl(
                 if exists { "MOD" } else { "ADD" },
                 { ev.events }
             );
-            s.entries.insert(fd, Entry::new(id, ev));
+            s.insert(fd, Entry::new(id, ev));
             0
         }
-        libc::EPOLL_CTL_DEL => match s.entries.remove(&fd) {
+        libc::EPOLL_CTL_DEL => match s.remove(fd) {
             Some(_) => 0,
             None => fail(libc::ENOENT),
         },
@@ -266,19 +362,26 @@ struct Cand {
 /// The candidates of a pass and the poll entries to ask the server about.
 type Pass = (Vec<Cand>, Vec<PollFd>);
 
-/// The armed offloaded entries of `epfd` (None: the set has none at all)
-/// and whether the set has kernel fds.
+/// The armed entries of `epfd`'s ready list, after refilling it from the
+/// ready log (None: the set has no offloaded entry at all), and whether
+/// the set has kernel fds. Entries with nothing armed leave the list
+/// unless they are sticky. O(ready), not O(interest).
 fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
-    let sets = sets();
-    let Some(s) = sets.get(&epfd) else {
+    let mut sets = sets();
+    let Some(s) = sets.get_mut(&epfd) else {
         return (None, true);
     };
     if s.entries.is_empty() {
         return (None, true);
     }
+    s.refill(c);
     let mut cands = Vec::new();
     let mut pfds = Vec::new();
-    for (&fd, e) in &s.entries {
+    let Set { entries, ready, .. } = s;
+    ready.retain(|&fd| {
+        let Some(e) = entries.get_mut(&fd) else {
+            return false;
+        };
         let x = Edges::of(c, e.id, e.events);
         let w = e.wanted(&x);
         if w != 0 {
@@ -288,32 +391,64 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
                 events: w as i16,
                 revents: 0,
             });
+            return true; // `collect` decides
         }
-    }
+        e.listed = e.sticky(&x);
+        e.listed
+    });
     (Some((cands, pfds)), s.kernel_fds > 0)
 }
 
-/// What a doorbell sleep on `epfd` must watch: the ring of every entry
-/// with read interest (a new arrival ends the wait, fired or not) and the
-/// send queue of every entry that waits for room. Empty: nothing to wait
-/// for here.
+/// Every armed entry of `epfd` (O(interest)): what a wait that cannot
+/// sleep on the doorbell asks the server to watch.
+fn all_armed(c: &Client, epfd: c_int) -> Vec<PollFd> {
+    let sets = sets();
+    let Some(s) = sets.get(&epfd) else {
+        return Vec::new();
+    };
+    let mut pfds = Vec::new();
+    for e in s.entries.values() {
+        let w = e.wanted(&Edges::of(c, e.id, e.events));
+        if w != 0 {
+            pfds.push(PollFd {
+                sock: e.id,
+                events: w as i16,
+                revents: 0,
+            });
+        }
+    }
+    pfds
+}
+
+/// What a doorbell sleep on `epfd` must watch: the ready log when an
+/// entry has read interest (a new arrival in any ring ends the wait, fired
+/// or not), and what the log does not announce, from the (sticky) entries
+/// left on the ready list: the send queue of an entry that waits for room,
+/// the socket of a read side without a ring (which cannot be watched this
+/// way: the sleep then falls back). Empty: nothing to wait for here.
 fn watches(epfd: c_int, c: &Client) -> Vec<tcps::EdgeWatch> {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
         return Vec::new();
     };
-    let mut w = Vec::with_capacity(s.entries.len());
-    for e in s.entries.values().filter(|e| !e.disabled) {
+    let mut w = Vec::new();
+    for e in s.ready.iter().filter_map(|fd| s.entries.get(fd)) {
         let x = Edges::of(c, e.id, e.events);
-        let read = e.events & READ_SIDE != 0;
-        let write = e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x));
-        if read || write {
-            w.push(tcps::EdgeWatch {
-                sock: e.id,
-                read,
-                write,
-            });
+        if !e.sticky(&x) {
+            continue;
         }
+        w.push(tcps::EdgeWatch {
+            sock: e.id,
+            read: e.events & READ_SIDE != 0 && x.rd_edge.is_none(),
+            write: e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x)),
+        });
+    }
+    let reads = s
+        .entries
+        .values()
+        .any(|e| !e.disabled && e.events & READ_SIDE != 0);
+    if reads {
+        w.push(tcps::EdgeWatch::READY_LOG);
     }
     w
 }
@@ -345,6 +480,7 @@ fn collect(
     }
     let mut order: Vec<usize> = (0..pfds.len()).filter(|&i| pfds[i].revents != 0).collect();
     order.sort_by_key(|&i| ranks[i]);
+    let mut reported = vec![false; cands.len()];
     for i in order {
         let (c, p) = (&cands[i], &pfds[i]);
         if out.len() >= room {
@@ -378,7 +514,28 @@ fn collect(
             events: ev,
             u64: e.data,
         });
+        reported[i] = true;
     }
+    relist(s, cands, pfds, &reported);
+}
+
+/// Which looked-at entries stay on the ready list, as the kernel's: a
+/// level-triggered entry that was reported (it is looked at again next
+/// time), a ready one there was no room to report, a sticky one.
+fn relist(s: &mut Set, cands: &[Cand], pfds: &[PollFd], reported: &[bool]) {
+    for (i, c) in cands.iter().enumerate() {
+        let Some(e) = s.entries.get_mut(&c.fd).filter(|e| e.id == c.id) else {
+            continue;
+        };
+        let ready = (pfds[i].revents as u16 as u32) & (e.events | EV_ERR | EV_HUP) != 0;
+        e.listed = if reported[i] {
+            e.events & EV_ET == 0 || e.sticky(&c.x)
+        } else {
+            ready || e.sticky(&c.x)
+        };
+    }
+    let Set { entries, ready, .. } = s;
+    ready.retain(|fd| entries.get(fd).is_some_and(|e| e.listed));
 }
 
 /// While offloaded sockets keep the loop busy, the kernel side (a timer, a
@@ -471,13 +628,13 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             Ok(false) => {}
             Err(e) => return fail(e),
         }
+        // The old way: every armed entry, not only the listed ones (an
+        // arrival on any of them must end this wait).
+        let mut pfds = all_armed(c, epfd);
         if pfds.is_empty() {
             // Nothing armed (or nothing offloaded to watch): sleep like
             // epoll_wait on the kernel side alone.
             return real::epoll_wait()(epfd, events, max as c_int, remaining);
-        }
-        for p in &mut pfds {
-            p.revents = 0;
         }
         if let Err(e) = poll::wait_mixed(c, &mut pfds, &mut kernel, remaining) {
             return fail(e);

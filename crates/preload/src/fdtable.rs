@@ -98,6 +98,20 @@ pub fn note_write(id: u32) {
 /// A write or sendfile on `id` found no room (EAGAIN or a short count).
 pub fn note_full(id: u32) {
     id_state(id).full_seq.fetch_add(1, Ordering::Relaxed);
+    note_rescan();
+}
+
+/// Bumped when readiness may have changed in a way the server's ready log
+/// does not announce (a send queue found full, a local shutdown): epoll
+/// sets look at all their entries once (`epoll.rs`).
+static RESCAN: AtomicU32 = AtomicU32::new(0);
+
+pub fn note_rescan() {
+    RESCAN.fetch_add(1, Ordering::Release);
+}
+
+pub fn rescan_epoch() -> u32 {
+    RESCAN.load(Ordering::Acquire)
 }
 
 /// Every offloaded fd and its id (fork, exec).

@@ -206,7 +206,15 @@ pub unsafe extern "C" fn accept4(
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    on_socket!(fd, |c, id| unit(c.shutdown(id, how)), else real::shutdown()(fd, how))
+    on_socket!(
+        fd,
+        |c, id| {
+            let r = unit(c.shutdown(id, how));
+            fdtable::note_rescan(); // epoll sets look again (EPOLLRDHUP, EPOLLHUP)
+            r
+        },
+        else real::shutdown()(fd, how)
+    )
 }
 
 #[no_mangle]

@@ -33,6 +33,7 @@ pub mod futex;
 pub mod handshake;
 pub mod layout;
 pub mod msg;
+pub mod ready_log;
 pub mod region;
 pub mod ring;
 pub mod sendq;

@@ -78,7 +78,7 @@ fn ring_sleeper(ctl: &RecvRingCtl) -> bool {
 fn receive_ring_publish_never_misses_a_sleeper() {
     loom::model(|| {
         let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
-            recv::publish(c, 100, None).thread
+            recv::publish(c, None, 100, None).thread
         });
         assert!(!slept || woke, "lost wake-up: the host sleeps, unseen");
     });
@@ -94,7 +94,7 @@ fn bell_sleeper(ctl: &RecvRingCtl) -> bool {
 fn receive_ring_publish_never_misses_a_doorbell_sleeper() {
     loom::model(|| {
         let (slept, woke) = race(RecvRingCtl::zeroed(), bell_sleeper, |c| {
-            let w = recv::publish(c, 100, None);
+            let w = recv::publish(c, None, 100, None);
             // A doorbell sleeper is reported, never futex-woken.
             assert!(!w.thread);
             w.bell
@@ -108,7 +108,7 @@ fn receive_ring_end_never_misses_a_sleeper() {
     loom::model(|| {
         // EOF with no data: only `end` moves.
         let (slept, woke) = race(RecvRingCtl::zeroed(), ring_sleeper, |c| {
-            recv::publish(c, 0, Some(Ok(()))).thread
+            recv::publish(c, None, 0, Some(Ok(()))).thread
         });
         assert!(!slept || woke, "lost wake-up at end of stream");
     });

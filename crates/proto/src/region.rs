@@ -8,6 +8,7 @@ use crate::eager::ctl::{RecvRingCtl, RQ_CTL_SIZE};
 use crate::layout::{ChannelCtl, Layout, RegionHeader, HEADER_SIZE};
 use crate::layout::{MAGIC, VERSION};
 use crate::msg::{ArenaRange, Completion, Request};
+use crate::ready_log::{LogEntry, ReadyLogCtl, READY_LOG_OFFSET};
 use crate::sendq::ctl::{SendDesc, SendQueueCtl, SQ_CTL_SIZE};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -232,8 +233,17 @@ impl Region {
         Some(RecvRingRef {
             base,
             size: self.layout.rq_bytes,
-            _region: std::marker::PhantomData,
+            log: self.ready_log(),
+            index: r,
         })
+    }
+
+    /// The host's ready log (`crate::ready_log`), in the header page.
+    pub fn ready_log(&self) -> &ReadyLogCtl {
+        // SAFETY: the log lies inside the header page (asserted in
+        // ready_log.rs), 64-aligned in a page-aligned mapping that outlives
+        // `self`; it is atomics only.
+        unsafe { &*(self.base.as_ptr().add(READY_LOG_OFFSET) as *const ReadyLogCtl) }
     }
 }
 
@@ -243,10 +253,21 @@ impl Region {
 pub struct RecvRingRef<'a> {
     base: *mut u8,
     size: u32,
-    _region: std::marker::PhantomData<&'a Region>,
+    /// The region's ready log, and this ring's id in it.
+    log: &'a ReadyLogCtl,
+    index: u32,
 }
 
 impl<'a> RecvRingRef<'a> {
+    /// Where a publish into this ring is announced (the ring's index is
+    /// its socket's id).
+    pub(crate) fn log_entry(&self) -> Option<LogEntry<'a>> {
+        Some(LogEntry {
+            log: self.log,
+            id: self.index,
+        })
+    }
+
     pub fn ctl(&self) -> &'a RecvRingCtl {
         // SAFETY: the control block is at the (64-aligned) start of the ring.
         unsafe { &*(self.base as *const RecvRingCtl) }

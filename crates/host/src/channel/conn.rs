@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tcps_proto::eager::RecvRingConsumer;
 use tcps_proto::layout::SERVER_DEDICATED_CORES;
+use tcps_proto::ready_log::ReadyLogReader;
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::RingFull;
 use tcps_proto::sendq::SendQueueProducer;
@@ -318,6 +319,11 @@ impl Conn {
     /// host's side (an accept ring's view is `AcceptRingConsumer::new(ring.ring())`).
     pub(crate) fn recv_ring(&self, r: u32) -> Option<RecvRingConsumer<'_>> {
         self.region.recv_ring(r).map(RecvRingConsumer::new)
+    }
+
+    /// The host's ready log (which rings the server published into).
+    pub(crate) fn ready_log(&self) -> ReadyLogReader<'_> {
+        ReadyLogReader::new(self.region.ready_log())
     }
 
     /// Counts bytes a registered (zero-copy) call moved.

@@ -65,7 +65,7 @@ impl<'a> AcceptRingProducer<'a> {
     /// Publishes the records before `tail` (one store for a batch) and wakes
     /// a sleeping host thread. Returns whom it found waiting.
     pub fn publish(&self, tail: u32) -> recv::Woke {
-        recv::publish(self.ctl(), tail, None)
+        recv::publish(self.ctl(), self.inner.ring().log_entry(), tail, None)
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`

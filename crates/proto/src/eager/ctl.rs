@@ -24,6 +24,11 @@ pub const END_ERROR: u32 = 2;
 /// a ring socket): after the ring's bytes, receive by `Recv` requests.
 pub const END_STOPPED: u32 = 3;
 
+/// What `host_waiting` of a ring (or of the ready log, or a send queue)
+/// goes up by for a thread that sleeps on its host doorbell rather than on
+/// the ring's futex; the low 16 bits count futex sleepers.
+pub const BELL_SLEEPER: u32 = 1 << 16;
+
 /// A receive ring's control block, on three cache lines like the channel's.
 #[repr(C, align(64))]
 pub struct RecvRingCtl {

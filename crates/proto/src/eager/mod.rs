@@ -50,4 +50,4 @@ pub(crate) mod recv;
 
 pub use accept::{AcceptRingConsumer, AcceptRingProducer};
 pub use ctl::*;
-pub use recv::{RecvCursor, RecvRingConsumer, RecvRingProducer, RingSnapshot, Woke, BELL_SLEEPER};
+pub use recv::{RecvCursor, RecvRingConsumer, RecvRingProducer, RingSnapshot, Woke};

@@ -25,9 +25,10 @@
 //! forged `tail` to one ring ([`available`]).
 
 use super::ctl::{
-    available, kick_pending, look, used, RecvRingCtl, END_EOF, END_ERROR, END_NONE, END_STOPPED,
+    available, BELL_SLEEPER, kick_pending, look, used, RecvRingCtl, END_EOF, END_ERROR, END_NONE, END_STOPPED,
     KIND_FREE,
 };
+use crate::ready_log::{self, LogEntry};
 use crate::region::RecvRingRef;
 use crate::sync::{self, fence, Ordering};
 use std::time::Duration;
@@ -47,7 +48,15 @@ pub struct RingSnapshot {
 /// last with release, so a host that sees `end` sees the errno and the
 /// final `tail`); fences and wakes a host thread sleeping on `tail`.
 /// Returns whom it woke.
-pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>) -> Woke {
+///
+/// The ring's id is then appended to the host's ready log (`log`), after
+/// the stores it announces.
+pub(crate) fn publish(
+    ctl: &RecvRingCtl,
+    log: Option<LogEntry<'_>>,
+    tail: u32,
+    end: Option<Result<(), i32>>,
+) -> Woke {
     ctl.tail.store(tail, Ordering::Release);
     match end {
         Some(Ok(())) => ctl.end.store(END_EOF, Ordering::Release),
@@ -57,27 +66,31 @@ pub(crate) fn publish(ctl: &RecvRingCtl, tail: u32, end: Option<Result<(), i32>>
         }
         None => {}
     }
-    wake_if_waiting(ctl)
+    wake_if_waiting(ctl, log)
 }
 
-/// Dekker against the host's "host_waiting += 1; fence; load tail": the
-/// fence orders the stores before it against the load of `host_waiting`.
-/// Threads futex-waiting on `tail` are woken here; doorbell sleepers
-/// (counted in `host_waiting` from [`BELL_SLEEPER`] up) are only reported:
-/// the server rings their host's doorbell once for the whole pass.
-pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl) -> Woke {
+/// Appends the ring to the ready log (if given), then the Dekker half
+/// against the host's "host_waiting += 1; fence; load tail" (of the ring,
+/// or of the log): the fence orders the stores before it against the loads
+/// of `host_waiting`. Threads futex-waiting on `tail` are woken here;
+/// doorbell sleepers (counted in `host_waiting` from [`BELL_SLEEPER`] up,
+/// on the ring or on the log) are only reported: the server rings their
+/// host's doorbell once for the whole pass.
+pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> Woke {
+    if let Some(l) = log {
+        ready_log::append(l.log, l.id);
+    }
     fence(Ordering::SeqCst);
-    let woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
+    let mut woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
+    if let Some(l) = log {
+        woke.bell |= ready_log::bell_waiting(l.log);
+    }
     if woke.thread {
         sync::wake_all(&ctl.tail);
     }
     woke
 }
 
-/// What `host_waiting` of a ring goes up by for a thread that sleeps on
-/// its host doorbell rather than on the ring's futex; the low 16 bits
-/// count futex sleepers.
-pub const BELL_SLEEPER: u32 = 1 << 16;
 
 /// Whom a publish found waiting on a ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -248,7 +261,7 @@ impl<'a> RecvRingProducer<'a> {
     /// sleeping host thread. `end`: `Ok(())` EOF, `Err(errno)` an error.
     /// Returns whom it found waiting (a futex wake was made for threads).
     pub fn publish(&self, tail: u32, end: Option<Result<(), i32>>) -> Woke {
-        publish(self.ring.ctl(), tail, end)
+        publish(self.ring.ctl(), self.ring.log_entry(), tail, end)
     }
 
     /// Records that the next publish makes the ring non-empty, as arrival
@@ -288,7 +301,7 @@ impl<'a> RecvRingProducer<'a> {
     pub fn stop(&self) -> Woke {
         let ctl = self.ring.ctl();
         ctl.end.store(END_STOPPED, Ordering::Release);
-        wake_if_waiting(ctl)
+        wake_if_waiting(ctl, self.ring.log_entry())
     }
 
     /// Unbinds the ring (the socket closes): `kind = FREE`, `owner = 0`
@@ -296,7 +309,7 @@ impl<'a> RecvRingProducer<'a> {
     /// Returns whom it found waiting.
     pub fn unbind(&self) -> Woke {
         self.release();
-        wake_if_waiting(self.ring.ctl())
+        wake_if_waiting(self.ring.ctl(), self.ring.log_entry())
     }
 
     /// Unbinds the ring without waking anybody (it is known idle: `exec`).
