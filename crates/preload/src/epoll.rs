@@ -31,7 +31,7 @@
 //! wait through `poll::wait_mixed`.
 
 use crate::errno::fail;
-use crate::log::debug;
+use crate::log::{debug, COUNTERS};
 use crate::{attach, fdtable, poll, real};
 use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
@@ -47,6 +47,11 @@ const EV_ERR: u32 = libc::EPOLLERR as u32;
 const EV_HUP: u32 = libc::EPOLLHUP as u32;
 const EV_ET: u32 = libc::EPOLLET as u32;
 const EV_ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+const EV_EXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
+/// What EPOLLEXCLUSIVE may be combined with (the kernel's
+/// `EPOLLEXCLUSIVE_OK_BITS`).
+const EXCLUSIVE_OK: u32 =
+    EV_IN | EV_OUT | EV_ERR | EV_HUP | libc::EPOLLWAKEUP as u32 | EV_ET | EV_EXCLUSIVE;
 const READ_SIDE: u32 = EV_IN | EV_PRI | EV_RDHUP;
 
 struct Entry {
@@ -336,6 +341,9 @@ pub unsafe extern "C" fn epoll_ctl(
             if op == libc::EPOLL_CTL_MOD && !exists {
                 return fail(libc::ENOENT);
             }
+            if let Err(e) = exclusive_ok(op, ev.events, s.entries.get(&fd)) {
+                return fail(e);
+            }
             debug!(
                 "epoll_ctl(epfd {epfd}, {}, fd {fd}, events {:#x})",
                 if exists { "MOD" } else { "ADD" },
@@ -349,6 +357,25 @@ pub unsafe extern "C" fn epoll_ctl(
             None => fail(libc::ENOENT),
         },
         _ => fail(libc::EINVAL),
+    }
+}
+
+/// EPOLLEXCLUSIVE as the kernel checks it: on EPOLL_CTL_ADD only, with
+/// nothing but EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP, EPOLLWAKEUP and
+/// EPOLLET beside it, and an exclusive entry cannot be modified (EINVAL
+/// each). Its wake-up rule (one waiter of several sets) needs no more
+/// here: the kernel promises "one or more", and each process waits on its
+/// own rings.
+fn exclusive_ok(op: c_int, events: u32, existing: Option<&Entry>) -> Result<(), i32> {
+    let exclusive = events & EV_EXCLUSIVE != 0;
+    match op {
+        libc::EPOLL_CTL_MOD
+            if exclusive || existing.is_some_and(|e| e.events & EV_EXCLUSIVE != 0) =>
+        {
+            Err(libc::EINVAL)
+        }
+        libc::EPOLL_CTL_ADD if exclusive && events & !EXCLUSIVE_OK != 0 => Err(libc::EINVAL),
+        _ => Ok(()),
     }
 }
 
@@ -375,6 +402,10 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
         return (None, true);
     }
     s.refill(c);
+    COUNTERS.epoll_passes.fetch_add(1, Ordering::Relaxed);
+    COUNTERS
+        .epoll_looks
+        .fetch_add(s.ready.len() as u64, Ordering::Relaxed);
     let mut cands = Vec::new();
     let mut pfds = Vec::new();
     let Set { entries, ready, .. } = s;

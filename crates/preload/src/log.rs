@@ -74,6 +74,11 @@ pub struct Counters {
     pub kernel_other: AtomicU64,
     /// Bytes sent by sendfile without passing through this process.
     pub sendfile_bytes: AtomicU64,
+    /// Looks of epoll at its offloaded entries (one per pass of a wait)…
+    pub epoll_passes: AtomicU64,
+    /// …and the entries those looks examined (the ready lists' lengths:
+    /// O(ready), not O(interest), is their ratio).
+    pub epoll_looks: AtomicU64,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -82,17 +87,21 @@ pub static COUNTERS: Counters = Counters {
     kernel_tcp: AtomicU64::new(0),
     kernel_other: AtomicU64::new(0),
     sendfile_bytes: AtomicU64::new(0),
+    epoll_passes: AtomicU64::new(0),
+    epoll_looks: AtomicU64::new(0),
 };
 
 pub fn summary() -> String {
     let c = &COUNTERS;
     format!(
-        "offloaded={} accepted={} kernel_tcp={} kernel_other={} sendfile_bytes={}",
+        "offloaded={} accepted={} kernel_tcp={} kernel_other={} sendfile_bytes={} epoll_passes={} epoll_looks={}",
         c.offloaded.load(Ordering::Relaxed),
         c.accepted.load(Ordering::Relaxed),
         c.kernel_tcp.load(Ordering::Relaxed),
         c.kernel_other.load(Ordering::Relaxed),
         c.sendfile_bytes.load(Ordering::Relaxed),
+        c.epoll_passes.load(Ordering::Relaxed),
+        c.epoll_looks.load(Ordering::Relaxed),
     )
 }
 

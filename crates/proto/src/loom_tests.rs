@@ -41,6 +41,7 @@
 
 use crate::eager::ctl::{RecvRingCtl, ACCEPT_RECORD_SIZE};
 use crate::eager::recv::{self, RecvCursor};
+use crate::ready_log::{LogEntry, ReadyLogCtl, ReadyLogReader};
 use crate::sendq::ctl::SendQueueCtl;
 use crate::sendq::queue;
 use loom::sync::atomic::Ordering;
@@ -100,6 +101,69 @@ fn receive_ring_publish_never_misses_a_doorbell_sleeper() {
             w.bell
         });
         assert!(!slept || woke, "lost wake-up: the doorbell is never rung");
+    });
+}
+
+/// A ring and its host's ready log.
+struct RingAndLog {
+    ring: RecvRingCtl,
+    log: ReadyLogCtl,
+}
+
+fn ring_and_log() -> RingAndLog {
+    RingAndLog {
+        ring: RecvRingCtl::zeroed(),
+        log: ReadyLogCtl::zeroed(),
+    }
+}
+
+/// The server publishes 100 bytes into ring 3, announced in the log.
+fn publish_logged(c: &RingAndLog) -> crate::eager::Woke {
+    let entry = LogEntry { log: &c.log, id: 3 };
+    recv::publish(&c.ring, Some(entry), 100, None)
+}
+
+/// A doorbell sleeper on the whole ready log (epoll's ready list) is seen
+/// by a publish into any ring of the host.
+#[test]
+fn ready_log_append_never_misses_a_log_sleeper() {
+    loom::model(|| {
+        let (slept, woke) = race(
+            ring_and_log(),
+            |c| {
+                let r = ReadyLogReader::new(&c.log);
+                r.bell_wait_prepare();
+                r.tail() == 0
+            },
+            |c| publish_logged(c).bell,
+        );
+        assert!(
+            !slept || woke,
+            "lost wake-up: the log's sleeper is never rung"
+        );
+    });
+}
+
+/// A reader that finds a ring in the log finds the ring's new bytes.
+#[test]
+fn ready_log_entry_shows_the_published_ring() {
+    loom::model(|| {
+        race(
+            ring_and_log(),
+            |c| {
+                let mut cur = 0;
+                let mut ids = Vec::new();
+                ReadyLogReader::new(&c.log).read(&mut cur, &mut ids);
+                if ids == [3] {
+                    assert_eq!(c.ring.tail.load(Ordering::Acquire), 100, "stale ring");
+                }
+                true
+            },
+            |c| {
+                publish_logged(c);
+                true
+            },
+        );
     });
 }
 

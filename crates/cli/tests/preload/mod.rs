@@ -143,6 +143,8 @@ pub struct Summary {
     pub accepted: u64,
     pub kernel_tcp: u64,
     pub sendfile_bytes: u64,
+    pub epoll_passes: u64,
+    pub epoll_looks: u64,
 }
 
 pub fn summaries(stats: &Path) -> Vec<Summary> {
@@ -160,6 +162,8 @@ pub fn summaries(stats: &Path) -> Vec<Summary> {
                     "accepted" => s.accepted = n,
                     "kernel_tcp" => s.kernel_tcp = n,
                     "sendfile_bytes" => s.sendfile_bytes = n,
+                    "epoll_passes" => s.epoll_passes = n,
+                    "epoll_looks" => s.epoll_looks = n,
                     _ => {}
                 }
             }

@@ -154,6 +154,34 @@ c.send(b"z")
 say("et.both.arrival", [ev for _, ev in ep.poll(2)])
 a.recv(10)
 ep.close()
+# EPOLLEXCLUSIVE: ADD only, with few other flags; never modified.
+EXCL = 1 << 28
+for name, flags in [("in", select.EPOLLIN), ("in_et", select.EPOLLIN | select.EPOLLET),
+                    ("rdhup", select.EPOLLIN | select.EPOLLRDHUP),
+                    ("oneshot", select.EPOLLIN | select.EPOLLONESHOT)]:
+    ep = select.epoll()
+    try:
+        ep.register(a.fileno(), flags | EXCL)
+        say(f"excl.{name}.add", "ok")
+        try:
+            ep.modify(a.fileno(), select.EPOLLIN)
+            say(f"excl.{name}.mod", "ok")
+        except OSError as e:
+            say(f"excl.{name}.mod", errno.errorcode[e.errno])
+        c.send(b"e")
+        say(f"excl.{name}.poll", [ev for _, ev in ep.poll(2)])
+        a.recv(10)
+    except OSError as e:
+        say(f"excl.{name}.add", errno.errorcode[e.errno])
+    ep.close()
+ep = select.epoll()
+ep.register(a.fileno(), select.EPOLLIN)
+try:
+    ep.modify(a.fileno(), select.EPOLLIN | EXCL)
+    say("excl.mod_to", "ok")
+except OSError as e:
+    say("excl.mod_to", errno.errorcode[e.errno])
+ep.close()
 # SO_RCVLOWAT: poll reports readable only from the mark on.
 a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 10)
 c.send(b"12345")

@@ -25,8 +25,8 @@
 //! forged `tail` to one ring ([`available`]).
 
 use super::ctl::{
-    available, BELL_SLEEPER, kick_pending, look, used, RecvRingCtl, END_EOF, END_ERROR, END_NONE, END_STOPPED,
-    KIND_FREE,
+    available, kick_pending, look, used, RecvRingCtl, BELL_SLEEPER, END_EOF, END_ERROR, END_NONE,
+    END_STOPPED, KIND_FREE,
 };
 use crate::ready_log::{self, LogEntry};
 use crate::region::RecvRingRef;
@@ -90,7 +90,6 @@ pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> W
     }
     woke
 }
-
 
 /// Whom a publish found waiting on a ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
