@@ -298,3 +298,68 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
+
+/// A wait looks at the sockets that moved, not at all it watches: 100
+/// idle connections and one busy one, 300 echoes on the busy one, and the
+/// waits examine a handful of sockets each (the ready list fed by the
+/// host's ready log).
+fn idle_sockets_are_not_looked_at(engine: &str) {
+    const IDLE: usize = 100;
+    const ROUNDS: usize = 300;
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let peers: Vec<TcpStream> = (0..=IDLE)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let q = EventQueue::new();
+    for _ in 0..=IDLE {
+        let (s, _) = c.accept(l, libc::SOCK_NONBLOCK).unwrap();
+        q.add(s, EV_DATA, u64::from(s)).unwrap();
+    }
+    // The last peer is the busy one; the events say which socket is its.
+    let mut busy = &peers[IDLE];
+    busy.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut ev = [ConnEvent::default(); 8];
+    for r in 0..ROUNDS {
+        let msg: Vec<u8> = (0..64).map(|j| (r * 3 + j) as u8).collect();
+        busy.write_all(&msg).unwrap();
+        let mut got = Vec::new();
+        while got.len() < msg.len() {
+            let n = c.events_wait(&q, &mut ev, 5000).unwrap();
+            assert!(n > 0, "{engine}: round {r}: no event");
+            for e in &ev[..n] {
+                assert_eq!(e.events & EV_DATA, EV_DATA, "{e:?}");
+                let mut b = [0u8; 256];
+                match c.recv(e.sock, &mut b, libc::MSG_DONTWAIT) {
+                    Ok(k) => {
+                        got.extend_from_slice(&b[..k]);
+                        c.send(e.sock, &b[..k], 0).unwrap();
+                    }
+                    Err(x) if x.raw_os_error() == Some(libc::EAGAIN) => {}
+                    Err(x) => panic!("{engine}: recv: {x}"),
+                }
+            }
+        }
+        assert_eq!(got, msg, "{engine}: round {r}");
+        let mut back = vec![0u8; 64];
+        busy.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg, "{engine}: round {r}: echo");
+    }
+    let (passes, looks) = q.looked();
+    let per = looks as f64 / passes.max(1) as f64;
+    eprintln!(
+        "{engine}: {passes} passes looked at {looks} sockets ({per:.1} each) of {}",
+        IDLE + 1
+    );
+    assert!(passes >= ROUNDS as u64, "{engine}: {passes} passes");
+    assert!(
+        per < 8.0,
+        "{engine}: {per:.1} sockets looked at per pass of {}",
+        IDLE + 1
+    );
+    drop(peers);
+}
+
+engine_tests!(idle_sockets_are_not_looked_at);

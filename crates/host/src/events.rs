@@ -11,14 +11,21 @@
 //! loop over sockets with rings makes no round trip. Sockets without rings
 //! (eager receive off, a connect in progress) are asked of the server, as
 //! `Client::poll` does. Level-triggered, like `epoll` without `EPOLLET`: a
-//! socket is reported on every call while its condition holds. The scan is
-//! over the queue's sockets (O(interest) in host memory, no system call);
-//! a ready list fed by the server would make it O(ready).
+//! socket is reported on every call while its condition holds.
+//!
+//! O(ready), not O(interest): the queue keeps a ready list, fed by the
+//! host's ready log (the server appends every ring it publishes into,
+//! `tcps_proto::ready_log`). A call looks at the listed sockets only: those
+//! the log names since the last call, those reported last time (level
+//! triggered: they are looked at again until their condition ends), and
+//! the *sticky* ones the log cannot announce (EV_ROOM wanted, no ring).
 
 use crate::client::{Client, PollFd};
+use crate::ring_wait::EdgeWatch;
 use crate::socket::Mode;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -50,7 +57,21 @@ pub struct ConnEvent {
 /// The sockets a program watches and what for.
 #[derive(Default)]
 pub struct EventQueue {
-    watch: Mutex<BTreeMap<u32, (u32, u64)>>,
+    state: Mutex<QueueState>,
+    /// Looks at the ready list, and the sockets they examined (see
+    /// [`EventQueue::looked`]).
+    passes: AtomicU64,
+    looks: AtomicU64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    /// Socket → (`EV_*` wanted, user word).
+    watch: BTreeMap<u32, (u32, u64)>,
+    /// The ready list: sockets the next call looks at.
+    ready: BTreeSet<u32>,
+    /// How far the queue has read the host's ready log (None: not yet).
+    cursor: Option<u32>,
 }
 
 impl EventQueue {
@@ -64,13 +85,17 @@ impl EventQueue {
         if events & !EV_ALL != 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        self.lock().insert(sock, (events, user));
+        let mut st = self.lock();
+        st.watch.insert(sock, (events, user));
+        st.ready.insert(sock); // looked at once
         Ok(())
     }
 
     /// Stops watching `sock` (ENOENT if it was not watched).
     pub fn remove(&self, sock: u32) -> io::Result<()> {
-        match self.lock().remove(&sock) {
+        let mut st = self.lock();
+        st.ready.remove(&sock);
+        match st.watch.remove(&sock) {
             Some(_) => Ok(()),
             None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         }
@@ -78,15 +103,49 @@ impl EventQueue {
 
     /// Sockets watched.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().watch.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, (u32, u64)>> {
-        self.watch.lock().unwrap_or_else(|p| p.into_inner())
+    /// How many looks at its ready list the waits made, and how many
+    /// sockets those looks examined: their ratio is what a wait costs
+    /// (O(ready), not O(interest)).
+    pub fn looked(&self) -> (u64, u64) {
+        (
+            self.passes.load(Ordering::Relaxed),
+            self.looks.load(Ordering::Relaxed),
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl QueueState {
+    /// Lists the watched sockets the ready log names since the last look
+    /// (all of them the first time, or when the log overflowed).
+    fn refill(&mut self, c: &Client) {
+        let mut ids = Vec::new();
+        let whole = match self.cursor.as_mut() {
+            None => {
+                self.cursor = Some(c.ready_log_tail());
+                false
+            }
+            Some(cur) => c.ready_log_since(cur, &mut ids),
+        };
+        if !whole {
+            self.ready.extend(self.watch.keys().copied());
+            return;
+        }
+        for id in ids {
+            if self.watch.contains_key(&id) {
+                self.ready.insert(id);
+            }
+        }
     }
 }
 
@@ -139,14 +198,19 @@ impl Client {
         let deadline =
             (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
         loop {
-            let (mut fds, meta) = self.events_snapshot(q);
-            if fds.is_empty() {
+            if q.is_empty() {
                 return Ok(0);
             }
-            let ready = self.poll(&mut fds, 0)?;
+            let (mut fds, meta) = self.events_snapshot(q, true);
+            let ready = if fds.is_empty() {
+                0
+            } else {
+                self.poll(&mut fds, 0)?
+            };
             if ready > 0 || meta.iter().any(|m| m.room) {
-                return Ok(fill(q, &fds, &meta, out));
+                return Ok(self.fill(q, &fds, &meta, out));
             }
+            self.relist(q, &fds, &meta, &[]);
             let left = match deadline {
                 None if timeout_ms < 0 => -1,
                 None => return Ok(0),
@@ -155,27 +219,63 @@ impl Client {
                     _ => return Ok(0),
                 },
             };
-            let room = |s: u32| {
-                let b = self.send_backlog(s);
-                b.failed || (b.bound && b.credit)
-            };
-            if !self.sleep_on_rings(&mut fds, &mut [], left, &room)? {
-                // Some socket needs the server: it parks the wait.
+            if !self.sleep_on_list(q, left)? {
+                // Some socket needs the server: it parks the wait, on
+                // every watched socket (an arrival on any ends it).
+                let (mut fds, meta) = self.events_snapshot(q, false);
                 if self.poll(&mut fds, left)? > 0 {
-                    return Ok(fill(q, &fds, &meta, out));
+                    return Ok(self.fill(q, &fds, &meta, out));
                 }
             }
         }
     }
 
-    /// The poll entries of `q` now, and what else is known of each socket.
-    /// Room in a socket's send queue is known here: such an entry is asked
-    /// without POLLOUT.
-    fn events_snapshot(&self, q: &EventQueue) -> (Vec<PollFd>, Vec<Watched>) {
-        let w = q.lock();
-        let mut fds = Vec::with_capacity(w.len());
-        let mut meta = Vec::with_capacity(w.len());
-        for (&sock, &(wanted, user)) in w.iter() {
+    /// Sleeps on the host doorbell until the ready log moves or a sticky
+    /// socket's send queue gets room (see `ring_wait`). `Ok(false)`: a
+    /// listed socket cannot be watched that way (it has no ring).
+    fn sleep_on_list(&self, q: &EventQueue, left: i32) -> io::Result<bool> {
+        let (fds, _) = self.events_snapshot(q, true);
+        let mut watch: Vec<EdgeWatch> = fds
+            .iter()
+            .map(|f| EdgeWatch {
+                sock: f.sock,
+                read: f.events & libc::POLLIN != 0 && self.read_edge(f.sock).is_none(),
+                write: f.events & libc::POLLOUT != 0,
+            })
+            .filter(|w| w.read || w.write)
+            .collect();
+        watch.push(EdgeWatch::READY_LOG);
+        self.sleep_on_edges(&watch, &mut [], left, &mut || {
+            let (mut fds, meta) = self.events_snapshot(q, true);
+            let n = if fds.is_empty() {
+                0
+            } else {
+                self.poll(&mut fds, 0)?
+            };
+            Ok(n > 0 || meta.iter().any(|m| m.room))
+        })
+    }
+
+    /// The poll entries of `q`'s ready list after refilling it from the
+    /// ready log (`listed`), or of every watched socket; and what else is
+    /// known of each socket. Room in a socket's send queue is known here:
+    /// such an entry is asked without POLLOUT.
+    fn events_snapshot(&self, q: &EventQueue, listed: bool) -> (Vec<PollFd>, Vec<Watched>) {
+        let mut st = q.lock();
+        let socks: Vec<u32> = if listed {
+            st.refill(self);
+            q.passes.fetch_add(1, Ordering::Relaxed);
+            q.looks.fetch_add(st.ready.len() as u64, Ordering::Relaxed);
+            st.ready.iter().copied().collect()
+        } else {
+            st.watch.keys().copied().collect()
+        };
+        let mut fds = Vec::with_capacity(socks.len());
+        let mut meta = Vec::with_capacity(socks.len());
+        for sock in socks {
+            let Some(&(wanted, user)) = st.watch.get(&sock) else {
+                continue;
+            };
             let listener = self
                 .conn
                 .socks
@@ -215,33 +315,62 @@ struct Watched {
     room: bool,
 }
 
-/// Events of a poll pass into `out`; sockets found closed (POLLNVAL) leave
-/// the queue.
-fn fill(q: &EventQueue, fds: &[PollFd], meta: &[Watched], out: &mut [ConnEvent]) -> usize {
-    let mut n = 0;
-    for (f, m) in fds.iter().zip(meta) {
-        if n == out.len() {
-            break;
+impl Client {
+    /// Events of a poll pass into `out`; sockets found closed (POLLNVAL)
+    /// leave the queue. Then the ready list keeps what was reported or
+    /// found ready (level-triggered) and the sticky sockets.
+    fn fill(
+        &self,
+        q: &EventQueue,
+        fds: &[PollFd],
+        meta: &[Watched],
+        out: &mut [ConnEvent],
+    ) -> usize {
+        let mut n = 0;
+        let mut held = Vec::new();
+        for (f, m) in fds.iter().zip(meta) {
+            let events = fd_events(f, m);
+            if events == 0 {
+                continue;
+            }
+            held.push(f.sock); // reported now, or ready with no room left in `out`
+            if n == out.len() {
+                continue;
+            }
+            if f.revents & libc::POLLNVAL != 0 {
+                q.lock().watch.remove(&f.sock);
+            }
+            out[n] = ConnEvent {
+                sock: f.sock,
+                events,
+                user: m.user,
+            };
+            n += 1;
         }
-        let (wanted, user) = (m.wanted, m.user);
-        let mut events = conn_events(f.revents, m.listener, wanted);
-        if m.room {
-            events |= EV_ROOM;
-        }
-        if events == 0 {
-            continue;
-        }
-        if f.revents & libc::POLLNVAL != 0 {
-            q.lock().remove(&f.sock);
-        }
-        out[n] = ConnEvent {
-            sock: f.sock,
-            events,
-            user,
-        };
-        n += 1;
+        self.relist(q, fds, meta, &held);
+        n
     }
-    n
+
+    /// After a look at `fds`: each stays listed if it is in `held` (ready)
+    /// or sticky, and leaves the list otherwise.
+    fn relist(&self, q: &EventQueue, fds: &[PollFd], meta: &[Watched], held: &[u32]) {
+        let mut st = q.lock();
+        for (f, m) in fds.iter().zip(meta) {
+            let sticky = m.wanted & EV_ROOM != 0 || self.read_edge(f.sock).is_none();
+            if !(held.contains(&f.sock) || sticky) || !st.watch.contains_key(&f.sock) {
+                st.ready.remove(&f.sock);
+            }
+        }
+    }
+}
+
+/// The `EV_*` bits a looked-at socket reports.
+fn fd_events(f: &PollFd, m: &Watched) -> u32 {
+    let mut events = conn_events(f.revents, m.listener, m.wanted);
+    if m.room {
+        events |= EV_ROOM;
+    }
+    events
 }
 
 #[cfg(test)]

@@ -117,7 +117,6 @@ pub struct ChannelCtl {
 }
 
 const _: () = assert!(std::mem::size_of::<ChannelCtl>() == CTL_SIZE);
-const _: () = assert!(std::mem::size_of::<RegionHeader>() <= crate::ready_log::READY_LOG_OFFSET);
 
 /// Why a geometry is unusable.
 #[derive(Debug, Clone, PartialEq, Eq)]

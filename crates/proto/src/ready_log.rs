@@ -63,6 +63,8 @@ pub const READY_LOG_SIZE: usize = 128 + 4 * READY_LOG_SLOTS as usize;
 const _: () = assert!(std::mem::size_of::<ReadyLogCtl>() == READY_LOG_SIZE);
 #[cfg(not(loom))]
 const _: () = assert!(READY_LOG_OFFSET + READY_LOG_SIZE <= crate::layout::HEADER_SIZE);
+// The log starts after the header's fields.
+const _: () = assert!(std::mem::size_of::<crate::layout::RegionHeader>() <= READY_LOG_OFFSET);
 
 #[cfg(all(test, loom))]
 impl ReadyLogCtl {

@@ -24,240 +24,30 @@
 //! the kernel saw no new edge. EPOLLONESHOT disables an entry after one
 //! report until EPOLL_CTL_MOD.
 //!
-//! A wait with nothing ready sleeps on the host doorbell, watching the ring
-//! of every entry with read interest (fired or not: a new arrival is what
-//! it waits for) and the send queue of every entry waiting for room
-//! (`Client::sleep_on_edges`); sets with a socket it cannot watch that way
-//! wait through `poll::wait_mixed`.
+//! O(ready), not O(interest): each set keeps a ready list (`set.rs`), fed
+//! by the host's ready log, where the server announces every receive or
+//! accept ring it publishes into. A wait looks at the listed entries only:
+//! those the log named since the last look, those added or modified,
+//! level-triggered ones reported last time, and *sticky* ones the log
+//! cannot announce (`Entry::sticky`: no ring, level-triggered EPOLLOUT,
+//! EPOLLOUT waiting for room). A wait with nothing ready sleeps on the host
+//! doorbell, registered on the ready log and on the send queues of entries
+//! waiting for room (`Client::sleep_on_edges`); sets with a socket it
+//! cannot watch that way wait through `poll::wait_mixed`, on every entry.
+
+mod entry;
+mod set;
 
 use crate::errno::fail;
 use crate::log::{debug, COUNTERS};
 use crate::{attach, fdtable, poll, real};
+use entry::*;
 use libc::{c_int, epoll_event};
+pub use set::Set;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use tcps::{Client, PollFd};
-
-const EV_IN: u32 = libc::EPOLLIN as u32;
-const EV_OUT: u32 = libc::EPOLLOUT as u32;
-const EV_PRI: u32 = libc::EPOLLPRI as u32;
-const EV_RDHUP: u32 = libc::EPOLLRDHUP as u32;
-const EV_ERR: u32 = libc::EPOLLERR as u32;
-const EV_HUP: u32 = libc::EPOLLHUP as u32;
-const EV_ET: u32 = libc::EPOLLET as u32;
-const EV_ONESHOT: u32 = libc::EPOLLONESHOT as u32;
-const EV_EXCLUSIVE: u32 = libc::EPOLLEXCLUSIVE as u32;
-/// What EPOLLEXCLUSIVE may be combined with (the kernel's
-/// `EPOLLEXCLUSIVE_OK_BITS`).
-const EXCLUSIVE_OK: u32 =
-    EV_IN | EV_OUT | EV_ERR | EV_HUP | libc::EPOLLWAKEUP as u32 | EV_ET | EV_EXCLUSIVE;
-const READ_SIDE: u32 = EV_IN | EV_PRI | EV_RDHUP;
-
-struct Entry {
-    id: u32,
-    events: u32,
-    data: u64,
-    /// Edge-triggered, a socket whose edges are not visible here: the
-    /// program's read/write sequence numbers when this entry last reported
-    /// that direction (armed while they differ).
-    reported_rd: u32,
-    reported_wr: u32,
-    /// Edge-triggered: the read edge spent by the last look (None: none).
-    rd_edge: Option<u64>,
-    /// Edge-triggered: `full_seq` when EPOLLOUT was last reported.
-    reported_full: u32,
-    /// EPOLLONESHOT fired.
-    disabled: bool,
-    /// On the set's ready list.
-    listed: bool,
-}
-
-/// What a look at an entry's socket starts from.
-#[derive(Clone, Copy)]
-struct Edges {
-    rd: u32,
-    wr: u32,
-    full: u32,
-    /// The receive or accept ring's edge (None: no ring).
-    rd_edge: Option<u64>,
-    /// The socket has a send queue (its room is known here).
-    queue: bool,
-}
-
-impl Edges {
-    /// The look at `id` for an entry with `events`.
-    fn of(c: &Client, id: u32, events: u32) -> Edges {
-        let s = fdtable::id_state(id);
-        Edges {
-            rd: s.rd_seq.load(Ordering::Relaxed),
-            wr: s.wr_seq.load(Ordering::Relaxed),
-            full: s.full_seq.load(Ordering::Relaxed),
-            rd_edge: if events & READ_SIDE != 0 {
-                c.read_edge(id)
-            } else {
-                None
-            },
-            queue: events & EV_OUT != 0 && c.write_edge(id).is_some(),
-        }
-    }
-}
-
-impl Entry {
-    fn new(id: u32, ev: &epoll_event) -> Entry {
-        let s = fdtable::id_state(id);
-        Entry {
-            id,
-            events: ev.events,
-            data: ev.u64,
-            reported_rd: s.rd_seq.load(Ordering::Relaxed).wrapping_sub(1),
-            reported_wr: s.wr_seq.load(Ordering::Relaxed).wrapping_sub(1),
-            rd_edge: None,
-            reported_full: s.full_seq.load(Ordering::Relaxed).wrapping_sub(1),
-            disabled: false,
-            listed: false,
-        }
-    }
-
-    /// Whether the entry must stay on the ready list even when nothing is
-    /// ready, because the ready log would not bring it back: a read side
-    /// without a ring, and a write side (the log announces rings, not
-    /// room) that is level-triggered, has no send queue, or waits for
-    /// room after a full queue.
-    fn sticky(&self, x: &Edges) -> bool {
-        if self.disabled {
-            return false;
-        }
-        let read = self.events & READ_SIDE != 0 && x.rd_edge.is_none();
-        let write = self.events & EV_OUT != 0
-            && (self.events & EV_ET == 0 || !x.queue || self.write_pending(x));
-        read || write
-    }
-
-    /// Whether EPOLLOUT waits for an edge (room after a full queue).
-    fn write_pending(&self, x: &Edges) -> bool {
-        if x.queue {
-            x.full != self.reported_full
-        } else {
-            x.wr != self.reported_wr
-        }
-    }
-
-    /// The poll events to ask for now (0: nothing armed).
-    fn wanted(&self, x: &Edges) -> u32 {
-        if self.disabled {
-            return 0;
-        }
-        let all = self.events & (READ_SIDE | EV_OUT);
-        if self.events & EV_ET == 0 {
-            return all;
-        }
-        let read_fired = match x.rd_edge {
-            Some(g) => self.rd_edge != Some(g),
-            None => x.rd != self.reported_rd,
-        };
-        let write_fired = self.write_pending(x);
-        if x.rd_edge.is_some() || x.queue {
-            // An edge reports all that holds, as the kernel's does.
-            let fired = (read_fired && all & READ_SIDE != 0) || (write_fired && all & EV_OUT != 0);
-            return if fired { all } else { 0 };
-        }
-        let mut w = all;
-        if !read_fired {
-            w &= !READ_SIDE;
-        }
-        if !write_fired {
-            w &= !EV_OUT;
-        }
-        w
-    }
-}
-
-#[derive(Default)]
-pub struct Set {
-    /// Offloaded fds registered in this set.
-    entries: BTreeMap<c_int, Entry>,
-    /// The fds of `entries` by socket id (dup'd fds share one).
-    by_id: BTreeMap<u32, Vec<c_int>>,
-    /// The ready list: the entries a wait looks at (see the module docs).
-    ready: Vec<c_int>,
-    /// How far this set has read the host's ready log (None: not yet).
-    log_cursor: Option<u32>,
-    /// `fdtable::rescan_epoch` when the set last looked at everything.
-    rescan: u32,
-    /// Kernel fds registered in the real epoll fd (saturating; a closed fd
-    /// leaves the count high, which only costs a real epoll_wait).
-    kernel_fds: usize,
-}
-
-impl Set {
-    /// Puts `fd`'s entry on the ready list (once).
-    fn list(&mut self, fd: c_int) {
-        if let Some(e) = self.entries.get_mut(&fd) {
-            if !e.listed {
-                e.listed = true;
-                self.ready.push(fd);
-            }
-        }
-    }
-
-    fn insert(&mut self, fd: c_int, e: Entry) {
-        let id = e.id;
-        if let Some(old) = self.entries.insert(fd, e) {
-            self.unindex(fd, old.id);
-            self.ready.retain(|&f| f != fd);
-        }
-        self.by_id.entry(id).or_default().push(fd);
-        self.list(fd); // looked at once, as the kernel's ctl does
-    }
-
-    fn remove(&mut self, fd: c_int) -> Option<Entry> {
-        let e = self.entries.remove(&fd)?;
-        self.unindex(fd, e.id);
-        if e.listed {
-            self.ready.retain(|&f| f != fd);
-        }
-        Some(e)
-    }
-
-    fn unindex(&mut self, fd: c_int, id: u32) {
-        if let Some(v) = self.by_id.get_mut(&id) {
-            v.retain(|&f| f != fd);
-            if v.is_empty() {
-                self.by_id.remove(&id);
-            }
-        }
-    }
-
-    /// Lists the entries of the sockets the server published into since
-    /// the last look (the host's ready log); everything when the log
-    /// overflowed, on the first look, or after a rescan was asked for.
-    fn refill(&mut self, c: &Client) {
-        let epoch = fdtable::rescan_epoch();
-        let mut all = epoch != self.rescan;
-        self.rescan = epoch;
-        let mut ids = Vec::new();
-        match self.log_cursor.as_mut() {
-            None => {
-                self.log_cursor = Some(c.ready_log_tail());
-                all = true;
-            }
-            Some(cur) => all |= !c.ready_log_since(cur, &mut ids),
-        }
-        if all {
-            let fds: Vec<c_int> = self.entries.keys().copied().collect();
-            fds.into_iter().for_each(|fd| self.list(fd));
-            return;
-        }
-        for id in ids {
-            if let Some(fds) = self.by_id.get(&id) {
-                for fd in fds.clone() {
-                    self.list(fd);
-                }
-            }
-        }
-    }
-}
 
 static SETS: Mutex<BTreeMap<c_int, Set>> = Mutex::new(BTreeMap::new());
 
@@ -357,25 +147,6 @@ pub unsafe extern "C" fn epoll_ctl(
             None => fail(libc::ENOENT),
         },
         _ => fail(libc::EINVAL),
-    }
-}
-
-/// EPOLLEXCLUSIVE as the kernel checks it: on EPOLL_CTL_ADD only, with
-/// nothing but EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP, EPOLLWAKEUP and
-/// EPOLLET beside it, and an exclusive entry cannot be modified (EINVAL
-/// each). Its wake-up rule (one waiter of several sets) needs no more
-/// here: the kernel promises "one or more", and each process waits on its
-/// own rings.
-fn exclusive_ok(op: c_int, events: u32, existing: Option<&Entry>) -> Result<(), i32> {
-    let exclusive = events & EV_EXCLUSIVE != 0;
-    match op {
-        libc::EPOLL_CTL_MOD
-            if exclusive || existing.is_some_and(|e| e.events & EV_EXCLUSIVE != 0) =>
-        {
-            Err(libc::EINVAL)
-        }
-        libc::EPOLL_CTL_ADD if exclusive && events & !EXCLUSIVE_OK != 0 => Err(libc::EINVAL),
-        _ => Ok(()),
     }
 }
 
@@ -750,68 +521,6 @@ pub unsafe extern "C" fn epoll_pwait2(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(events: u32) -> Entry {
-        Entry {
-            id: 0,
-            events,
-            data: 0,
-            reported_rd: 7,
-            reported_wr: 9,
-            rd_edge: Some(100),
-            reported_full: 3,
-            disabled: false,
-        }
-    }
-
-    /// A look at a socket: sequence numbers, the ring's edge, a queue.
-    fn look(rd: u32, wr: u32, full: u32, rd_edge: Option<u64>, queue: bool) -> Edges {
-        Edges {
-            rd,
-            wr,
-            full,
-            rd_edge,
-            queue,
-        }
-    }
-
-    #[test]
-    fn level_triggered_always_asks() {
-        let e = entry(EV_IN | EV_OUT | EV_RDHUP);
-        assert_eq!(
-            e.wanted(&look(7, 9, 3, Some(100), true)),
-            EV_IN | EV_OUT | EV_RDHUP
-        );
-    }
-
-    #[test]
-    fn edge_triggered_without_a_ring_rearms_per_direction() {
-        let e = entry(EV_IN | EV_OUT | EV_ET);
-        // Both reported since the last read and write: nothing armed.
-        assert_eq!(e.wanted(&look(7, 9, 3, None, false)), 0);
-        // A read re-arms EPOLLIN only; a write EPOLLOUT only.
-        assert_eq!(e.wanted(&look(8, 9, 3, None, false)), EV_IN);
-        assert_eq!(e.wanted(&look(7, 10, 3, None, false)), EV_OUT);
-    }
-
-    #[test]
-    fn edge_triggered_with_a_ring_fires_on_arrivals_and_room() {
-        let e = entry(EV_IN | EV_OUT | EV_ET);
-        // No arrival, no full queue since the last report: quiet, even
-        // after the program read and wrote.
-        assert_eq!(e.wanted(&look(8, 10, 3, Some(100), true)), 0);
-        // A new arrival fires the entry, reporting all that holds.
-        assert_eq!(e.wanted(&look(7, 9, 3, Some(101), true)), EV_IN | EV_OUT);
-        // So does a full queue waiting for room.
-        assert_eq!(e.wanted(&look(7, 9, 4, Some(100), true)), EV_IN | EV_OUT);
-    }
-
-    #[test]
-    fn oneshot_disables() {
-        let mut e = entry(EV_IN | EV_ONESHOT);
-        e.disabled = true;
-        assert_eq!(e.wanted(&look(0, 0, 0, Some(1), false)), 0);
-    }
 
     #[test]
     fn kernel_side_checked_every_few_passes() {
