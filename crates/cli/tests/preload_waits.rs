@@ -131,3 +131,83 @@ fn pollout_waits_make_no_round_trips() {
     assert!(n(&c, "round_trips") <= 20, "{c}");
     assert!(n(&off, "round_trips") > n(&c, "round_trips") + 20, "{off}");
 }
+
+const THREADS: usize = 4;
+const THREAD_ROUNDS: usize = 50;
+
+/// The host's counters after `threads_wait.py`: `THREADS` threads each
+/// waiting in poll(2) for its own connection, answered here in turn (each
+/// message compared end to end).
+fn thread_waits(srv: &Server, dir: &TempDir, env: &[(&str, &str)]) -> Value {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let tag = format!("threads-{}", env.len());
+    let stats = dir.path().join(format!("{tag}.stats"));
+    let log = dir.path().join(format!("{tag}.out"));
+    let prog = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/threads_wait.py");
+    let (t, r) = (THREADS.to_string(), THREAD_ROUNDS.to_string());
+    let mut cmd = command(
+        Net::Tcps,
+        srv,
+        &stats,
+        &log,
+        &["python3", prog, &port, &t, &r],
+    );
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn");
+    let mut peers: Vec<_> = (0..THREADS).map(|_| l.accept().unwrap().0).collect();
+    for i in 0..THREAD_ROUNDS {
+        for (j, k) in peers.iter_mut().enumerate() {
+            // Long enough that every thread is asleep in its wait.
+            std::thread::sleep(Duration::from_millis(1));
+            k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let msg: Vec<u8> = (0..100).map(|x| (i * 7 + j * 3 + x) as u8).collect();
+            k.write_all(&msg).unwrap();
+            let mut back = vec![0u8; 100];
+            k.read_exact(&mut back)
+                .unwrap_or_else(|e| panic!("{tag}: round {i} thread {j}: {e}\n{}", read(&log)));
+            let want: Vec<u8> = msg.iter().rev().copied().collect();
+            assert_eq!(back, want, "{tag}: round {i} thread {j}: echo differs");
+        }
+    }
+    let want = (THREADS * THREAD_ROUNDS * 100) as u64;
+    let h = counters_once_sent(srv, child.id(), want);
+    drop(peers);
+    let st = common::wait_timeout(&mut child, Duration::from_secs(20));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "{tag}: {st:?}\n{}",
+        read(&log)
+    );
+    let h = h.unwrap_or_else(|| panic!("{tag}: host not in tcps stat\n{}", read(&log)));
+    eprintln!("{tag}: {h}");
+    h
+}
+
+/// Several threads of one process sleep on the host doorbell at once, each
+/// on a doorbell of its own: none of their waits parks a call at the
+/// server. Without the doorbell every wait is a round trip.
+#[test]
+fn several_threads_sleep_on_doorbells_at_once() {
+    let srv = Server::start("uring", &["--poll", "adaptive"]);
+    let dir = TempDir::new("preload-threads");
+    let n = |c: &Value, k: &str| c[k].as_u64().unwrap_or(u64::MAX);
+    let on = thread_waits(&srv, &dir, &[]);
+    let off = thread_waits(&srv, &dir, &[("TCPS_HOST_DOORBELL", "0")]);
+    let waits = (THREADS * THREAD_ROUNDS) as u64;
+    let polls = |c: &Value| c["calls"]["Poll"].as_u64().unwrap_or(u64::MAX);
+    // Parked polls: only a thread's first wait, before its ring is bound.
+    assert!(polls(&on) <= 4 * THREADS as u64, "{on}");
+    assert!(polls(&off) >= waits / 2, "{off}");
+    // Each wait woken by its own doorbell, once: no thread is rung for
+    // another thread's socket.
+    assert!(n(&on, "doorbell_rings") >= waits / 2, "{on}");
+    assert!(
+        n(&on, "doorbell_rings") <= waits + 2 * THREADS as u64,
+        "{on}"
+    );
+    assert!(
+        n(&on, "round_trips") * 4 < n(&off, "round_trips"),
+        "{on}\n{off}"
+    );
+}

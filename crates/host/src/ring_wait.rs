@@ -12,19 +12,22 @@
 //! be in the same poll(2), so a mixed set needs no helper thread, and no
 //! call is parked at the server: blocking costs no round trip.
 //!
-//! One sleeper at a time per attachment: the doorbell is one pipe, and
-//! a sleeper empties it before its last look at the rings (a ring rung
-//! after that look stays readable until it polls). A second thread
-//! emptying it could swallow the first one's ring, so while one thread
-//! sleeps here the others wait the old way (a call parked at the server).
-//! Single-threaded event loops (nginx, redis) always sleep here.
+//! One doorbell per sleeping thread: a sleeper empties its doorbell before
+//! its last look at the rings (a ring rung after that look stays readable
+//! until it polls), so two threads on one pipe could swallow each other's
+//! rings. A thread takes a free doorbell *slot* (`DOORBELL_SLOTS` per
+//! attachment, each pipe asked for once: `ControlMsg::HostDoorbell` with
+//! the slot as handle) and registers on each ring and queue with it; the
+//! server rings only the doorbells of the sleepers whose rings moved. With
+//! every slot taken, a thread waits the old way (a call parked at the
+//! server).
 
 use crate::client::Client;
 use crate::socket::Mode;
 use crate::sys::move_high;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tcps_proto::eager::END_STOPPED;
 use tcps_proto::handshake::ControlMsg;
 use tcps_proto::msg::PollEntry;
@@ -68,35 +71,68 @@ enum Watch {
     Log,
 }
 
-/// Registered as a doorbell sleeper on the rings and send queues of a poll
-/// set; unregisters when dropped. Made by `Client::register`.
+/// Registered as a doorbell sleeper (on doorbell `slot`) on the rings and
+/// send queues of a poll set; unregisters when dropped, then marks the
+/// slot awake. Made by `Client::register`.
 struct Registered<'a> {
     client: &'a Client,
     watches: Vec<Watch>,
+    slot: u32,
 }
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
+        let slot = self.slot;
         for &w in &self.watches {
             match w {
                 Watch::Ring(s) => {
                     if let Some(ring) = self.client.conn.recv_ring(s) {
-                        ring.bell_wait_done();
+                        ring.bell_wait_done(slot);
                     }
                 }
-                Watch::Queue(q) => self.client.conn.send_queue(q).bell_wait_done(),
-                Watch::Log => self.client.conn.ready_log().bell_wait_done(),
+                Watch::Queue(q) => self.client.conn.send_queue(q).bell_wait_done(slot),
+                Watch::Log => self.client.conn.ready_log().bell_wait_done(slot),
             }
         }
     }
 }
 
-/// Held while a thread is the attachment's doorbell sleeper.
-struct Sleeper<'a>(&'a std::sync::atomic::AtomicBool);
+/// A doorbell slot held by a sleeping thread; freed when dropped.
+struct Slot<'a> {
+    held: &'a AtomicU64,
+    slot: u32,
+}
 
-impl Drop for Sleeper<'_> {
+impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.held.fetch_and(!(1u64 << self.slot), Ordering::Release);
+    }
+}
+
+/// Takes a free doorbell slot, this thread's last one if it is free (its
+/// pipe is made already). None: every slot is held.
+fn take_slot(held: &AtomicU64) -> Option<Slot<'_>> {
+    thread_local! {
+        static LAST: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    let mut cur = held.load(Ordering::Relaxed);
+    loop {
+        let last = LAST.with(|l| l.get());
+        let slot = if cur & (1 << last) == 0 {
+            last
+        } else if cur == u64::MAX {
+            return None;
+        } else {
+            (!cur).trailing_zeros()
+        };
+        match held.compare_exchange_weak(cur, cur | 1 << slot, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => {
+                LAST.with(|l| l.set(slot));
+                return Some(Slot { held, slot });
+            }
+            Err(now) => cur = now,
+        }
     }
 }
 
@@ -153,15 +189,10 @@ impl Client {
         timeout_ms: i32,
         ready: &mut dyn FnMut() -> io::Result<bool>,
     ) -> io::Result<bool> {
-        let flag = &self.conn.bell_sleeper;
-        if flag
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        let Some(slot) = take_slot(&self.conn.bells_held) else {
             return Ok(false);
-        }
-        let _sleeper = Sleeper(flag);
-        let Ok(bell) = self.host_doorbell() else {
+        };
+        let Ok(bell) = self.host_doorbell(slot.slot) else {
             return Ok(false);
         };
         let Some(targets) = self.watch_targets(watch) else {
@@ -172,7 +203,7 @@ impl Client {
         if self.spin(ready)? {
             return Ok(true);
         }
-        let _registered = self.register(targets);
+        let _registered = self.register(targets, slot.slot);
         drain(bell);
         // The last look, after registering and emptying the bell: a ring
         // or queue that moves from here on rings the bell.
@@ -239,18 +270,19 @@ impl Client {
         self.conn.ready_log().read(cursor, out)
     }
 
-    /// The attachment's host doorbell (the read end of a pipe,
-    /// non-blocking, readable when the server woke one of this host's ring
-    /// or queue sleepers), asked from the server once. Read it empty after
-    /// waking.
-    pub fn host_doorbell(&self) -> io::Result<RawFd> {
-        if let Some(fd) = self.conn.host_doorbell.get() {
+    /// Host doorbell `slot` (the read end of a pipe, non-blocking,
+    /// readable when the server woke one of this host's ring or queue
+    /// sleepers while the slot was marked asleep), asked from the server
+    /// once. Read it empty after waking.
+    fn host_doorbell(&self, slot: u32) -> io::Result<RawFd> {
+        let cell = &self.conn.host_doorbells[slot as usize];
+        if let Some(fd) = cell.get() {
             return Ok(fd.as_raw_fd());
         }
         let mut got = self
             .conn
             .control()
-            .call(&ControlMsg::HostDoorbell { handle: 0 }, &[])?;
+            .call(&ControlMsg::HostDoorbell { handle: slot }, &[])?;
         if got.len() != 1 {
             return Err(io::Error::from_raw_os_error(libc::EPROTO));
         }
@@ -262,7 +294,7 @@ impl Client {
         // SAFETY: fcntl on a descriptor we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         // Two threads asking at once: the loser's copy is closed here.
-        Ok(self.conn.host_doorbell.get_or_init(|| fd).as_raw_fd())
+        Ok(cell.get_or_init(|| fd).as_raw_fd())
     }
 
     /// Before sleeping, when the server polls on cores of its own
@@ -338,22 +370,24 @@ impl Client {
         Some(watches)
     }
 
-    /// Registers as a doorbell sleeper on `targets` (from `watch_targets`).
-    fn register(&self, watches: Vec<Watch>) -> Registered<'_> {
+    /// Registers as a sleeper on doorbell `slot` on `targets` (from
+    /// `watch_targets`).
+    fn register(&self, watches: Vec<Watch>, slot: u32) -> Registered<'_> {
         for &w in &watches {
             match w {
                 Watch::Ring(s) => {
                     if let Some(ring) = self.conn.recv_ring(s) {
-                        ring.bell_wait_prepare();
+                        ring.bell_wait_prepare(slot);
                     }
                 }
-                Watch::Queue(q) => self.conn.send_queue(q).bell_wait_prepare(),
-                Watch::Log => self.conn.ready_log().bell_wait_prepare(),
+                Watch::Queue(q) => self.conn.send_queue(q).bell_wait_prepare(slot),
+                Watch::Log => self.conn.ready_log().bell_wait_prepare(slot),
             }
         }
         Registered {
             client: self,
             watches,
+            slot,
         }
     }
 

@@ -38,6 +38,7 @@ pub mod region;
 pub mod ring;
 pub mod sendq;
 mod sync;
+pub mod wake;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

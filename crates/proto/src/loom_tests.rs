@@ -132,10 +132,15 @@ fn ready_log_append_never_misses_a_log_sleeper() {
             ring_and_log(),
             |c| {
                 let r = ReadyLogReader::new(&c.log);
-                r.bell_wait_prepare();
+                r.bell_wait_prepare(5);
                 r.tail() == 0
             },
-            |c| publish_logged(c).bell,
+            |c| {
+                let w = publish_logged(c);
+                // The sleeper's doorbell is named whenever it is seen.
+                assert!(!w.bell || w.bells == 1 << 5, "{w:?}");
+                w.bell
+            },
         );
         assert!(
             !slept || woke,
@@ -253,7 +258,7 @@ fn send_queue_done_never_misses_a_doorbell_sleeper() {
         let (slept, woke) = race(
             SendQueueCtl::zeroed(),
             |c| {
-                queue::bell_wait_prepare(c);
+                queue::bell_wait_prepare(c, 0);
                 c.done.load(Ordering::Acquire) == 0
             },
             |c| {

@@ -31,7 +31,8 @@
 //! confuses its own readers.
 
 use crate::eager::ctl::BELL_SLEEPER;
-use crate::sync::{fence, AtomicU32, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::wake::{bell_slot, Woke};
 
 /// Socket ids the log holds (a power of two).
 #[cfg(not(loom))]
@@ -51,7 +52,11 @@ pub struct ReadyLogCtl {
     _pad0: [u8; 60],
     /// Host-written: doorbell sleepers watching the log ([`BELL_SLEEPER`] each).
     pub host_waiting: AtomicU32,
-    _pad1: [u8; 60],
+    _pad1: [u8; 4],
+    /// Host-written: the doorbell slots ([`DOORBELL_SLOTS`], one per
+    /// sleeping thread) of the sleepers registered on the log.
+    pub bell_slots: AtomicU64,
+    _pad2: [u8; 48],
     /// Server-written: socket ids, `slots[seq % READY_LOG_SLOTS]`.
     pub slots: [AtomicU32; READY_LOG_SLOTS as usize],
 }
@@ -74,7 +79,9 @@ impl ReadyLogCtl {
             tail: AtomicU32::new(0),
             _pad0: [0; 60],
             host_waiting: AtomicU32::new(0),
-            _pad1: [0; 60],
+            _pad1: [0; 4],
+            bell_slots: AtomicU64::new(0),
+            _pad2: [0; 48],
             slots: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
@@ -97,10 +104,13 @@ pub(crate) fn append(log: &ReadyLogCtl, id: u32) {
     log.tail.store(t.wrapping_add(1), Ordering::Release);
 }
 
-/// Whether a doorbell sleeper watches the log (after the caller's fence).
-pub(crate) fn bell_waiting(log: &ReadyLogCtl) -> bool {
-    log.host_waiting.load(Ordering::Relaxed) >= BELL_SLEEPER
+/// Whom of the log's doorbell sleepers to ring (after the caller's fence).
+pub(crate) fn bell_waiting(log: &ReadyLogCtl) -> Woke {
+    Woke::read(&log.host_waiting, &log.bell_slots)
 }
+
+/// Doorbells a host may have: one per thread sleeping on it at once.
+pub const DOORBELL_SLOTS: u32 = 64;
 
 /// A host's view of its ready log. Readers keep their own cursor
 /// (a `u32` sequence number, from [`tail`](Self::tail)).
@@ -142,21 +152,24 @@ impl<'a> ReadyLogReader<'a> {
         now.wrapping_sub(from) <= READY_LOG_SLOTS
     }
 
-    /// Registers a doorbell sleeper on the log and fences (Dekker against
-    /// the append's "store tail; fence; load host_waiting"): re-check
-    /// [`tail`](Self::tail) after this, then sleep on the doorbell.
-    pub fn bell_wait_prepare(&self) {
+    /// Registers a sleeper on doorbell `slot` on the log and fences
+    /// (Dekker against the append's "store tail; fence; load
+    /// host_waiting"): re-check [`tail`](Self::tail) after this, then
+    /// sleep on the doorbell.
+    pub fn bell_wait_prepare(&self, slot: u32) {
+        bell_slot(&self.ctl.bell_slots, slot, true);
         self.ctl
             .host_waiting
             .fetch_add(BELL_SLEEPER, Ordering::AcqRel);
         fence(Ordering::SeqCst);
     }
 
-    /// Unregisters a doorbell sleeper.
-    pub fn bell_wait_done(&self) {
+    /// Unregisters a sleeper of doorbell `slot`.
+    pub fn bell_wait_done(&self, slot: u32) {
         self.ctl
             .host_waiting
             .fetch_sub(BELL_SLEEPER, Ordering::AcqRel);
+        bell_slot(&self.ctl.bell_slots, slot, false);
     }
 }
 

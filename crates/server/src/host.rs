@@ -43,7 +43,7 @@ pub struct Host {
     pub doorbell: OwnedFd,
     /// The eventfd the server rings for this host's ring sleepers, once it
     /// asked for one (`host_doorbell`).
-    pub host_doorbell: Option<crate::host_doorbell::HostDoorbell>,
+    pub host_doorbell: crate::host_doorbell::HostDoorbells,
     /// Control replies waiting for room in the control socket (bounded:
     /// `worker::messages::OUTBOX_MAX`).
     pub outbox: VecDeque<Outgoing>,
@@ -132,7 +132,7 @@ impl Host {
             region: h.region,
             control: h.control,
             doorbell: h.doorbell,
-            host_doorbell: None,
+            host_doorbell: Default::default(),
             outbox: VecDeque::new(),
             sockets: Slab::default(),
             polls: Slab::default(),
@@ -432,9 +432,11 @@ pub struct HostStats {
     /// Host doorbell rings (at most one per worker pass that found one of
     /// the host's doorbell sleepers on a ring it published; `host_doorbell`).
     pub doorbell_rings: u64,
-    /// Ring publishes that found a doorbell sleeper: the doorbell is rung at
-    /// the end of a pass in which this moved.
+    /// Ring publishes that found a doorbell sleeper.
     pub bell_wants: u64,
+    /// Not a counter: the doorbells (bit per slot) those publishes named,
+    /// rung and cleared at the end of the pass (`host_doorbell`).
+    pub bells_owed: u64,
 }
 
 impl HostStats {
@@ -442,6 +444,7 @@ impl HostStats {
     pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
         self.wakes += u64::from(w.thread);
         self.bell_wants += u64::from(w.bell);
+        self.bells_owed |= w.bells;
     }
 }
 

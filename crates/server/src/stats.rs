@@ -238,6 +238,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         wakes,
         doorbell_rings,
         bell_wants,
+        bells_owed: _,
     } = s;
     for (a, b) in into.calls.iter_mut().zip(calls) {
         *a += b;

@@ -268,22 +268,29 @@ pub fn host_counters(
     let (mut k, _) = l.accept().unwrap();
     k.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let want = peer(&mut k, &format!("{tag}: {}", log.display()));
-    // The server publishes its counters every 100 ms.
+    let h = counters_once_sent(srv, child.id(), want);
+    let _ = child.kill();
+    let _ = child.wait();
+    let h = h.unwrap_or_else(|| panic!("{tag}: host not in tcps stat\n{}", read(&log)));
+    eprintln!("{tag}: {}", serde_json::to_string(&h).unwrap());
+    h
+}
+
+/// The counters of the host `pid` in `tcps stat` once they show `want`
+/// bytes sent (the server publishes them every 100 ms; at most 5 s):
+/// the last seen, None if the host never showed.
+pub fn counters_once_sent(srv: &Server, pid: u32, want: u64) -> Option<Value> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut last = None;
     while Instant::now() < deadline {
-        if let Some(h) = stat_host(srv, child.id()) {
+        if let Some(h) = stat_host(srv, pid) {
             let sent = h["counters"]["bytes_sent"].as_u64().unwrap_or(0);
-            last = Some(h);
+            last = Some(h["counters"].clone());
             if sent >= want {
                 break;
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    let h = last.unwrap_or_else(|| panic!("{tag}: host not in tcps stat\n{}", read(&log)));
-    eprintln!("{tag}: {}", serde_json::to_string(&h["counters"]).unwrap());
-    h["counters"].clone()
+    last
 }

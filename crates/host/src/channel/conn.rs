@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tcps_proto::eager::RecvRingConsumer;
 use tcps_proto::layout::SERVER_DEDICATED_CORES;
-use tcps_proto::ready_log::ReadyLogReader;
+use tcps_proto::ready_log::{ReadyLogReader, DOORBELL_SLOTS};
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::RingFull;
 use tcps_proto::sendq::SendQueueProducer;
@@ -164,11 +164,11 @@ pub(crate) struct Conn {
     pub(crate) sendq: SendqShared,
     /// The record of each socket (see `socket`).
     pub(crate) socks: Sockets,
-    /// The eventfd the server rings for this attachment's ring sleepers,
-    /// once asked for (see `ring_wait`).
-    pub(crate) host_doorbell: std::sync::OnceLock<OwnedFd>,
-    /// A thread sleeps on the host doorbell (one at a time, see `ring_wait`).
-    pub(crate) bell_sleeper: std::sync::atomic::AtomicBool,
+    /// The pipes the server rings for this attachment's ring sleepers, one
+    /// per thread sleeping at once, each asked for once (see `ring_wait`).
+    pub(crate) host_doorbells: Vec<std::sync::OnceLock<OwnedFd>>,
+    /// Which doorbells a sleeping thread holds (see `ring_wait`).
+    pub(crate) bells_held: AtomicU64,
     /// How long a doorbell sleeper spins on its rings first (adaptive,
     /// within `[0, spin]`; see `ring_wait`).
     pub(crate) bell_spin_ns: AtomicU64,
@@ -196,8 +196,10 @@ impl Conn {
             memory: Registry::new(),
             sendq: SendqShared::new(send_queues),
             socks: Sockets::new(),
-            host_doorbell: std::sync::OnceLock::new(),
-            bell_sleeper: std::sync::atomic::AtomicBool::new(false),
+            host_doorbells: (0..DOORBELL_SLOTS)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            bells_held: AtomicU64::new(0),
             registered_sent: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),

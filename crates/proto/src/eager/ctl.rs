@@ -2,7 +2,7 @@
 //! record, the constants both sides agree on, and the pure position
 //! arithmetic (see the module above for the protocol).
 
-use crate::sync::{AtomicI32, AtomicU32};
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64};
 
 /// Bytes of a receive ring's control block.
 pub const RQ_CTL_SIZE: usize = 192;
@@ -36,7 +36,10 @@ pub struct RecvRingCtl {
     pub head: AtomicU32,
     /// Host-written: non-zero while a host thread sleeps on `tail` (futex).
     pub host_waiting: AtomicU32,
-    _pad0: [u8; 56],
+    /// Host-written: the doorbell slots of the doorbell sleepers registered
+    /// here (bit `slot`; `tcps_proto::ready_log::DOORBELL_SLOTS`).
+    pub bell_slots: AtomicU64,
+    _pad0: [u8; 48],
     /// Server-written: bytes (or records × 64) published (free-running).
     /// The futex word of a host waiting for data.
     pub tail: AtomicU32,
@@ -73,7 +76,8 @@ impl RecvRingCtl {
         RecvRingCtl {
             head: AtomicU32::new(0),
             host_waiting: AtomicU32::new(0),
-            _pad0: [0; 56],
+            bell_slots: AtomicU64::new(0),
+            _pad0: [0; 48],
             tail: AtomicU32::new(0),
             end: AtomicU32::new(0),
             end_errno: AtomicI32::new(0),

@@ -31,6 +31,8 @@ use super::ctl::{
 use crate::ready_log::{self, LogEntry};
 use crate::region::RecvRingRef;
 use crate::sync::{self, fence, Ordering};
+use crate::wake::bell_slot;
+pub use crate::wake::Woke;
 use std::time::Duration;
 
 /// What a receive (or accept) ring holds, as `tcps stat` shows it: read-only
@@ -81,39 +83,14 @@ pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> W
         ready_log::append(l.log, l.id);
     }
     fence(Ordering::SeqCst);
-    let mut woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
+    let mut woke = Woke::read(&ctl.host_waiting, &ctl.bell_slots);
     if let Some(l) = log {
-        woke.bell |= ready_log::bell_waiting(l.log);
+        woke.join(ready_log::bell_waiting(l.log));
     }
     if woke.thread {
         sync::wake_all(&ctl.tail);
     }
     woke
-}
-
-/// Whom a publish found waiting on a ring.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Woke {
-    /// A thread futex-waiting on the ring: woken.
-    pub thread: bool,
-    /// A thread sleeping on its host doorbell: the server must ring it.
-    pub bell: bool,
-}
-
-impl Woke {
-    /// Whom a `host_waiting` count (futex sleepers, plus `BELL_SLEEPER`
-    /// per doorbell sleeper) names.
-    pub fn of(host_waiting: u32) -> Woke {
-        Woke {
-            thread: host_waiting & (BELL_SLEEPER - 1) != 0,
-            bell: host_waiting >= BELL_SLEEPER,
-        }
-    }
-
-    /// Somebody was waiting.
-    pub fn any(self) -> bool {
-        self.thread || self.bell
-    }
 }
 
 /// The server's pause: publish what it has, then `paused = 1; fence;
@@ -458,16 +435,21 @@ impl<'a> RecvRingConsumer<'a> {
         wait_done(self.ring.ctl(), 1)
     }
 
-    /// Registers a thread that will sleep on its host doorbell, not on
-    /// this ring's futex, and fences: a publish from now on is reported to
-    /// the server as [`Woke::bell`]. Re-check the ring after this.
-    pub fn bell_wait_prepare(&self) {
-        wait_prepare(self.ring.ctl(), BELL_SLEEPER)
+    /// Registers a thread that will sleep on its host doorbell `slot`, not
+    /// on this ring's futex, and fences: a publish from now on is reported
+    /// to the server as [`Woke::bell`] with the slot in [`Woke::bells`].
+    /// Re-check the ring after this.
+    pub fn bell_wait_prepare(&self, slot: u32) {
+        let ctl = self.ring.ctl();
+        bell_slot(&ctl.bell_slots, slot, true);
+        wait_prepare(ctl, BELL_SLEEPER)
     }
 
-    /// Unregisters a doorbell sleeper.
-    pub fn bell_wait_done(&self) {
-        wait_done(self.ring.ctl(), BELL_SLEEPER)
+    /// Unregisters a doorbell sleeper of `slot`.
+    pub fn bell_wait_done(&self, slot: u32) {
+        let ctl = self.ring.ctl();
+        wait_done(ctl, BELL_SLEEPER);
+        bell_slot(&ctl.bell_slots, slot, false);
     }
 
     /// Sleeps until `tail` moves from `seen` or `end` is set, at most

@@ -14,7 +14,10 @@ pub struct SendQueueCtl {
     pub head: AtomicU32,
     /// Host-written: non-zero while a host thread sleeps on `done` (futex).
     pub host_waiting: AtomicU32,
-    _pad0: [u8; 56],
+    /// Host-written: the doorbell slots of the doorbell sleepers registered
+    /// here (as on a receive ring).
+    pub bell_slots: AtomicU64,
+    _pad0: [u8; 48],
     /// Server-written: descriptors finished, sent or failed (free-running).
     /// The futex word of a host waiting for credits or an io.
     pub done: AtomicU32,
@@ -50,7 +53,8 @@ impl SendQueueCtl {
         SendQueueCtl {
             head: AtomicU32::new(0),
             host_waiting: AtomicU32::new(0),
-            _pad0: [0; 56],
+            bell_slots: AtomicU64::new(0),
+            _pad0: [0; 48],
             done: AtomicU32::new(0),
             error: AtomicI32::new(0),
             error_seq: AtomicU32::new(0),

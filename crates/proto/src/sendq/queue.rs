@@ -29,9 +29,10 @@
 //! its shape checked before the server resolves its memory.
 
 use super::ctl::{is_done, SendDesc, SendQueueCtl};
-use crate::eager::{Woke, BELL_SLEEPER};
+use crate::eager::BELL_SLEEPER;
 use crate::region::SendQueueRef;
 use crate::sync::{self, fence, Ordering};
+use crate::wake::{bell_slot, Woke};
 use std::time::Duration;
 
 /// Dekker against the host's "host_waiting += 1; fence; load done".
@@ -40,7 +41,7 @@ use std::time::Duration;
 /// as on a receive ring. Returns whom it found.
 pub(crate) fn wake_if_waiting(ctl: &SendQueueCtl) -> Woke {
     fence(Ordering::SeqCst);
-    let woke = Woke::of(ctl.host_waiting.load(Ordering::Relaxed));
+    let woke = Woke::read(&ctl.host_waiting, &ctl.bell_slots);
     if woke.thread {
         sync::wake_all(&ctl.done);
     }
@@ -97,16 +98,19 @@ pub(crate) fn wait_done(ctl: &SendQueueCtl) {
     ctl.host_waiting.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// A thread that will sleep on its host doorbell until `done` moves
-/// registers (`BELL_SLEEPER`) and fences; re-check room after this.
-pub(crate) fn bell_wait_prepare(ctl: &SendQueueCtl) {
+/// A thread that will sleep on its host doorbell `slot` until `done`
+/// moves registers (its slot's bit, then `BELL_SLEEPER`) and fences;
+/// re-check room after this.
+pub(crate) fn bell_wait_prepare(ctl: &SendQueueCtl, slot: u32) {
+    bell_slot(&ctl.bell_slots, slot, true);
     ctl.host_waiting.fetch_add(BELL_SLEEPER, Ordering::AcqRel);
     fence(Ordering::SeqCst);
 }
 
-/// Unregisters a doorbell sleeper.
-pub(crate) fn bell_wait_done(ctl: &SendQueueCtl) {
+/// Unregisters a doorbell sleeper of `slot`.
+pub(crate) fn bell_wait_done(ctl: &SendQueueCtl, slot: u32) {
     ctl.host_waiting.fetch_sub(BELL_SLEEPER, Ordering::AcqRel);
+    bell_slot(&ctl.bell_slots, slot, false);
 }
 
 /// The host's side of a send queue. A view; the host's cursor (`head`,
@@ -207,14 +211,15 @@ impl<'a> SendQueueProducer<'a> {
 
     /// Registers a thread that sleeps on its host doorbell until `done`
     /// moves (room appears), and fences: the next `publish_done` reports
-    /// [`Woke::bell`]. Re-check the room after this.
-    pub fn bell_wait_prepare(&self) {
-        bell_wait_prepare(self.sq.ctl())
+    /// [`Woke::bell`] (and `slot` in [`Woke::bells`]). Re-check the room
+    /// after this.
+    pub fn bell_wait_prepare(&self, slot: u32) {
+        bell_wait_prepare(self.sq.ctl(), slot)
     }
 
-    /// Unregisters a doorbell sleeper.
-    pub fn bell_wait_done(&self) {
-        bell_wait_done(self.sq.ctl())
+    /// Unregisters a doorbell sleeper of `slot`.
+    pub fn bell_wait_done(&self, slot: u32) {
+        bell_wait_done(self.sq.ctl(), slot)
     }
 }
 

@@ -5,7 +5,6 @@
 
 use crate::calls::Ctx;
 use crate::host::{Host, Outgoing};
-use crate::host_doorbell::HostDoorbell;
 use crate::registry::Budget;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use tcps_proto::fdpass;
@@ -29,7 +28,7 @@ fn on_control_msg(
         return send_reply(host, reply, fd);
     }
     if let ControlMsg::HostDoorbell { handle } = m {
-        let (errno, fd) = match HostDoorbell::get(&mut host.host_doorbell, host.stats.bell_wants) {
+        let (errno, fd) = match host.host_doorbell.get(handle) {
             Ok(fd) => (0, Some(fd)),
             Err(e) => (e, None),
         };

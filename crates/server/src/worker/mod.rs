@@ -289,10 +289,9 @@ impl Worker {
             if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
             }
-            if let Some(bell) = h.host_doorbell.as_mut() {
-                if bell.ring_if_woken(h.stats.bell_wants) {
-                    h.stats.doorbell_rings += 1;
-                }
+            if h.stats.bells_owed != 0 {
+                let owed = std::mem::take(&mut h.stats.bells_owed);
+                h.stats.doorbell_rings += u64::from(h.host_doorbell.ring(owed));
             }
         }
     }
