@@ -4,11 +4,13 @@
 //! Regular from the same run — written to `DIR/results.json`,
 //! `DIR/summary.md` and PNG plots (scripts/plot_web.py, matplotlib).
 //!
-//! Topology on a 2-core machine: the TCP server polls on `--server-cpu`, the
-//! web server (host) is pinned to `--host-cpu`, the clients (wrk) run
-//! unpinned in their own network namespace (netns.rs). Regular gets both
-//! cores (what host + TCP server get together) and, as the thesis compared,
-//! the host's core only.
+//! Topology (on a 2-core machine by default): the TCP server polls on
+//! `--server-cpus` (one worker per CPU), the web server (host) is pinned
+//! to `--host-cpus`, the clients (wrk) run in their own network namespace
+//! (netns.rs), unpinned or on `--client-cpus`. Regular gets the host's and
+//! the server's cores together and, as the thesis compared, the host's
+//! cores only. On a bigger machine the thesis' SMP configuration (2 of 4
+//! processors for networking) is `--host-cpus 0,1 --server-cpus 2,3`.
 //!
 //! Modules, bottom up (each uses only those below it): `types` (options,
 //! error); `netns`, `workload`, `variants`, `measure` (/proc and perf);

@@ -11,9 +11,9 @@ use super::env::{Env, PORT};
 use super::measure::{self, CpuSnapshot};
 use super::netns::{Netns, SERVER_ADDR};
 use super::results::Point;
-use super::servers::Servers;
-use super::types::Error;
-use super::variants::{Net, Variant};
+use super::servers::{core_groups, Servers};
+use super::types::{cpu_list, Error};
+use super::variants::Variant;
 use super::workload::{self, Workload};
 use crate::harness::{self, Proc};
 
@@ -36,17 +36,6 @@ impl CpuReading {
                 .map(|t| harness::cpu_us(t.pid()))
                 .transpose()?,
         })
-    }
-}
-
-/// The cores of the host (the web server) and of the TCP server: Regular
-/// on both cores counts both as the host's.
-fn core_groups(env: &Env, v: &Variant) -> (Vec<usize>, Vec<usize>) {
-    let a = env.args;
-    if v.net == Net::Kernel && !v.host_cores_only {
-        (vec![a.host_cpu, a.server_cpu], vec![])
-    } else {
-        (vec![a.host_cpu], vec![a.server_cpu])
     }
 }
 
@@ -75,7 +64,11 @@ fn parse_transfer(out: &str) -> Option<f64> {
 fn run_wrk(env: &Env, script: &Path, out_path: &Path) -> Result<ExitStatus, Error> {
     let a = env.args;
     let out = fs::File::create(out_path)?;
-    let child = Netns::exec(&env.ns.client)
+    let mut cmd = Netns::exec(&env.ns.client);
+    if !a.client_cpus.is_empty() {
+        cmd.args(["taskset", "-c", &cpu_list(&a.client_cpus)]);
+    }
+    let child = cmd
         .arg(env.wrk)
         .arg(format!("-t{}", a.wrk_threads))
         .arg(format!("-c{}", a.connections))
@@ -139,7 +132,7 @@ pub fn measure(
     } else {
         None
     };
-    let (host_cores, server_cores) = core_groups(env, v);
+    let (host_cores, server_cores) = core_groups(env.args, v);
     let out_path: PathBuf = env.tmp.join(format!("{tag}.wrk"));
     let before = CpuReading::take(servers)?;
     let status = run_wrk(env, &script, &out_path)?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::measure::CpuSplit;
 use super::results::Curve;
-use super::types::{Error, WebArgs};
+use super::types::{cpu_list, Error, WebArgs};
 use super::variants::{Net, Variant};
 use super::workload::{TraceStats, Workload};
 
@@ -77,15 +77,20 @@ impl Meta {
                 .trim()
                 .to_string(),
             topology: format!(
-                "TCP server polls on CPU {s} (--poll {p}); web server (host) pinned to CPU {h}; \
+                "TCP server polls on CPUs {s} (--poll {p}); web server (host) pinned to CPUs {h}; \
                  Regular pinned to CPUs {h},{s} (the cores host + TCP server get together), \
-                 Regular (host cores) to CPU {h}; wrk ({t} threads, {c} connections) unpinned \
-                 in its own network namespace, joined by a veth pair — it shares both cores",
-                s = a.server_cpu,
-                h = a.host_cpu,
+                 Regular (host cores) to CPUs {h}; wrk ({t} threads, {c} connections) {w} \
+                 in its own network namespace, joined by a veth pair",
+                s = cpu_list(&a.server_cpus),
+                h = cpu_list(&a.host_cpus),
                 p = a.poll,
                 t = a.wrk_threads,
-                c = a.connections
+                c = a.connections,
+                w = if a.client_cpus.is_empty() {
+                    "unpinned (it shares every core)".to_string()
+                } else {
+                    format!("pinned to CPUs {}", cpu_list(&a.client_cpus))
+                }
             ),
             seconds_per_point: duration,
             connections: a.connections,

@@ -104,12 +104,32 @@ fn check_prerequisites(args: &WebArgs) -> Result<(PathBuf, usize), Error> {
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    if args.host_cpu == args.server_cpu || args.host_cpu.max(args.server_cpu) >= ncpu {
-        return Err(
-            format!("--host-cpu and --server-cpu must be two different CPUs below {ncpu}").into(),
-        );
-    }
+    check_cpus(args, ncpu)?;
     Ok((wrk, ncpu))
+}
+
+/// The CPU sets: host and server non-empty and disjoint, every CPU below
+/// `ncpu` (clients may share either).
+fn check_cpus(a: &WebArgs, ncpu: usize) -> Result<(), Error> {
+    let all = a
+        .host_cpus
+        .iter()
+        .chain(&a.server_cpus)
+        .chain(&a.client_cpus);
+    if let Some(c) = all.into_iter().find(|&&c| c >= ncpu) {
+        return Err(format!(
+            "CPU {c} does not exist (this machine has CPUs 0-{})",
+            ncpu - 1
+        )
+        .into());
+    }
+    if a.host_cpus.is_empty() || a.server_cpus.is_empty() {
+        return Err("--host-cpus and --server-cpus need at least one CPU each".into());
+    }
+    if let Some(c) = a.host_cpus.iter().find(|c| a.server_cpus.contains(c)) {
+        return Err(format!("CPU {c} is in both --host-cpus and --server-cpus").into());
+    }
+    Ok(())
 }
 
 /// `--variants`, with Regular always among them (the ratios need it).

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::env::{Env, PORT};
 use super::measure;
 use super::netns::{Netns, SERVER_ADDR};
-use super::types::Error;
+use super::types::{cpu_list, Error, WebArgs};
 use super::variants::{Net, Variant};
 use super::workload::{self, Workload};
 use crate::harness::{self, Proc};
@@ -33,6 +33,18 @@ impl Servers {
     }
 }
 
+/// The cores of the host (the web server) and of the TCP server: Regular
+/// on both core groups counts them all as the host's.
+pub fn core_groups(a: &WebArgs, v: &Variant) -> (Vec<usize>, Vec<usize>) {
+    if v.net == Net::Kernel && !v.host_cores_only {
+        let mut all = a.host_cpus.clone();
+        all.extend(&a.server_cpus);
+        (all, vec![])
+    } else {
+        (a.host_cpus.clone(), a.server_cpus.clone())
+    }
+}
+
 /// Runs the TCP server (if the variant uses one) and the web server for one
 /// curve; both are stopped when the returned guards drop.
 pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
@@ -46,7 +58,7 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
             .arg(env.exe)
             .args(["server", "--socket"])
             .arg(&sock)
-            .args(["--cpus", &a.server_cpu.to_string(), "--poll", &a.poll])
+            .args(["--cpus", &cpu_list(&a.server_cpus), "--poll", &a.poll])
             .args(&v.server_args)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -67,11 +79,8 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
     } else {
         None
     };
-    let cores = if v.net == Net::Kernel && !v.host_cores_only {
-        format!("{},{}", a.host_cpu, a.server_cpu)
-    } else {
-        a.host_cpu.to_string()
-    };
+    let (host, _) = core_groups(a, v);
+    let cores = cpu_list(&host);
     let log = env.tmp.join(format!("webserver-{}-{}.log", w.id, v.id));
     if v.nginx {
         let web = start_nginx(env, w, &cores, &sock, &log)?;

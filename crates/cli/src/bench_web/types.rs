@@ -34,12 +34,19 @@ pub struct WebArgs {
     /// wrk threads
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub wrk_threads: u32,
-    /// CPU of the web server (host)
-    #[arg(long, default_value_t = 0)]
-    pub host_cpu: usize,
-    /// CPU of the TCP server
-    #[arg(long, default_value_t = 1)]
-    pub server_cpu: usize,
+    /// CPUs of the web server (host), comma-separated (e.g. 0,1 on a
+    /// 4-core machine for the thesis' SMP configuration: 2 of 4 processors
+    /// for networking)
+    #[arg(long, alias = "host-cpu", value_delimiter = ',', default_value = "0")]
+    pub host_cpus: Vec<usize>,
+    /// CPUs of the TCP server, comma-separated: one worker per CPU
+    /// (tcps server --cpus); disjoint from --host-cpus
+    #[arg(long, alias = "server-cpu", value_delimiter = ',', default_value = "1")]
+    pub server_cpus: Vec<usize>,
+    /// CPUs of the clients (wrk), comma-separated [default: unpinned, they
+    /// share every core]
+    #[arg(long, value_delimiter = ',')]
+    pub client_cpus: Vec<usize>,
     /// How the TCP server waits for work (tcps server --poll)
     #[arg(long, default_value = "adaptive")]
     pub poll: String,
@@ -54,4 +61,12 @@ pub struct WebArgs {
     /// Do not draw the plots
     #[arg(long)]
     pub no_plots: bool,
+}
+
+/// `0,1,3`: a CPU list as taskset and `tcps server --cpus` take it.
+pub fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
