@@ -3,8 +3,10 @@
 #
 #   scripts/test.sh          everything: packages the tests need, release build,
 #                            C examples, `cargo test --release --workspace`
-#                            (unit + integration tests, both engines), then every
-#                            end-to-end script tests/*.sh
+#                            (unit + integration tests, both engines), loom
+#                            models, a 3 s smoke pass of every fuzz target
+#                            (scripts/fuzz.sh), then every end-to-end script
+#                            tests/*.sh
 #   scripts/test.sh --quick  unit tests only (`--lib`), the proto crate's tests
 #                            and its loom models of the ring handshakes
 #   Both tiers also check the tree's shape (scripts/structure.py: file and
@@ -18,7 +20,7 @@ quick=0
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -99,6 +101,9 @@ step "cargo test --release --workspace"
 cargo test --release --workspace --no-fail-fast || failed+=("cargo test --release --workspace")
 loom || failed+=("loom models (tcps-proto)")
 structure || failed+=("scripts/structure.py")
+# A smoke pass of every fuzz target (the long runs: docs/SECURITY.md).
+step "scripts/fuzz.sh 3"
+scripts/fuzz.sh 3 || failed+=("scripts/fuzz.sh (fuzz smoke pass)")
 
 shopt -s nullglob
 scripts=(tests/*.sh)

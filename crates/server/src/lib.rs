@@ -20,7 +20,7 @@ mod guard;
 mod host;
 mod host_doorbell;
 mod inherit;
-mod metrics;
+pub mod metrics;
 mod registry;
 mod sendfile;
 mod shared;

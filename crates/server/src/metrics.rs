@@ -191,16 +191,9 @@ fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
         }
         req.extend_from_slice(&buf[..n]);
     }
-    let line = req
-        .split(|&b| b == b'\r' || b == b'\n')
-        .next()
-        .unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
+    let route = route(&req);
+    let (status, ctype, body) = match route {
+        Route::Metrics { .. } => {
             // SAFETY: geteuid cannot fail.
             let uid = unsafe { libc::geteuid() };
             (
@@ -209,12 +202,12 @@ fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
                 render(&shared.stat_report(uid), per_host),
             )
         }
-        ("GET" | "HEAD", _) => (
+        Route::NotFound { .. } => (
             "404 Not Found",
             "text/plain; charset=utf-8",
             "tcps server: the metrics are at /metrics\n".to_string(),
         ),
-        _ => (
+        Route::BadMethod => (
             "405 Method Not Allowed",
             "text/plain; charset=utf-8",
             "tcps server: only GET /metrics\n".to_string(),
@@ -224,10 +217,52 @@ fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    if method != "HEAD" {
+    if !route.head() {
         out.push_str(&body);
     }
     c.write_all(out.as_bytes())
+}
+
+/// What a scraper's request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (`head`: HEAD, headers only); a query string is ignored.
+    Metrics { head: bool },
+    /// GET or HEAD of another path.
+    NotFound { head: bool },
+    /// Any other method, or no request line.
+    BadMethod,
+}
+
+impl Route {
+    fn head(self) -> bool {
+        matches!(
+            self,
+            Route::Metrics { head: true } | Route::NotFound { head: true }
+        )
+    }
+}
+
+/// Parses the request line of `req` (any bytes: the scraper is untrusted).
+pub fn route(req: &[u8]) -> Route {
+    let line = req
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let head = match method {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return Route::BadMethod,
+    };
+    if path == "/metrics" {
+        Route::Metrics { head }
+    } else {
+        Route::NotFound { head }
+    }
 }
 
 /// One metric family: its HELP and TYPE lines, then its samples.
