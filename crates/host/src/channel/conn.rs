@@ -171,6 +171,9 @@ pub(crate) struct Conn {
     /// How long a doorbell sleeper spins on its rings first (adaptive,
     /// within `[0, spin]`; see `ring_wait`).
     pub(crate) bell_spin_ns: AtomicU64,
+    /// How long a blocking receive (or accept) spins on its ring before
+    /// the futex sleep (adaptive, see [`Conn::spin_until`]).
+    pub(crate) ring_spin_ns: AtomicU64,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
@@ -216,9 +219,57 @@ impl Conn {
             spinners: AtomicU32::new(0),
             spin_budget_ns: AtomicU64::new(spin_us * 1000),
             bell_spin_ns: AtomicU64::new(spin_us * 1000),
+            ring_spin_ns: AtomicU64::new(spin_us * 1000),
             max_spinners: crate::settings::setting_num::<u32>("TCPS_SPINNERS")
                 .unwrap_or(DEFAULT_SPINNERS),
         }
+    }
+
+    /// Before a futex sleep, when the server polls on cores of its own
+    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): looks (`ready`) again
+    /// and again for at most `budget` nanoseconds, so an answer that is
+    /// microseconds away costs neither a wake-up at the server (a futex
+    /// wake, an IPI) nor a sleep here. The budget adapts like an adaptive
+    /// mutex: a spin that runs out halves it (not below `min_ns`), one that
+    /// ends after more than half of it doubles it (up to the spin), so an
+    /// idle wait soon stops spinning. At most `TCPS_SPINNERS` threads of
+    /// the attachment spin at once (more would steal the CPU the server and
+    /// the other threads need). Returns whether `ready` said yes.
+    pub(crate) fn spin_until(
+        &self,
+        budget_ns: &AtomicU64,
+        min_ns: u64,
+        ready: &mut dyn FnMut() -> io::Result<bool>,
+    ) -> io::Result<bool> {
+        let max = self.spin.as_nanos() as u64;
+        let budget = budget_ns.load(Ordering::Relaxed);
+        if max == 0 || budget == 0 {
+            return Ok(false);
+        }
+        if self.spinners.fetch_add(1, Ordering::AcqRel) >= self.max_spinners {
+            self.spinners.fetch_sub(1, Ordering::AcqRel);
+            return Ok(false);
+        }
+        let start = Instant::now();
+        let r = loop {
+            match ready() {
+                Ok(true) => {
+                    if start.elapsed().as_nanos() as u64 > budget / 2 {
+                        budget_ns.store((budget * 2).min(max), Ordering::Relaxed);
+                    }
+                    break Ok(true);
+                }
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            if start.elapsed().as_nanos() as u64 >= budget {
+                budget_ns.store((budget / 2).max(min_ns.min(max)), Ordering::Relaxed);
+                break Ok(false);
+            }
+            std::hint::spin_loop();
+        };
+        self.spinners.fetch_sub(1, Ordering::AcqRel);
+        r
     }
 
     /// Bytes of data arena per channel: the largest single transfer.
