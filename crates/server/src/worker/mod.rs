@@ -257,6 +257,7 @@ impl Worker {
                 if host.doomed.is_some() {
                     break; // a request broke its ring or panicked
                 }
+                let before = handled;
                 for _ in 0..BATCH_PER_CHANNEL {
                     let Some(chan) = host.region.channel(ch) else {
                         break;
@@ -273,6 +274,16 @@ impl Worker {
                     if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none()
                     {
                         break;
+                    }
+                }
+                // Host threads that found this request ring full sleep
+                // until requests are taken (one fence per channel and pass).
+                if handled > before {
+                    if let Some(chan) = host.region.channel(ch) {
+                        if ServerCursor::room_wanted(&chan) {
+                            host.stats.wakes += 1;
+                            ServerCursor::wake_room(&chan);
+                        }
                     }
                 }
             }
