@@ -10,7 +10,8 @@ Issue 14's "Measure": the same binaries, the same clients, the same CPUs:
 Cases: nginx keep-alive 16 KiB with `sendfile on` and `off` (wrk), pipelined
 HTTP/1.1 (`h2load --h1 -m 8`, sendfile on), redis GET and SET
 (`redis-benchmark -c 50`, and `-P 16`), and request/response latency
-(`redis-benchmark -c 1` GET).
+(`redis-benchmark -c 1` GET; a Python echo server answering 64-byte
+requests one at a time from a Python client, the issue-15 latency case).
 
 For each: throughput (kernel, tcps, ratio); the application's CPU per
 request (its process tree, user+system, from /proc before/after; ratio);
@@ -139,6 +140,14 @@ http {{ access_log off; sendfile {sendfile}; keepalive_requests 1000000;
         time.sleep(0.3)
         return p, port, lambda: p.send_signal(signal.SIGQUIT)
 
+    def start_echo(self, net):
+        self.port += 1
+        port = self.port
+        p = subprocess.Popen(self.prefix(net) + ["python3", "-c", ECHO_SERVER, str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        return p, port, p.kill
+
     def start_redis(self, net):
         self.port += 1
         port = self.port
@@ -238,6 +247,43 @@ def redis_bench(port, test, n, conns, pipeline=1):
     return go
 
 
+# The latency case's echo server (under test) and client (kernel sockets,
+# one request at a time, per-request times): 64-byte requests.
+ECHO_SERVER = '''
+import socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1]))); l.listen(8)
+while True:
+    c, _ = l.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        d = c.recv(4096)
+        if not d: break
+        c.sendall(d)
+    c.close()
+'''
+ECHO_CLIENT = '''
+import json, socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+msg, v, pc = b"x" * 64, [], time.perf_counter_ns
+t0 = time.time()
+for i in range(n + n // 10):
+    t = pc(); s.sendall(msg); got = 0
+    while got < 64: got += len(s.recv(64 - got))
+    if i >= n // 10: v.append(pc() - t)
+v.sort()
+print(json.dumps({"n": n, "secs": time.time() - t0, "p50": v[n // 2] / 1e6, "p99": v[n * 99 // 100] / 1e6}))
+'''
+
+
+def echo_latency(port, n):
+    def go():
+        j = json.loads(run_client(["python3", "-c", ECHO_CLIENT, str(port), str(n)]))
+        return j["n"], j["p50"], j["p99"], j["secs"], ""
+    return go
+
+
 def cases(secs):
     """(group, starter args, [(case name, client factory(port))]). The
     redis counts make a kernel run last about `secs` on this machine."""
@@ -257,6 +303,9 @@ def cases(secs):
             ("redis SET -c 50 -P 16", lambda p: redis_bench(p, "set", 1000000 * k, 50, 16)),
             ("latency: redis GET -c 1", lambda p: redis_bench(p, "get", 15000 * k, 1)),
         ]),
+        ("echo", (), [
+            ("latency: Python echo 64 B", lambda p: echo_latency(p, 10000 * k)),
+        ]),
     ]
 
 
@@ -270,11 +319,14 @@ def run_all(b, args):
                 continue
             for net in ("kernel", "tcps"):
                 app, port, stop = (b.start_nginx(net, *sargs) if group == "nginx"
+                                   else b.start_echo(net) if group == "echo"
                                    else b.start_redis(net))
                 try:
                     # warm-up: connections, caches, the server's adaptive spin
                     if group == "nginx":
                         wrk(port, 1)()
+                    elif group == "echo":
+                        echo_latency(port, 2000)()
                     else:
                         redis_bench(port, "get", 20000, 32)()
                     for name, mk in cs:

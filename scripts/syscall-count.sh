@@ -14,7 +14,7 @@ RUST_LOG=warn target/release/tcps server --socket "$tmp/tcps.sock" --poll busy -
 srv=$!
 for _ in $(seq 100); do [ -S "$tmp/tcps.sock" ] && break; sleep 0.05; done
 taskset -c 0 strace -c -f -o "$tmp/strace.txt" \
-  target/release/tcps bench pingpong --socket "$tmp/tcps.sock" --count "$n" --json > "$tmp/pp.json"
+  target/release/tcps bench pingpong --socket "$tmp/tcps.sock" --count "$n" --no-kernel --json > "$tmp/pp.json"
 calls=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["socket_calls"])' "$tmp/pp.json")
 total=$(awk '$NF=="total"{print $(NF-2)}' "$tmp/strace.txt")
 cat "$tmp/pp.json"

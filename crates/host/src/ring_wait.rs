@@ -297,42 +297,16 @@ impl Client {
         Ok(cell.get_or_init(|| fd).as_raw_fd())
     }
 
-    /// Before sleeping, when the server polls on cores of its own
-    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): looks (`ready`) again
-    /// and again for a while, so a reply that is microseconds away
-    /// costs neither a doorbell write at the server nor a sleep and wake-up
-    /// here. Kernel fds are not looked at meanwhile (they wait at most the
-    /// spin). The spin adapts like the completion spin: one that runs out
-    /// halves it, one that ends after more than half of it doubles it, so
-    /// an idle loop soon stops spinning. Returns whether something became
-    /// ready.
+    /// Before sleeping: looks (`ready`) again and again for a while (see
+    /// `Conn::spin_until`; the doorbell sleeper's own budget), so a reply
+    /// that is microseconds away costs neither a doorbell write at the
+    /// server nor a sleep and wake-up here. Kernel fds are not looked at
+    /// meanwhile (they wait at most the spin). Returns whether something
+    /// became ready.
     fn spin(&self, ready: &mut dyn FnMut() -> io::Result<bool>) -> io::Result<bool> {
         const MIN_BELL_SPIN_NS: u64 = 1_000;
-        let max = self.conn.spin.as_nanos() as u64;
-        let budget = self.conn.bell_spin_ns.load(Ordering::Relaxed);
-        if max == 0 || budget == 0 {
-            return Ok(false);
-        }
-        let start = std::time::Instant::now();
-        loop {
-            if ready()? {
-                let took = start.elapsed().as_nanos() as u64;
-                if took > budget / 2 {
-                    self.conn
-                        .bell_spin_ns
-                        .store((budget * 2).min(max), Ordering::Relaxed);
-                }
-                return Ok(true);
-            }
-            if start.elapsed().as_nanos() as u64 >= budget {
-                self.conn.bell_spin_ns.store(
-                    (budget / 2).max(MIN_BELL_SPIN_NS.min(max)),
-                    Ordering::Relaxed,
-                );
-                return Ok(false);
-            }
-            std::hint::spin_loop();
-        }
+        self.conn
+            .spin_until(&self.conn.bell_spin_ns, MIN_BELL_SPIN_NS, ready)
     }
 
     /// What a doorbell sleeper registers on for `watch`: receive or accept

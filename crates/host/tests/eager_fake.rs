@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Fake, RESET_HOW, RING_BYTES};
+use common::{Fake, RESET_HOW, RING_BYTES, SLOW_HOW};
 use std::time::{Duration, Instant};
 use tcps::{Client, PollFd};
 use tcps_proto::Op;
@@ -301,4 +301,55 @@ fn zero_copy_view_and_consume() {
         raw(&c.recv_view(plain, 4, 0).unwrap_err()),
         libc::EOPNOTSUPP
     );
+}
+
+/// "A thread that cannot post should park, not spin": eight threads close
+/// 48 accepted connections (each close is posted, no answer) while the
+/// fake is stuck in slow calls, so their request ring fills up. They park
+/// on the ring until the fake takes requests and wakes them; every close
+/// arrives.
+#[test]
+fn posting_into_a_full_request_ring_parks_and_every_post_arrives() {
+    const CONNS: usize = 48;
+    let fake = Fake::with_rings();
+    let c = Client::attach(&fake.path).unwrap();
+    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 64).unwrap();
+    fake.offer(CONNS as u32);
+    let socks: Vec<u32> = (0..CONNS).map(|_| c.accept(l, 0).unwrap().0).collect();
+    let closes = || {
+        fake.requests()
+            .iter()
+            .filter(|&&(op, _)| op == Op::Close as u16)
+            .count()
+    };
+    let before = closes();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Keeps the fake busy: each such shutdown takes it 5 ms.
+    let slow = {
+        let (c, done) = (c.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                c.shutdown(l, SLOW_HOW).unwrap();
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(2));
+    let posters: Vec<_> = socks
+        .chunks(CONNS / 8)
+        .map(|chunk| {
+            let (c, chunk) = (c.clone(), chunk.to_vec());
+            std::thread::spawn(move || {
+                for s in chunk {
+                    c.close(s).unwrap();
+                }
+            })
+        })
+        .collect();
+    for p in posters {
+        p.join().unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    slow.join().unwrap();
+    wait_until(|| closes() - before == CONNS);
+    assert!(c.stats().room_waits > 0, "no post waited: {:?}", c.stats());
 }

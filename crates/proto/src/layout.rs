@@ -104,7 +104,11 @@ pub struct ChannelCtl {
     _pad0: [u8; 56],
     /// Host-written: non-zero while a host thread sleeps on `cq_tail` (futex).
     pub host_waiting: AtomicU32,
-    _pad1: [u8; 60],
+    /// Host-written: how many host threads sleep on `req_head` (futex)
+    /// waiting for room in a full request ring; the server wakes them after
+    /// taking requests (`ring::ServerCursor::room_wanted`).
+    pub room_waiters: AtomicU32,
+    _pad1: [u8; 56],
     /// Server-written: requests consumed (free-running).
     pub req_head: AtomicU32,
     /// Server-written: completions published (free-running); the host's futex word.

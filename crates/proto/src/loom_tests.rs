@@ -34,10 +34,12 @@
 //! later and its sweep bound the delay):
 //! [`send_queue_cold_needs_the_second_look`] has loom find the interleaving
 //! where neither side sees the other, so the second look stays necessary.
-//! The channel rings' sleep handshakes (`ServerCursor`/`HostCursor`) are
+//! The channel rings' completion sleep handshakes (`ServerCursor`/`HostCursor`) are
 //! not modelled here: their words live in the mapped channel block
 //! (`layout::ChannelCtl`, std atomics) next to slots written through raw
 //! pointers; they are the same store/fence/load pattern as the ones above.
+//! The request ring's room handshake is: its cores (`ring::room_*`) take
+//! any [`crate::sync::Word`], so the model runs them on loom's atomics.
 
 use crate::eager::ctl::{RecvRingCtl, ACCEPT_RECORD_SIZE};
 use crate::eager::recv::{self, RecvCursor};
@@ -316,5 +318,36 @@ fn send_queue_cold_needs_the_second_look() {
             },
         );
         assert!(kicked || found, "neither side saw the other");
+    });
+}
+
+/// A host thread finds the request ring full (4 entries, `req_head` 0,
+/// next request 4) and registers for room while the server takes one
+/// request (stores `req_head`, then looks for waiters).
+#[test]
+fn request_ring_room_never_misses_a_waiter() {
+    use crate::ring::{room_prepare, room_wanted};
+    use loom::sync::atomic::AtomicU32;
+    loom::model(|| {
+        let words = (AtomicU32::new(0), AtomicU32::new(0)); // (waiters, req_head)
+        let (slept, woke) = race(
+            words,
+            |(waiters, head)| {
+                let slept = room_prepare(waiters, head, 4, 4).is_some();
+                if !slept {
+                    // Room appeared: it unregistered itself.
+                    assert_eq!(waiters.load(Ordering::Relaxed), 0);
+                }
+                slept
+            },
+            |(waiters, head)| {
+                head.store(1, Ordering::Release);
+                room_wanted(waiters)
+            },
+        );
+        assert!(
+            !slept || woke,
+            "lost wake-up: the poster sleeps on a full ring, unseen"
+        );
     });
 }

@@ -24,12 +24,17 @@
 //!   the completion stamp, then futex-wait on `cq_tail`; the server
 //!   publishing a completion stamps it, bumps `cq_tail`, fences, and
 //!   futex-wakes if it sees `host_waiting`.
+//! * host → wait for room (its request ring is full): `room_waiters += 1`,
+//!   fence, load `req_head`; still full: futex-wait on `req_head`. The
+//!   server, after taking requests from a channel (each pop stores
+//!   `req_head`), fences once and futex-wakes if it sees `room_waiters`
+//!   (loom model: `loom_tests::request_ring_room_never_misses_a_waiter`).
 
 use crate::layout::RegionHeader;
 use crate::msg::{Completion, Request};
 pub use crate::region::stamp;
 use crate::region::ChannelRef;
-use crate::sync::{fence, Ordering};
+use crate::sync::{fence, Ordering, Word};
 
 /// A host broke the ring protocol; the server detaches that host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +54,35 @@ impl std::fmt::Display for RingError {
             }
         }
     }
+}
+
+/// The host side of the room handshake (see the module doc): registers a
+/// thread waiting for room in a request ring whose next request index is
+/// `tail`, fences, re-reads `head`. Returns the `head` to futex-wait on
+/// while the ring is still full (the caller then calls [`room_done`]), or
+/// `None` if the server took requests meanwhile (unregistered; retry).
+pub(crate) fn room_prepare<W: Word>(waiters: &W, head: &W, tail: u32, entries: u32) -> Option<u32> {
+    waiters.fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::SeqCst);
+    let h = head.load(Ordering::Acquire);
+    if tail.wrapping_sub(h) >= entries {
+        Some(h)
+    } else {
+        room_done(waiters);
+        None
+    }
+}
+
+/// A room waiter leaves.
+pub(crate) fn room_done<W: Word>(waiters: &W) {
+    waiters.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// The server side: after storing `req_head` for the requests it took,
+/// fences, and says whether a host thread waits for room.
+pub(crate) fn room_wanted<W: Word>(waiters: &W) -> bool {
+    fence(Ordering::SeqCst);
+    waiters.load(Ordering::Relaxed) != 0
 }
 
 /// The server's private view of one channel.
@@ -115,6 +149,19 @@ impl ServerCursor {
         self.outstanding += 1;
         ch.ctl().req_head.store(self.req_head, Ordering::Release);
         Ok(Some(req))
+    }
+
+    /// After taking requests from `ch` with [`pop`](Self::pop): whether a
+    /// host thread sleeps waiting for room in its request ring (one fence;
+    /// call once per channel and pass, not per request). Then
+    /// [`wake_room`](Self::wake_room).
+    pub fn room_wanted(ch: &ChannelRef<'_>) -> bool {
+        room_wanted(&ch.ctl().room_waiters)
+    }
+
+    /// Wakes every host thread waiting for room in `ch`'s request ring.
+    pub fn wake_room(ch: &ChannelRef<'_>) {
+        crate::futex::wake_all(&ch.ctl().req_head);
     }
 
     /// Tells the host that the request tagged `user_data` is parked: it will
@@ -210,6 +257,35 @@ impl HostCursor {
         ch.ctl().req_tail.store(self.req_tail, Ordering::Release);
         fence(Ordering::SeqCst);
         Ok(ch.header().server_sleeping.load(Ordering::Relaxed) != 0)
+    }
+
+    /// The index the next request will take (free-running): after
+    /// [`RingFull`], what [`room_wait_prepare`](Self::room_wait_prepare)
+    /// compares the server's `req_head` with.
+    pub fn next_request(&self) -> u32 {
+        self.req_tail
+    }
+
+    /// A thread that found the request ring full at `tail` (see
+    /// [`next_request`](Self::next_request); it may sleep without the
+    /// cursor): registers as a room waiter and re-checks (Dekker against
+    /// the server's "store req_head; fence; load room_waiters"). Returns
+    /// the `req_head` to pass to [`room_wait`](Self::room_wait), then call
+    /// [`room_wait_done`](Self::room_wait_done); `None`: the server took
+    /// requests meanwhile, post again.
+    pub fn room_wait_prepare(ch: &ChannelRef<'_>, tail: u32) -> Option<u32> {
+        let ctl = ch.ctl();
+        room_prepare(&ctl.room_waiters, &ctl.req_head, tail, ch.ring_entries())
+    }
+
+    /// Sleeps while `req_head` is `head`, at most `timeout`.
+    pub fn room_wait(ch: &ChannelRef<'_>, head: u32, timeout: std::time::Duration) {
+        crate::futex::wait(&ch.ctl().req_head, head, timeout);
+    }
+
+    /// The room waiter leaves.
+    pub fn room_wait_done(ch: &ChannelRef<'_>) {
+        room_done(&ch.ctl().room_waiters);
     }
 
     /// Whether the next completion has been published.
@@ -521,6 +597,76 @@ mod tests {
         );
         ServerCursor::end_sleep(r.header());
         assert!(!h.submit(&ch, &req(3)).unwrap());
+    }
+
+    /// Many threads post into a 4-entry request ring that a slow server
+    /// drains: a thread that finds it full sleeps on `req_head` (with a
+    /// 20 s timeout), and the server wakes it after taking requests. All
+    /// requests arrive, and quickly: a lost wake-up costs 20 s.
+    #[test]
+    fn room_waiters_are_woken_when_the_server_takes_requests() {
+        use std::sync::atomic::{AtomicU32, Ordering as O};
+        use std::sync::Mutex;
+        use std::time::{Duration, Instant};
+        const THREADS: u64 = 8;
+        const EACH: u64 = 200;
+        let r = region(small());
+        let host = Mutex::new(HostCursor::default());
+        let slept = AtomicU32::new(0);
+        let start = Instant::now();
+        let seen = std::thread::scope(|sc| {
+            for t in 0..THREADS {
+                let (r, host, slept) = (&r, &host, &slept);
+                sc.spawn(move || {
+                    let ch = &r.channel(0).unwrap();
+                    for i in 0..EACH {
+                        loop {
+                            let mut g = host.lock().unwrap();
+                            if g.submit(ch, &req(t * EACH + i)).is_ok() {
+                                break;
+                            }
+                            let tail = g.next_request();
+                            drop(g);
+                            if let Some(head) = HostCursor::room_wait_prepare(ch, tail) {
+                                slept.fetch_add(1, O::Relaxed);
+                                HostCursor::room_wait(ch, head, Duration::from_secs(20));
+                                HostCursor::room_wait_done(ch);
+                            }
+                        }
+                    }
+                });
+            }
+            let server = sc.spawn(|| {
+                let ch = r.channel(0).unwrap();
+                let mut s = ServerCursor::default();
+                let mut seen = vec![false; (THREADS * EACH) as usize];
+                let mut got = 0;
+                while got < THREADS * EACH {
+                    let mut took = 0;
+                    while let Some(q) = s.pop(&ch).unwrap() {
+                        s.retire(); // a kick: no completion
+                        assert!(!std::mem::replace(&mut seen[q.user_data as usize], true));
+                        took += 1;
+                    }
+                    if took > 0 && ServerCursor::room_wanted(&ch) {
+                        ServerCursor::wake_room(&ch);
+                    }
+                    got += took;
+                    // A slow server: the ring fills and posters wait.
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                seen
+            });
+            server.join().unwrap()
+        });
+        assert!(seen.iter().all(|&s| s), "every request arrives once");
+        assert!(slept.load(O::Relaxed) > 0, "no thread waited for room");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a room waiter slept to its timeout: lost wake-up"
+        );
+        let ch = r.channel(0).unwrap();
+        assert_eq!(ch.ctl().room_waiters.load(O::Relaxed), 0);
     }
 
     #[test]

@@ -34,3 +34,32 @@ pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {}
 
 #[cfg(loom)]
 pub fn wake_all(_word: &AtomicU32) {}
+
+/// A 32-bit atomic word, std's or (under loom) loom's: handshake cores
+/// over words of the mapped channel block (std atomics) take this, so the
+/// loom model runs the very same functions on loom's atomics.
+pub trait Word {
+    fn load(&self, o: Ordering) -> u32;
+    fn fetch_add(&self, v: u32, o: Ordering) -> u32;
+    fn fetch_sub(&self, v: u32, o: Ordering) -> u32;
+}
+
+macro_rules! impl_word {
+    ($t:ty) => {
+        impl Word for $t {
+            fn load(&self, o: Ordering) -> u32 {
+                <$t>::load(self, o)
+            }
+            fn fetch_add(&self, v: u32, o: Ordering) -> u32 {
+                <$t>::fetch_add(self, v, o)
+            }
+            fn fetch_sub(&self, v: u32, o: Ordering) -> u32 {
+                <$t>::fetch_sub(self, v, o)
+            }
+        }
+    };
+}
+
+impl_word!(std::sync::atomic::AtomicU32);
+#[cfg(loom)]
+impl_word!(loom::sync::atomic::AtomicU32);

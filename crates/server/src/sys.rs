@@ -122,6 +122,28 @@ pub unsafe fn recv(fd: RawFd, buf: *mut u8, len: usize, flags: i32) -> SysResult
     ))
 }
 
+/// Whether `fd`'s next byte is urgent data (SO_OOBINLINE off) with nothing
+/// received after it. A normal receive starting there skips the byte and
+/// the kernel forgets it (a later `MSG_OOB` receive gets EINVAL), where
+/// the application's own receive would have waited for more: read-ahead
+/// must stop there. One ioctl (SIOCATMARK); at the mark, a one-byte peek,
+/// whose error (e.g. ECONNRESET, which the peek consumed) is returned.
+pub fn urgent_byte_alone(fd: RawFd) -> SysResult<bool> {
+    const SIOCATMARK: u64 = 0x8905;
+    let mut at: libc::c_int = 0;
+    // SAFETY: SIOCATMARK writes one int into a local.
+    if unsafe { libc::ioctl(fd, SIOCATMARK as _, &mut at) } != 0 || at == 0 {
+        return Ok(false);
+    }
+    let mut byte = 0u8;
+    // SAFETY: one byte into a local.
+    match unsafe { recv(fd, &mut byte, 1, libc::MSG_PEEK) } {
+        Ok(_) => Ok(false), // data after the mark, or EOF: receive on
+        Err(libc::EAGAIN) => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
 pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
     // SAFETY: plain syscall.
     check(unsafe { libc::shutdown(fd, how) }).map(drop)

@@ -1,8 +1,12 @@
 //! `tcps bench pingpong`: send/recv round trips between two tcps sockets
-//! in one host thread, with the host library's counters around them.
+//! in one host thread, with the host library's counters around them, and
+//! the same exchange on two kernel sockets in the same thread right before,
+//! side by side (p50, p99 and the tcps/kernel ratios).
 
 use clap::Args;
 use serde::Serialize;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::Instant;
 use tcps::Client;
@@ -21,6 +25,72 @@ pub struct PingpongArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// Skip the kernel-socket run
+    #[arg(long)]
+    pub no_kernel: bool,
+}
+
+/// Per round trip nanoseconds: mean, p50, p99.
+#[derive(Serialize, Clone, Copy, Default)]
+struct Latency {
+    mean_ns: u64,
+    p50_ns: u64,
+    p99_ns: u64,
+}
+
+impl Latency {
+    /// From per-round-trip samples (sorted here) and the whole run's time.
+    fn of(mut v: Vec<u64>, total_ns: u128) -> Latency {
+        v.sort_unstable();
+        let at = |q: usize| v.get((v.len() * q / 100).min(v.len().saturating_sub(1)));
+        Latency {
+            mean_ns: (total_ns / v.len().max(1) as u128) as u64,
+            p50_ns: at(50).copied().unwrap_or(0),
+            p99_ns: at(99).copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Times `count` round trips of `one` (after a tenth as many untimed,
+/// then `warm`).
+fn time_round_trips(
+    count: usize,
+    mut one: impl FnMut() -> std::io::Result<()>,
+    warm: impl FnOnce(),
+) -> std::io::Result<Latency> {
+    for _ in 0..count / 10 {
+        one()?;
+    }
+    warm();
+    let mut v = Vec::with_capacity(count);
+    let t = Instant::now();
+    for _ in 0..count {
+        let s = Instant::now();
+        one()?;
+        v.push(s.elapsed().as_nanos() as u64);
+    }
+    Ok(Latency::of(v, t.elapsed().as_nanos()))
+}
+
+/// The same exchange on two connected kernel sockets in this thread.
+fn kernel_pingpong(count: usize, size: usize) -> std::io::Result<Latency> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let mut left = TcpStream::connect(l.local_addr()?)?;
+    let (mut right, _) = l.accept()?;
+    left.set_nodelay(true)?;
+    right.set_nodelay(true)?;
+    let msg: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut buf = vec![0u8; size];
+    time_round_trips(
+        count,
+        || {
+            left.write_all(&msg)?;
+            right.read_exact(&mut buf)?;
+            right.write_all(&buf)?;
+            left.read_exact(&mut buf)
+        },
+        || {},
+    )
 }
 
 #[derive(Serialize)]
@@ -29,6 +99,12 @@ struct PingpongReport {
     size: usize,
     socket_calls: u64,
     ns_per_round_trip: u64,
+    tcps: Latency,
+    /// The same on kernel sockets (absent with --no-kernel), and the
+    /// tcps/kernel ratios of p50 and p99.
+    kernel: Option<Latency>,
+    p50_ratio: Option<f64>,
+    p99_ratio: Option<f64>,
     /// Times the host rang the server's doorbell (an eventfd write: a system call).
     doorbells: u64,
     /// Times a host thread slept on a futex (a system call).
@@ -64,15 +140,22 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     };
-    let before = client.stats();
-    let t = Instant::now();
-    for _ in 0..a.count {
-        client.send_all(left, &msg)?;
-        recv_exact(right, &mut buf)?;
-        client.send_all(right, &buf)?;
-        recv_exact(left, &mut buf)?;
-    }
-    let elapsed = t.elapsed();
+    let kernel = if a.no_kernel {
+        None
+    } else {
+        Some(kernel_pingpong(a.count, a.size)?)
+    };
+    let mut before = client.stats();
+    let tcps = time_round_trips(
+        a.count,
+        || {
+            client.send_all(left, &msg)?;
+            recv_exact(right, &mut buf)?;
+            client.send_all(right, &buf)?;
+            recv_exact(left, &mut buf)
+        },
+        || before = client.stats(),
+    )?;
     let after = client.stats();
     if buf != msg {
         return Err("pingpong payload corrupted".into());
@@ -84,7 +167,11 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
         round_trips: a.count,
         size: a.size,
         socket_calls: after.calls - before.calls,
-        ns_per_round_trip: (elapsed.as_nanos() / a.count.max(1) as u128) as u64,
+        ns_per_round_trip: tcps.mean_ns,
+        tcps,
+        kernel,
+        p50_ratio: kernel.map(|k| tcps.p50_ns as f64 / k.p50_ns.max(1) as f64),
+        p99_ratio: kernel.map(|k| tcps.p99_ns as f64 / k.p99_ns.max(1) as f64),
         doorbells: after.doorbells - before.doorbells,
         sleeps: after.sleeps - before.sleeps,
         spins_satisfied: after.spins_satisfied - before.spins_satisfied,
@@ -100,6 +187,21 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
             "{} round trips of {} B: {} socket calls, {} ns per round trip; doorbells {}, futex sleeps {}",
             r.round_trips, r.size, r.socket_calls, r.ns_per_round_trip, r.doorbells, r.sleeps
         );
+        let us = |ns: u64| ns as f64 / 1000.0;
+        println!(
+            "tcps:   p50 {:.1} µs, p99 {:.1} µs",
+            us(tcps.p50_ns),
+            us(tcps.p99_ns)
+        );
+        if let (Some(k), Some(r50), Some(r99)) = (r.kernel, r.p50_ratio, r.p99_ratio) {
+            println!(
+                "kernel: p50 {:.1} µs, p99 {:.1} µs, mean {:.1} µs (same thread, just before)",
+                us(k.p50_ns),
+                us(k.p99_ns),
+                us(k.mean_ns)
+            );
+            println!("tcps/kernel: p50 {r50:.2}x, p99 {r99:.2}x");
+        }
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use tcps_proto::eager::RecvRingConsumer;
 use tcps_proto::layout::SERVER_DEDICATED_CORES;
 use tcps_proto::ready_log::{ReadyLogReader, DOORBELL_SLOTS};
 use tcps_proto::region::ChannelRef;
-use tcps_proto::ring::RingFull;
+use tcps_proto::ring::{HostCursor, RingFull};
 use tcps_proto::sendq::SendQueueProducer;
 use tcps_proto::{Call, Region};
 
@@ -27,6 +27,9 @@ use tcps_proto::{Call, Region};
 pub(super) const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// How long a request ring may stay full before the call fails with EIO.
 pub(super) const RING_FULL_PATIENCE: Duration = Duration::from_secs(1);
+/// Longest sleep of a thread waiting for room in a full request ring (the
+/// server wakes it; this bounds the liveness checks).
+const ROOM_SLICE: Duration = Duration::from_millis(10);
 /// The adaptive spin budget never shrinks below this (a server polling on
 /// its own core answers in about a microsecond).
 pub(super) const MIN_SPIN_NS: u64 = 10_000;
@@ -92,6 +95,9 @@ pub struct HostStats {
     /// `RecvKick`s posted: a paused ring resumed, or connections wanted
     /// from an empty accept ring.
     pub recv_kicks: u64,
+    /// Times a thread found a request ring full and slept until the server
+    /// took requests (it parks, it does not spin).
+    pub room_waits: u64,
 }
 
 impl HostStats {
@@ -172,6 +178,11 @@ pub(crate) struct Conn {
     /// How long a doorbell sleeper spins on its rings first (adaptive,
     /// within `[0, spin]`; see `ring_wait`).
     pub(crate) bell_spin_ns: AtomicU64,
+    /// How long a blocking receive (or accept) spins on its ring before
+    /// the futex sleep (adaptive, see [`Conn::spin_until`]).
+    pub(crate) ring_spin_ns: AtomicU64,
+    /// Times a thread slept waiting for room in a full request ring.
+    pub(super) room_waits: AtomicU64,
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
@@ -201,6 +212,7 @@ impl Conn {
                 .collect(),
             bells_held: AtomicU64::new(0),
             registered_sent: AtomicU64::new(0),
+            room_waits: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             region: a.region,
@@ -219,9 +231,57 @@ impl Conn {
             spinners: AtomicU32::new(0),
             spin_budget_ns: AtomicU64::new(spin_us * 1000),
             bell_spin_ns: AtomicU64::new(spin_us * 1000),
+            ring_spin_ns: AtomicU64::new(spin_us * 1000),
             max_spinners: crate::settings::setting_num::<u32>("TCPS_SPINNERS")
                 .unwrap_or(DEFAULT_SPINNERS),
         }
+    }
+
+    /// Before a futex sleep, when the server polls on cores of its own
+    /// (`TCPS_SPIN_US`, default 50 µs then, else 0): looks (`ready`) again
+    /// and again for at most `budget` nanoseconds, so an answer that is
+    /// microseconds away costs neither a wake-up at the server (a futex
+    /// wake, an IPI) nor a sleep here. The budget adapts like an adaptive
+    /// mutex: a spin that runs out halves it (not below `min_ns`), one that
+    /// ends after more than half of it doubles it (up to the spin), so an
+    /// idle wait soon stops spinning. At most `TCPS_SPINNERS` threads of
+    /// the attachment spin at once (more would steal the CPU the server and
+    /// the other threads need). Returns whether `ready` said yes.
+    pub(crate) fn spin_until(
+        &self,
+        budget_ns: &AtomicU64,
+        min_ns: u64,
+        ready: &mut dyn FnMut() -> io::Result<bool>,
+    ) -> io::Result<bool> {
+        let max = self.spin.as_nanos() as u64;
+        let budget = budget_ns.load(Ordering::Relaxed);
+        if max == 0 || budget == 0 {
+            return Ok(false);
+        }
+        if self.spinners.fetch_add(1, Ordering::AcqRel) >= self.max_spinners {
+            self.spinners.fetch_sub(1, Ordering::AcqRel);
+            return Ok(false);
+        }
+        let start = Instant::now();
+        let r = loop {
+            match ready() {
+                Ok(true) => {
+                    if start.elapsed().as_nanos() as u64 > budget / 2 {
+                        budget_ns.store((budget * 2).min(max), Ordering::Relaxed);
+                    }
+                    break Ok(true);
+                }
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            if start.elapsed().as_nanos() as u64 >= budget {
+                budget_ns.store((budget / 2).max(min_ns.min(max)), Ordering::Relaxed);
+                break Ok(false);
+            }
+            std::hint::spin_loop();
+        };
+        self.spinners.fetch_sub(1, Ordering::AcqRel);
+        r
     }
 
     /// Bytes of data arena per channel: the largest single transfer.
@@ -357,18 +417,39 @@ impl Conn {
                     return Ok(());
                 }
                 Err(RingFull) => {
+                    let tail = st.cursor.next_request();
                     drop(st);
-                    let since = *full_since.get_or_insert_with(Instant::now);
-                    if !self.server_alive() {
-                        return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
-                    }
-                    if since.elapsed() > RING_FULL_PATIENCE {
-                        return Err(io::Error::from_raw_os_error(libc::EIO));
-                    }
-                    std::thread::yield_now();
+                    self.wait_for_room(&ch, tail, &mut full_since)?;
                 }
             }
         }
+    }
+
+    /// The request ring of `ch` was full at `tail` (the index the next
+    /// request takes): park on the ring until the server takes requests
+    /// (it wakes room waiters after its pops; `ring::HostCursor::room_wait_prepare`),
+    /// instead of spinning or yielding the CPU the server needs to drain
+    /// it. ECONNRESET if the server is gone, EIO after `RING_FULL_PATIENCE`
+    /// (a server that stopped taking requests, or tampered indices).
+    pub(super) fn wait_for_room(
+        &self,
+        ch: &ChannelRef<'_>,
+        tail: u32,
+        full_since: &mut Option<Instant>,
+    ) -> io::Result<()> {
+        let since = *full_since.get_or_insert_with(Instant::now);
+        if !self.server_alive() {
+            return Err(io::Error::from_raw_os_error(libc::ECONNRESET));
+        }
+        if since.elapsed() > RING_FULL_PATIENCE {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if let Some(head) = HostCursor::room_wait_prepare(ch, tail) {
+            self.room_waits.fetch_add(1, Ordering::Relaxed);
+            HostCursor::room_wait(ch, head, ROOM_SLICE);
+            HostCursor::room_wait_done(ch);
+        }
+        Ok(())
     }
 
     /// Makes sure `channels_used` covers channel `index` (locked as `st`):
@@ -418,6 +499,7 @@ impl Conn {
             s.bytes_received += st.net_received.load(Ordering::Relaxed);
             s.round_trips += st.round_trips.load(Ordering::Relaxed);
         }
+        s.room_waits = self.room_waits.load(Ordering::Relaxed);
         s.bytes_sent += self.registered_sent.load(Ordering::Relaxed);
         s.bytes_received += self.registered_received.load(Ordering::Relaxed);
         s

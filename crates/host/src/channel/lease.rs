@@ -1,9 +1,7 @@
 //! One call's exchange on a checked-out channel: submit, spin, sleep, drain,
 //! hand over other threads' completions, release.
 
-use super::conn::{
-    bump, Backoff, Conn, Slot, LAST_CHANNEL, MIN_SPIN_NS, RING_FULL_PATIENCE, SLEEP_SLICE, STAGE,
-};
+use super::conn::{bump, Backoff, Conn, Slot, LAST_CHANNEL, MIN_SPIN_NS, SLEEP_SLICE, STAGE};
 use super::state::{round_up, ChanState, Use, UseState};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -307,15 +305,9 @@ impl<'a> Lease<'a> {
                 // or the ring indices were tampered with: give the server a
                 // while, then give up.
                 Err(RingFull) => {
+                    let tail = st.cursor.next_request();
                     drop(st);
-                    let since = *full_since.get_or_insert_with(Instant::now);
-                    if !self.conn.server_alive() {
-                        return Err(errno(libc::ECONNRESET));
-                    }
-                    if since.elapsed() > RING_FULL_PATIENCE {
-                        return Err(errno(libc::EIO));
-                    }
-                    std::thread::yield_now();
+                    self.conn.wait_for_room(&self.ch, tail, &mut full_since)?;
                 }
             }
         }

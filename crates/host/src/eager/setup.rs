@@ -264,6 +264,16 @@ impl Client {
                 _ => return Ok(false),
             }
         }
+        // Spin first (a reply on a server with cores of its own is
+        // microseconds away), then sleep on the ring's futex.
+        const MIN_RING_SPIN_NS: u64 = 1_000;
+        let mut moved = || Ok(!ring.is_quiet(seen));
+        if self
+            .conn
+            .spin_until(&self.conn.ring_spin_ns, MIN_RING_SPIN_NS, &mut moved)?
+        {
+            return Ok(true);
+        }
         ring.wait(seen, slice);
         // Nothing moved (a timeout, or a spurious wake): is the server there?
         if ring.is_quiet(seen) && !self.conn.server_alive() {

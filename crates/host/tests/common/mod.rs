@@ -468,6 +468,10 @@ fn serve_host(s: &Shared, st: &mut State, h: &mut Host) -> bool {
                 futex::wake_all(&ch.ctl().cq_tail);
             }
         }
+        // Threads that found the request ring full wait for room.
+        if did && ServerCursor::room_wanted(&ch) {
+            ServerCursor::wake_room(&ch);
+        }
     }
     did
 }

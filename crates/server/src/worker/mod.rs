@@ -1,9 +1,10 @@
 //! A worker: one thread, pinned to its core, that polls the channels of its
 //! hosts, executes their calls and handles engine events.
 //!
-//! The loop is: take new requests from every channel; when due, collect
-//! engine events (readiness of parked sockets, host hang-ups, the doorbell);
-//! fire expired poll timeouts. With no work it spins (`busy`), spins for a
+//! The loop is: take new requests from every channel (waking the threads
+//! their completions were for); collect engine events (readiness of parked
+//! sockets and receive rings, host hang-ups, the doorbell) after an idle
+//! pass, and every 5 µs while busy; fire expired poll timeouts. With no work it spins (`busy`), spins for a
 //! while and then sleeps (`adaptive`), or sleeps at once (`block`). Before
 //! sleeping it raises `server_sleeping` in every host's region so hosts ring
 //! the doorbell eventfd, which wakes the engine.
@@ -67,9 +68,13 @@ pub struct Inbox {
 
 /// Requests taken from one channel per pass, so a chatty channel cannot starve others.
 const BATCH_PER_CHANNEL: u32 = 32;
-/// How often engine events are collected while calls are parked, and otherwise.
-const ENGINE_POLL_PARKED: Duration = Duration::from_micros(5);
-const ENGINE_POLL_IDLE: Duration = Duration::from_micros(200);
+/// How often engine events are collected while the worker is busy (every
+/// pass found work). A pass after an idle one always collects: an idle
+/// worker has nothing better to do, and readiness is what the hosts wait
+/// for, most often without a call parked here (a receive ring waiting for
+/// read-ahead data, an accept ring). Collecting only every 200 µs when no
+/// call was parked cost a blocking receive up to that much (issue 15).
+const ENGINE_POLL_BUSY: Duration = Duration::from_micros(5);
 /// Longest sleep, so housekeeping never stalls.
 const MAX_SLEEP: Duration = Duration::from_millis(500);
 /// How often every bound send queue is looked at, hot or not (a backstop;
@@ -151,8 +156,15 @@ impl Worker {
         );
         let mut last_work = Instant::now();
         let mut next_engine_poll = Instant::now();
+        // Whether the last pass found no work.
+        let mut idle = false;
         while !self.shared.stopping.load(Ordering::Relaxed) {
             let mut work = self.scan_channels();
+            if work > 0 {
+                // The threads sleeping for these completions wake now, not
+                // after the engine's events and the other work of the pass.
+                self.wake_hosts();
+            }
             if self.hosts.iter().any(|(_, h)| !h.polls_to_start.is_empty()) {
                 // Sweep, then answer the polls (`calls::start_polls`).
                 work += self.poll_engine(Some(Duration::ZERO));
@@ -160,14 +172,9 @@ impl Worker {
             }
             let now = Instant::now();
             work += self.poll_send_queues(now);
-            if now >= next_engine_poll {
+            if idle || now >= next_engine_poll {
                 work += self.poll_engine(Some(Duration::ZERO));
-                next_engine_poll = now
-                    + if self.has_parked_calls() {
-                        ENGINE_POLL_PARKED
-                    } else {
-                        ENGINE_POLL_IDLE
-                    };
+                next_engine_poll = now + ENGINE_POLL_BUSY;
             }
             work += self.fire_timers(now);
             // Sockets re-armed in this pass are watched from now on.
@@ -179,6 +186,7 @@ impl Worker {
             if now >= self.next_publish {
                 self.publish_stats(now);
             }
+            idle = work == 0;
             if work > 0 {
                 last_work = now;
                 continue;
@@ -208,14 +216,6 @@ impl Worker {
         self.shared.stats.publish(self.hosts.iter().map(|(_, h)| h));
         self.next_publish = now + crate::stats::PUBLISH_EVERY;
         self.stats_dirty = false;
-    }
-
-    /// Whether any host has a call waiting at the server (a parked call is
-    /// one taken from its ring and not yet completed).
-    fn has_parked_calls(&self) -> bool {
-        self.hosts
-            .iter()
-            .any(|(_, h)| h.cursors.iter().any(|c| c.outstanding() > 0))
     }
 
     /// A host and the context its calls run in, borrowed apart.
@@ -257,6 +257,7 @@ impl Worker {
                 if host.doomed.is_some() {
                     break; // a request broke its ring or panicked
                 }
+                let before = handled;
                 for _ in 0..BATCH_PER_CHANNEL {
                     let Some(chan) = host.region.channel(ch) else {
                         break;
@@ -273,6 +274,16 @@ impl Worker {
                     if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none()
                     {
                         break;
+                    }
+                }
+                // Host threads that found this request ring full sleep
+                // until requests are taken (one fence per channel and pass).
+                if handled > before {
+                    if let Some(chan) = host.region.channel(ch) {
+                        if ServerCursor::room_wanted(&chan) {
+                            host.stats.wakes += 1;
+                            ServerCursor::wake_room(&chan);
+                        }
                     }
                 }
             }

@@ -80,6 +80,12 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
             note_paused(eager_paused, sid);
             break;
         }
+        // An urgent byte that came alone is the host's `MSG_OOB` request's.
+        let alone = sys::urgent_byte_alone(fd);
+        if alone != Ok(false) {
+            end = alone.err().map(Err);
+            break;
+        }
         let (p, n) = ring.span_ptr(st.tail, free);
         // SAFETY: p..p+n is the free span of this socket's ring inside the
         // mapped region (span_ptr bounds it); the host reads only
