@@ -1,0 +1,375 @@
+//! Dynamic host/server balancing (`docs/ARCHITECTURE.md` "Balancing").
+//!
+//! Every [`WINDOW`] a worker measures its own load (the CPU time of its
+//! thread over the window: an adaptive worker that has nothing to do
+//! sleeps, so this is the share of its core it needed) and each of its
+//! hosts' (utime + stime of `/proc/<pid>/stat` over the window, against
+//! the cores the host may run on that no worker is pinned to). From the
+//! two it moves each host's *direct share* — the fraction of new
+//! connections handed to the host as kernel sockets instead of being
+//! offloaded — by [`STEP`] percent at most per window, with a dead band
+//! between the thresholds so the share does not flap. Each new connection
+//! on a listener that allows it (`TCPS_BALANCE`, default 1) is decided on
+//! its own (an error-diffusion counter, so a 30 % share hands out 3 of
+//! every 10 connections, evenly spread); connections already placed stay
+//! where they are.
+//!
+//! A direct connection waits here, under a handle, until its host takes
+//! the kernel socket over its control socket (`ControlMsg::Direct`, with
+//! SCM_RIGHTS): descriptors cannot travel through shared memory.
+
+use crate::config::BalanceConfig;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+/// How often the share may move.
+pub const WINDOW: Duration = Duration::from_millis(250);
+/// Percent points the share moves per window.
+pub const STEP: u8 = 10;
+/// Worker busy at or above this: the server is the bottleneck.
+const SERVER_BUSY: u8 = 80;
+/// Worker busy below this: the server has room for more connections.
+const SERVER_ROOM: u8 = 50;
+/// Host busy below this: the host has idle CPU.
+const HOST_IDLE: u8 = 60;
+/// Host busy at or above this: the host is the bottleneck.
+const HOST_BUSY: u8 = 80;
+/// Direct connections a host may leave untaken; beyond, new ones are
+/// offloaded (a host that never takes them cannot pile up descriptors).
+const MAX_PENDING: usize = 1024;
+/// A direct connection its host has not taken after this is closed.
+const PENDING_TTL: Duration = Duration::from_secs(10);
+
+/// Why the share is what it is (`tcps stat`, metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reason {
+    /// No window measured yet.
+    #[default]
+    Start,
+    /// `tcps server --balance off`.
+    Off,
+    /// The host does not take direct connections (e.g. the native API).
+    HostCannot,
+    /// `--balance-force-direct` (a testing aid).
+    Forced,
+    /// The server is the bottleneck and the host has idle CPU: share up.
+    ServerBusy,
+    /// The host is the bottleneck and the server has room: share down.
+    HostBusy,
+    /// Neither is busy: back to offloading (share down).
+    Light,
+    /// Both busy, or in the dead band: the share stays.
+    Steady,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Start => "start",
+            Reason::Off => "off",
+            Reason::HostCannot => "host-cannot",
+            Reason::Forced => "forced",
+            Reason::ServerBusy => "server-busy",
+            Reason::HostBusy => "host-busy",
+            Reason::Light => "light",
+            Reason::Steady => "steady",
+        }
+    }
+
+    /// A number for the Prometheus gauge (the order of the variants).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// What `tcps stat` shows of a host's balancing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Percent of new connections handed to the host directly.
+    pub share_pct: u8,
+    pub reason: Reason,
+    /// The worker's and the host's CPU over the last window, percent.
+    pub server_busy_pct: u8,
+    pub host_busy_pct: u8,
+    /// The host said it takes direct connections.
+    pub takes_direct: bool,
+    /// Direct connections waiting for the host to take them.
+    pub pending: u32,
+}
+
+/// The direction of one step.
+pub fn step(server: u8, host: u8) -> (i8, Reason) {
+    if server >= SERVER_BUSY && host < HOST_IDLE {
+        (1, Reason::ServerBusy)
+    } else if host >= HOST_BUSY && server < SERVER_ROOM {
+        (-1, Reason::HostBusy)
+    } else if server < SERVER_ROOM && host < HOST_IDLE {
+        (-1, Reason::Light)
+    } else {
+        (0, Reason::Steady)
+    }
+}
+
+/// A worker's CPU use: its thread's CPU time over each window.
+pub struct Meter {
+    last: Option<(u64, Instant)>,
+}
+
+impl Default for Meter {
+    fn default() -> Self {
+        Meter { last: None }
+    }
+}
+
+impl Meter {
+    /// The busy percent since the last sample, once a window has passed
+    /// (call it from the worker's own thread).
+    pub fn sample(&mut self, now: Instant) -> Option<u8> {
+        let cpu = thread_cpu_ns()?;
+        let Some((c0, t0)) = self.last else {
+            self.last = Some((cpu, now));
+            return None;
+        };
+        let wall = now.saturating_duration_since(t0);
+        if wall < WINDOW {
+            return None;
+        }
+        self.last = Some((cpu, now));
+        Some(percent(
+            cpu.saturating_sub(c0) as f64 / wall.as_nanos() as f64,
+        ))
+    }
+}
+
+fn percent(frac: f64) -> u8 {
+    (frac * 100.0).round().clamp(0.0, 100.0) as u8
+}
+
+fn thread_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// utime + stime of process `pid`, in clock ticks.
+fn process_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold anything, up to the last ')').
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Cores process `pid` may run on that no worker is pinned to (at least 1).
+fn host_cores(pid: u32, worker_cpus: &[usize]) -> f64 {
+    // SAFETY: a zeroed cpu_set_t is valid; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: set is a writable cpu_set_t of `size` bytes.
+    let ok = unsafe { libc::sched_getaffinity(pid as libc::pid_t, size, &mut set) } == 0;
+    if !ok {
+        return 1.0;
+    }
+    let mut n = 0usize;
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: cpu < CPU_SETSIZE.
+        if unsafe { libc::CPU_ISSET(cpu, &set) } {
+            n += 1;
+        }
+    }
+    // Unpinned workers (`--cpus` empty: one) take a core of the host's too.
+    let taken = if worker_cpus.is_empty() {
+        1
+    } else {
+        // SAFETY: each index is checked against CPU_SETSIZE.
+        worker_cpus
+            .iter()
+            .filter(|&&c| c < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(c, &set) })
+            .count()
+    };
+    n.saturating_sub(taken).max(1) as f64
+}
+
+/// One host's balancing state (kept in `Host`).
+#[derive(Default)]
+pub struct HostBalance {
+    view: View,
+    /// Error diffusion: percent points owed to direct.
+    credit: u32,
+    /// The host's ticks at the last window.
+    host_last: Option<(u64, Instant)>,
+    /// Direct connections not yet taken: handle → (socket, since).
+    pending: HashMap<u32, (OwnedFd, Instant)>,
+    next_handle: u32,
+}
+
+impl HostBalance {
+    pub fn view(&self) -> View {
+        View {
+            pending: self.pending.len() as u32,
+            ..self.view
+        }
+    }
+
+    /// `ControlMsg::Direct { handle: 0 }`: the host takes direct connections.
+    pub fn set_takes_direct(&mut self) {
+        self.view.takes_direct = true;
+    }
+
+    /// A window passed: the worker was `server_busy` percent busy. Measures
+    /// the host and moves the share one step at most.
+    pub fn update(
+        &mut self,
+        cfg: &BalanceConfig,
+        worker_cpus: &[usize],
+        pid: u32,
+        server_busy: u8,
+        now: Instant,
+    ) {
+        self.pending
+            .retain(|_, (_, since)| now.saturating_duration_since(*since) < PENDING_TTL);
+        self.view.server_busy_pct = server_busy;
+        if let Some(ticks) = process_ticks(pid) {
+            if let Some((t0, at)) = self.host_last {
+                let wall = now.saturating_duration_since(at).as_secs_f64();
+                // SAFETY: sysconf has no preconditions.
+                let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+                let cpu = ticks.saturating_sub(t0) as f64 / hz;
+                if wall > 0.0 {
+                    let frac = cpu / wall / host_cores(pid, worker_cpus);
+                    self.view.host_busy_pct = percent(frac);
+                }
+            }
+            self.host_last = Some((ticks, now));
+        }
+        let (share, reason) = if !cfg.on {
+            (0, Reason::Off)
+        } else if !self.view.takes_direct {
+            (0, Reason::HostCannot)
+        } else if let Some(f) = cfg.force_direct_pct {
+            (f.min(100), Reason::Forced)
+        } else {
+            let (dir, why) = step(server_busy, self.view.host_busy_pct);
+            let s = i16::from(self.view.share_pct) + i16::from(dir) * i16::from(STEP);
+            (s.clamp(0, 100) as u8, why)
+        };
+        self.view.share_pct = share;
+        self.view.reason = reason;
+    }
+
+    /// A new connection on a listener whose `TCPS_BALANCE` is `allowed`:
+    /// whether it goes to the host directly.
+    pub fn decide(&mut self, cfg: &BalanceConfig, allowed: bool) -> bool {
+        if !cfg.on || !allowed || !self.view.takes_direct {
+            return false;
+        }
+        let share = cfg.force_direct_pct.unwrap_or(self.view.share_pct).min(100);
+        if share == 0 || self.pending.len() >= MAX_PENDING {
+            return false;
+        }
+        self.credit += u32::from(share);
+        if self.credit >= 100 {
+            self.credit -= 100;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Keeps direct connection `fd` until the host takes it; its handle
+    /// (never 0).
+    pub fn hand_over(&mut self, fd: OwnedFd, now: Instant) -> u32 {
+        loop {
+            self.next_handle = self.next_handle.wrapping_add(1);
+            if self.next_handle != 0 && !self.pending.contains_key(&self.next_handle) {
+                break;
+            }
+        }
+        self.pending.insert(self.next_handle, (fd, now));
+        self.next_handle
+    }
+
+    /// The host takes direct connection `handle`.
+    pub fn claim(&mut self, handle: u32) -> Option<OwnedFd> {
+        self.pending.remove(&handle).map(|(fd, _)| fd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(on: bool, force: Option<u8>) -> BalanceConfig {
+        BalanceConfig {
+            on,
+            force_direct_pct: force,
+        }
+    }
+
+    #[test]
+    fn steps_have_a_dead_band() {
+        assert_eq!(step(95, 20), (1, Reason::ServerBusy));
+        assert_eq!(step(95, 95), (0, Reason::Steady), "both busy: stay");
+        assert_eq!(step(30, 95), (-1, Reason::HostBusy));
+        assert_eq!(step(10, 10), (-1, Reason::Light));
+        // Between the thresholds nothing moves.
+        assert_eq!(step(65, 20), (0, Reason::Steady));
+        assert_eq!(step(30, 70), (0, Reason::Steady));
+    }
+
+    #[test]
+    fn a_forced_share_is_spread_evenly() {
+        let c = cfg(true, Some(30));
+        let mut b = HostBalance::default();
+        b.set_takes_direct();
+        let picks: Vec<bool> = (0..10).map(|_| b.decide(&c, true)).collect();
+        assert_eq!(picks.iter().filter(|&&d| d).count(), 3);
+        assert!(!picks[0] && !picks[1], "spread, not bunched: {picks:?}");
+        // A listener that opted out, or a host that cannot, gets none.
+        assert!(!(0..10).any(|_| b.decide(&c, false)));
+        let mut b = HostBalance::default();
+        assert!(!(0..10).any(|_| b.decide(&c, true)));
+        // Off wins over the forced share.
+        let mut b = HostBalance::default();
+        b.set_takes_direct();
+        assert!(!(0..10).any(|_| b.decide(&cfg(false, Some(100)), true)));
+    }
+
+    #[test]
+    fn handles_are_claimed_once() {
+        let mut b = HostBalance::default();
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let h = b.hand_over(fd, Instant::now());
+        assert_ne!(h, 0);
+        assert_eq!(b.view().pending, 1);
+        assert!(b.claim(h).is_some());
+        assert!(b.claim(h).is_none());
+    }
+
+    #[test]
+    fn the_share_moves_one_step_per_window() {
+        let c = cfg(true, None);
+        let mut b = HostBalance::default();
+        b.set_takes_direct();
+        let now = Instant::now();
+        let me = std::process::id();
+        for i in 1..=3u8 {
+            b.update(&c, &[], me, 100, now);
+            assert!(b.view().share_pct <= i * STEP);
+        }
+        b.update(&cfg(false, None), &[], me, 100, now);
+        assert_eq!((b.view().share_pct, b.view().reason), (0, Reason::Off));
+    }
+
+    #[test]
+    fn reads_its_own_ticks() {
+        assert!(process_ticks(std::process::id()).is_some());
+        assert!(host_cores(std::process::id(), &[]) >= 1.0);
+    }
+}
