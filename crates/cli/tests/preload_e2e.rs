@@ -623,20 +623,10 @@ fn python_asyncio_echo() {
         let clients: Vec<_> = (0..CONNS - 1)
             .map(|i| {
                 std::thread::spawn(move || {
-                    let data = common::Rng::new(i as u64 + 1).bytes(50_000 + i * 7_919);
-                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                    let mut w = s.try_clone().expect("clone");
-                    let d2 = data.clone();
-                    let writer = std::thread::spawn(move || {
-                        use std::io::Write;
-                        w.write_all(&d2).expect("write");
-                        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
-                    });
-                    let mut got = Vec::new();
-                    use std::io::Read;
-                    s.read_to_end(&mut got).expect("read");
-                    writer.join().expect("writer");
-                    common::sha256(&got) == common::sha256(&data)
+                    echo_client(
+                        port,
+                        common::Rng::new(i as u64 + 1).bytes(50_000 + i * 7_919),
+                    )
                 })
             })
             .collect();

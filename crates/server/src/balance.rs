@@ -211,15 +211,25 @@ pub struct HostBalance {
 
 impl HostBalance {
     pub fn view(&self) -> View {
-        View {
+        let mut v = View {
             pending: self.pending.len() as u32,
             ..self.view
+        };
+        if !v.takes_direct && v.reason == Reason::Start {
+            v.reason = Reason::HostCannot;
         }
+        v
     }
 
-    /// `ControlMsg::Direct { handle: 0 }`: the host takes direct connections.
-    pub fn set_takes_direct(&mut self) {
+    /// `ControlMsg::Direct { handle: 0 }`: the host takes direct
+    /// connections (shown at once, before the next window).
+    pub fn set_takes_direct(&mut self, cfg: &BalanceConfig) {
         self.view.takes_direct = true;
+        (self.view.share_pct, self.view.reason) = match (cfg.on, cfg.force_direct_pct) {
+            (false, _) => (0, Reason::Off),
+            (true, Some(f)) => (f.min(100), Reason::Forced),
+            (true, None) => (self.view.share_pct, Reason::Start),
+        };
     }
 
     /// A window passed: the worker was `server_busy` percent busy. Measures
@@ -327,7 +337,7 @@ mod tests {
     fn a_forced_share_is_spread_evenly() {
         let c = cfg(true, Some(30));
         let mut b = HostBalance::default();
-        b.set_takes_direct();
+        b.set_takes_direct(&c);
         let picks: Vec<bool> = (0..10).map(|_| b.decide(&c, true)).collect();
         assert_eq!(picks.iter().filter(|&&d| d).count(), 3);
         assert!(!picks[0] && !picks[1], "spread, not bunched: {picks:?}");
@@ -336,9 +346,11 @@ mod tests {
         let mut b = HostBalance::default();
         assert!(!(0..10).any(|_| b.decide(&c, true)));
         // Off wins over the forced share.
+        let off = cfg(false, Some(100));
         let mut b = HostBalance::default();
-        b.set_takes_direct();
-        assert!(!(0..10).any(|_| b.decide(&cfg(false, Some(100)), true)));
+        b.set_takes_direct(&off);
+        assert_eq!(b.view().reason, Reason::Off);
+        assert!(!(0..10).any(|_| b.decide(&off, true)));
     }
 
     #[test]
@@ -356,7 +368,7 @@ mod tests {
     fn the_share_moves_one_step_per_window() {
         let c = cfg(true, None);
         let mut b = HostBalance::default();
-        b.set_takes_direct();
+        b.set_takes_direct(&c);
         let now = Instant::now();
         let me = std::process::id();
         for i in 1..=3u8 {

@@ -334,6 +334,17 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The address `--metrics-listen` bound, from the server's log.
+    pub fn metrics_addr(&self) -> String {
+        let log = self.log_text();
+        log.split("metrics listening")
+            .nth(1)
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+            .to_string()
+    }
+
     /// `tcps stat --json` of this server.
     pub fn stat_json(&self) -> serde_json::Value {
         let out = Command::new(TCPS)

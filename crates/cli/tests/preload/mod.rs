@@ -65,6 +65,24 @@ pub fn wait_port(port: u16, child: &mut Child, what: &str, log: &Path) {
     }
 }
 
+/// A client of an echo server on 127.0.0.1:`port`: sends `data` (then
+/// shuts down its writing side) while it reads the echo to EOF; whether
+/// every byte came back in order.
+pub fn echo_client(port: u16, data: Vec<u8>) -> bool {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut w = s.try_clone().expect("clone");
+    let want = crate::common::sha256(&data);
+    let writer = std::thread::spawn(move || {
+        w.write_all(&data).expect("write");
+        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("read");
+    writer.join().expect("writer");
+    crate::common::sha256(&got) == want
+}
+
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
@@ -143,6 +161,8 @@ pub struct Summary {
     pub accepted: u64,
     pub kernel_tcp: u64,
     pub sendfile_bytes: u64,
+    /// Connections handed over as kernel sockets (balancing).
+    pub direct: u64,
 }
 
 pub fn summaries(stats: &Path) -> Vec<Summary> {
@@ -160,6 +180,7 @@ pub fn summaries(stats: &Path) -> Vec<Summary> {
                     "accepted" => s.accepted = n,
                     "kernel_tcp" => s.kernel_tcp = n,
                     "sendfile_bytes" => s.sendfile_bytes = n,
+                    "direct" => s.direct = n,
                     _ => {}
                 }
             }

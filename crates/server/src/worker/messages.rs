@@ -36,7 +36,7 @@ fn on_control_msg(
         return send_reply(host, ControlMsg::Reply { handle, errno }, fd);
     }
     if let ControlMsg::Direct { handle } = m {
-        let (errno, fd) = direct(host, handle);
+        let (errno, fd) = direct(host, cx.cfg, handle);
         return send_reply(host, ControlMsg::Reply { handle, errno }, fd);
     }
     let handle = m.handle();
@@ -68,9 +68,9 @@ fn on_control_msg(
 /// `ControlMsg::Direct`: handle 0 says the host takes direct connections;
 /// any other hands it that direct connection's kernel socket (ENOENT: no
 /// such handle, e.g. taken already or closed as too old).
-fn direct(host: &mut Host, handle: u32) -> (i32, Option<OwnedFd>) {
+fn direct(host: &mut Host, cfg: &crate::config::Config, handle: u32) -> (i32, Option<OwnedFd>) {
     if handle == 0 {
-        host.balance.set_takes_direct();
+        host.balance.set_takes_direct(&cfg.balance);
         return (0, None);
     }
     match host.balance.claim(handle) {

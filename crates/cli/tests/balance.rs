@@ -1,0 +1,262 @@
+//! Dynamic host/server balancing (`docs/ARCHITECTURE.md` "Balancing"): a
+//! program under `tcps run` serves a mix of offloaded connections and
+//! connections the server handed over as kernel sockets, and cannot tell;
+//! `--balance off` and `TCPS_BALANCE` keep everything offloaded; `tcps
+//! stat` and the metrics count both kinds. The share is forced with the
+//! testing aid `--balance-force-direct` (the measured one depends on the
+//! machine's load).
+
+mod common;
+mod preload;
+
+use common::{Rng, Server, TempDir, TCPS};
+use preload::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const ECHO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/balance_echo.py");
+
+/// Waits (bounded) until the script printed `listening` (a probe
+/// connection would be one of the connections it counts).
+fn wait_listening(child: &mut Child, log: &Path) {
+    let t = Instant::now();
+    while !read(log).contains("listening") {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("echo server exited ({st}):\n{}", read(log));
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "never listened:\n{}",
+            read(log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `conns` clients, each sending its own bytes (different sizes, some
+/// large) and reading the echo to EOF; panics on a byte out of place.
+fn clients(port: u16, conns: usize) {
+    let hs: Vec<_> = (0..conns)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let data = Rng::new(i as u64 + 7).bytes(20_000 + i * 37_117);
+                assert!(
+                    echo_client(port, data),
+                    "connection {i}: bytes out of place"
+                );
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("a client failed");
+    }
+}
+
+/// Runs the echo script under `tcps run` with `args`, `conns` clients; the
+/// script's summary line and its host's `tcps stat` entry (read while it
+/// still runs: the script waits for a last connection).
+fn run_echo(
+    srv: &Server,
+    dir: &TempDir,
+    tag: &str,
+    conns: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Summary, Value) {
+    let port = free_port();
+    let stats = dir.path().join(format!("{tag}.stats"));
+    let log = dir.path().join(format!("{tag}.log"));
+    let p = port.to_string();
+    let total = (conns + 1).to_string();
+    let mut argv = vec!["python3", ECHO, &p, "--conns", &total];
+    argv.extend_from_slice(args);
+    let mut cmd = command(Net::Tcps, srv, &stats, &log, &argv);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn the echo server");
+    wait_listening(&mut child, &log);
+    clients(port, conns);
+    // The server publishes its counters every 100 ms.
+    let pid = child.id();
+    let t = Instant::now();
+    let host = loop {
+        let h = stat_host(srv, pid);
+        let n = h.as_ref().map_or(0, |h| {
+            let c = &h["counters"];
+            ["accepts_eager", "accepts_on_demand", "accepts_direct"]
+                .iter()
+                .map(|k| c[k].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        });
+        if n >= conns as u64 || t.elapsed() > Duration::from_secs(10) {
+            break h.unwrap_or_else(|| panic!("no stat entry for pid {pid}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    clients(port, 1);
+    let st = common::wait_timeout(&mut child, Duration::from_secs(20));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "echo server did not finish: {st:?}\n{}",
+        read(&log)
+    );
+    // What the program saw matches what the clients sent.
+    let seen: Vec<String> = read(&log)
+        .lines()
+        .filter(|l| l.starts_with("conn "))
+        .map(String::from)
+        .collect();
+    assert_eq!(seen.len(), conns + 1, "{}", read(&log));
+    let t = summaries(&stats);
+    assert_eq!(t.len(), 1, "{t:?}");
+    (t[0].clone(), host)
+}
+
+fn num(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(u64::MAX)
+}
+
+/// `--balance off`: every connection is offloaded, even with a forced share.
+#[test]
+fn balance_off_keeps_every_connection_offloaded() {
+    need("python3");
+    let srv = Server::start(
+        "uring",
+        &[
+            "--poll",
+            "adaptive",
+            "--balance",
+            "off",
+            "--balance-force-direct",
+            "100",
+        ],
+    );
+    let dir = TempDir::new("balance-off");
+    let (sum, host) = run_echo(&srv, &dir, "off", 6, &[], &[]);
+    assert_eq!((sum.accepted, sum.direct), (7, 0), "{sum:?}");
+    assert_eq!(num(&host["counters"], "accepts_direct"), 0, "{host}");
+    assert_eq!(host["balance"]["reason"], "off", "{host}");
+    assert_eq!(num(&host["balance"], "share_pct"), 0, "{host}");
+}
+
+/// A forced 50 % share on the accept ring path (eager accept): half the
+/// connections are kernel sockets of the program, half offloaded; every
+/// byte comes back in order; stat and the metrics count both.
+#[test]
+fn forced_share_mixes_direct_and_offloaded_eager_accept() {
+    need("python3");
+    let srv = Server::start(
+        "uring",
+        &[
+            "--poll",
+            "adaptive",
+            "--balance-force-direct",
+            "50",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let dir = TempDir::new("balance-eager");
+    let (sum, host) = run_echo(&srv, &dir, "eager", 12, &[], &[]);
+    // 13 connections, every other one direct (error diffusion).
+    assert_eq!(sum.accepted + sum.direct, 13, "{sum:?}");
+    assert!((6..=7).contains(&sum.direct), "{sum:?}");
+    let c = &host["counters"];
+    assert!(
+        num(c, "accepts_direct") >= 6 && num(c, "accepts_eager") >= 6,
+        "{host}"
+    );
+    assert_eq!(host["balance"]["reason"], "forced", "{host}");
+    assert_eq!(host["balance"]["takes_direct"], true, "{host}");
+    // The metrics' total counts them too.
+    let addr = srv.metrics_addr();
+    let mut s = TcpStream::connect(addr.as_str()).expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let direct = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tcps_accepts_direct_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert_eq!(direct, Some(sum.direct), "{text}");
+}
+
+/// The same through the server's `Accept` call (eager accept off), with
+/// clients' bytes already sent when the program accepts (they wait in the
+/// kernel, and a direct connection gets them all, in order), and a
+/// non-blocking listener.
+#[test]
+fn forced_share_through_the_accept_call_keeps_bytes_in_order() {
+    need("python3");
+    let srv = Server::start(
+        "uring",
+        &[
+            "--poll",
+            "adaptive",
+            "--eager-accept",
+            "off",
+            "--balance-force-direct",
+            "50",
+        ],
+    );
+    let dir = TempDir::new("balance-call");
+    let (sum, host) = run_echo(&srv, &dir, "call", 8, &["--delay", "0.5"], &[]);
+    assert_eq!(sum.accepted + sum.direct, 9, "{sum:?}");
+    assert!((4..=5).contains(&sum.direct), "{sum:?}");
+    let c = &host["counters"];
+    assert!(num(c, "accepts_on_demand") >= 4, "{host}");
+    let (sum, _) = run_echo(&srv, &dir, "call-nb", 8, &["--nonblocking"], &[]);
+    assert!((4..=5).contains(&sum.direct), "{sum:?}");
+}
+
+/// `TCPS_BALANCE` 0 on the listener, or `TCPS_BALANCE=off` for the
+/// process: nothing is handed over.
+#[test]
+fn listener_option_and_env_keep_connections_offloaded() {
+    need("python3");
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--balance-force-direct", "100"],
+    );
+    let dir = TempDir::new("balance-opt");
+    let (sum, host) = run_echo(&srv, &dir, "opt", 4, &["--no-balance"], &[]);
+    assert_eq!((sum.accepted, sum.direct), (5, 0), "{sum:?}");
+    assert_eq!(num(&host["counters"], "accepts_direct"), 0, "{host}");
+    let (sum, host) = run_echo(&srv, &dir, "env", 4, &[], &[("TCPS_BALANCE", "off")]);
+    assert_eq!((sum.accepted, sum.direct), (5, 0), "{sum:?}");
+    assert_eq!(host["balance"]["reason"], "host-cannot", "{host}");
+    // And all of them direct at 100 %.
+    let (sum, _) = run_echo(&srv, &dir, "all", 4, &[], &[]);
+    assert_eq!((sum.accepted, sum.direct), (0, 5), "{sum:?}");
+}
+
+/// `tcps stat` shows the BALANCE table.
+#[test]
+fn stat_shows_the_balance() {
+    let srv = Server::start("uring", &["--poll", "adaptive"]);
+    let c = srv.attach();
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let out = Command::new(TCPS)
+        .args(["stat", "--socket"])
+        .arg(&srv.socket)
+        .output()
+        .expect("tcps stat");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("BALANCE"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no BALANCE table:\n{text}"));
+    // The native API takes no direct connections.
+    assert!(
+        line.contains("host-cannot") && line.contains("0/0"),
+        "{text}"
+    );
+    c.close(s).unwrap();
+}
