@@ -260,3 +260,100 @@ fn stat_shows_the_balance() {
     );
     c.close(s).unwrap();
 }
+
+/// A Python asyncio echo server (epoll, non-blocking accept) with a forced
+/// share: direct and offloaded connections in one epoll set, every byte
+/// back in order.
+#[test]
+fn asyncio_epoll_mixes_direct_and_offloaded() {
+    need("python3");
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--balance-force-direct", "30"],
+    );
+    let dir = TempDir::new("balance-asyncio");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/asyncio_echo.py");
+    const CONNS: usize = 20;
+    let port = free_port();
+    let (p, n) = (port.to_string(), CONNS.to_string());
+    let stats = dir.path().join("asyncio.stats");
+    let log = dir.path().join("asyncio.log");
+    let argv = ["python3", script, &p, "--conns", &n];
+    let mut child = command(Net::Tcps, &srv, &stats, &log, &argv)
+        .spawn()
+        .expect("spawn asyncio");
+    // The readiness probe is a connection too.
+    wait_port(port, &mut child, "asyncio echo", &log);
+    clients(port, CONNS - 1);
+    let st = common::wait_timeout(&mut child, Duration::from_secs(20));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", read(&log));
+    let t = summaries(&stats);
+    assert_eq!(t.len(), 1, "{t:?}");
+    // 30 %: 6 of 20 (error diffusion), the rest offloaded.
+    assert_eq!((t[0].direct, t[0].accepted), (6, 14), "{t:?}");
+}
+
+/// nginx (master + 2 workers that inherit the listener across fork, epoll,
+/// accept4 non-blocking, sendfile) with half its connections direct: curl
+/// gets every file byte-exact, wrk sees no error, and both kinds were used.
+#[test]
+fn nginx_serves_direct_and_offloaded() {
+    for p in ["nginx", "wrk", "curl"] {
+        need(p);
+    }
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--balance-force-direct", "50"],
+    );
+    let dir = TempDir::new("balance-nginx");
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+    let mut rng = Rng::new(5);
+    let files = [
+        ("big.bin", 1usize << 20),
+        ("16k.bin", 16 << 10),
+        ("odd.bin", 12345),
+    ];
+    for (name, len) in files {
+        std::fs::write(www.join(name), rng.bytes(len)).unwrap();
+    }
+    let port = free_port();
+    let conf = dir.path().join("nginx.conf");
+    std::fs::write(&conf, nginx_conf(dir.path(), &www, port, true)).unwrap();
+    let stats = dir.path().join("nginx.stats");
+    // Workers run as nobody: they must be able to append.
+    std::fs::write(&stats, b"").unwrap();
+    std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let log = dir.path().join("nginx.log");
+    let argv = [
+        "nginx",
+        "-c",
+        conf.to_str().unwrap(),
+        "-p",
+        dir.path().to_str().unwrap(),
+    ];
+    let mut nginx = Daemon(
+        command(Net::Tcps, &srv, &stats, &log, &argv)
+            .spawn()
+            .expect("nginx"),
+    );
+    wait_port(port, &mut nginx.0, "nginx", &log);
+    for round in 0..4 {
+        for (name, len) in files {
+            let out = Command::new("curl")
+                .args(["-s", &format!("http://127.0.0.1:{port}/{name}")])
+                .output()
+                .expect("curl");
+            let want = std::fs::read(www.join(name)).unwrap();
+            assert_eq!(out.stdout.len(), len, "{name} (round {round})");
+            assert!(out.stdout == want, "{name} differs (round {round})");
+        }
+    }
+    assert!(wrk_requests(port, "16k.bin") > 100);
+    stop(&mut nginx.0, libc::SIGQUIT);
+    let sums = wait_summaries(&stats, 3);
+    let direct: u64 = sums.iter().map(|s| s.direct).sum();
+    let offloaded: u64 = sums.iter().map(|s| s.accepted).sum();
+    assert!(direct >= 8 && offloaded >= 8, "{sums:?}\n{}", read(&log));
+}

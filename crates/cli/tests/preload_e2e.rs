@@ -269,49 +269,6 @@ fn fallback_without_server() {
     );
 }
 
-/// An nginx configuration: master + 2 workers, static files from `www`.
-fn nginx_conf(dir: &std::path::Path, www: &std::path::Path, port: u16, sendfile: bool) -> String {
-    let d = dir.display();
-    format!(
-        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
-         http {{\n access_log off;\n sendfile {};\n keepalive_requests 100000;\n\
-         client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
-         uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-         server {{ listen 127.0.0.1:{port}; root {}; }}\n}}\n",
-        if sendfile { "on" } else { "off" },
-        www.display()
-    )
-}
-
-/// wrk's request count, failing on non-2xx answers or errors other than
-/// the connections it tears down at the end.
-fn wrk_requests(port: u16, path: &str) -> u64 {
-    let out = Command::new("wrk")
-        .args([
-            "-t2",
-            "-c16",
-            "-d2s",
-            &format!("http://127.0.0.1:{port}/{path}"),
-        ])
-        .output()
-        .expect("wrk");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "wrk failed:\n{text}");
-    assert!(!text.contains("Non-2xx"), "wrk saw errors:\n{text}");
-    assert!(
-        !text.contains("Socket errors"),
-        "wrk saw socket errors:\n{text}"
-    );
-    text.lines()
-        .find_map(|l| {
-            l.trim()
-                .split_once(" requests in ")
-                .map(|(n, _)| n.trim().parse().unwrap_or(0))
-        })
-        .unwrap_or_else(|| panic!("no request count in wrk output:\n{text}"))
-}
-
 /// nginx, master and 2 workers (the workers inherit the listening socket
 /// through fork), `sendfile on` and `off`, driven by wrk; files fetched
 /// with curl are byte-identical to the kernel run's and to the files.

@@ -1,10 +1,9 @@
 //! Dynamic host/server balancing (`docs/ARCHITECTURE.md` "Balancing").
 //!
-//! Every [`WINDOW`] a worker measures its own load (the CPU time of its
-//! thread over the window: an adaptive worker that has nothing to do
-//! sleeps, so this is the share of its core it needed) and each of its
-//! hosts' (utime + stime of `/proc/<pid>/stat` over the window, against
-//! the cores the host may run on that no worker is pinned to). From the
+//! Every [`WINDOW`] a worker measures its own load (the share of the
+//! window it spent in loop passes that found work: [`Meter`]) and each of
+//! its hosts' (utime + stime of `/proc/<pid>/stat` over the window,
+//! against the cores the host may run on that no worker is pinned to). From the
 //! two it moves each host's *direct share* — the fraction of new
 //! connections handed to the host as kernel sockets instead of being
 //! offloaded — by [`STEP`] percent at most per window, with a dead band
@@ -32,7 +31,7 @@ const SERVER_BUSY: u8 = 80;
 /// Worker busy below this: the server has room for more connections.
 const SERVER_ROOM: u8 = 50;
 /// Host busy below this: the host has idle CPU.
-const HOST_IDLE: u8 = 60;
+const HOST_IDLE: u8 = 70;
 /// Host busy at or above this: the host is the bottleneck.
 const HOST_BUSY: u8 = 80;
 /// Direct connections a host may leave untaken; beyond, new ones are
@@ -111,49 +110,48 @@ pub fn step(server: u8, host: u8) -> (i8, Reason) {
     }
 }
 
-/// A worker's CPU use: its thread's CPU time over each window.
+/// A worker's load: the share of wall time spent in passes that found
+/// work, over each window. Not its CPU time: an adaptive worker spins
+/// (yielding) for a while after each piece of work, so a worker serving a
+/// steady trickle would look saturated.
+#[derive(Default)]
 pub struct Meter {
-    last: Option<(u64, Instant)>,
-}
-
-impl Default for Meter {
-    fn default() -> Self {
-        Meter { last: None }
-    }
+    /// The previous pass: when, and whether it found work.
+    last_pass: Option<(Instant, bool)>,
+    busy: Duration,
+    window_start: Option<Instant>,
 }
 
 impl Meter {
-    /// The busy percent since the last sample, once a window has passed
-    /// (call it from the worker's own thread).
+    /// A pass of the worker loop at `now` found work or not. The time
+    /// since the previous pass counts as busy if that one found work.
+    #[inline]
+    pub fn pass(&mut self, now: Instant, work: bool) {
+        if let Some((t, true)) = self.last_pass {
+            self.busy += now.saturating_duration_since(t);
+        }
+        self.last_pass = Some((now, work));
+    }
+
+    /// The busy percent since the last sample, once a window has passed.
     pub fn sample(&mut self, now: Instant) -> Option<u8> {
-        let cpu = thread_cpu_ns()?;
-        let Some((c0, t0)) = self.last else {
-            self.last = Some((cpu, now));
+        let Some(t0) = self.window_start else {
+            self.window_start = Some(now);
+            self.busy = Duration::ZERO;
             return None;
         };
         let wall = now.saturating_duration_since(t0);
         if wall < WINDOW {
             return None;
         }
-        self.last = Some((cpu, now));
-        Some(percent(
-            cpu.saturating_sub(c0) as f64 / wall.as_nanos() as f64,
-        ))
+        let busy = std::mem::take(&mut self.busy);
+        self.window_start = Some(now);
+        Some(percent(busy.as_secs_f64() / wall.as_secs_f64()))
     }
 }
 
 fn percent(frac: f64) -> u8 {
     (frac * 100.0).round().clamp(0.0, 100.0) as u8
-}
-
-fn thread_cpu_ns() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// utime + stime of process `pid`, in clock ticks.
@@ -244,7 +242,6 @@ impl HostBalance {
     ) {
         self.pending
             .retain(|_, (_, since)| now.saturating_duration_since(*since) < PENDING_TTL);
-        self.view.server_busy_pct = server_busy;
         if let Some(ticks) = process_ticks(pid) {
             if let Some((t0, at)) = self.host_last {
                 let wall = now.saturating_duration_since(at).as_secs_f64();
@@ -258,6 +255,13 @@ impl HostBalance {
             }
             self.host_last = Some((ticks, now));
         }
+        self.apply(cfg, server_busy, self.view.host_busy_pct);
+    }
+
+    /// One window's step from the two loads (percent).
+    fn apply(&mut self, cfg: &BalanceConfig, server_busy: u8, host_busy: u8) {
+        self.view.server_busy_pct = server_busy;
+        self.view.host_busy_pct = host_busy;
         let (share, reason) = if !cfg.on {
             (0, Reason::Off)
         } else if !self.view.takes_direct {
@@ -265,7 +269,7 @@ impl HostBalance {
         } else if let Some(f) = cfg.force_direct_pct {
             (f.min(100), Reason::Forced)
         } else {
-            let (dir, why) = step(server_busy, self.view.host_busy_pct);
+            let (dir, why) = step(server_busy, host_busy);
             let s = i16::from(self.view.share_pct) + i16::from(dir) * i16::from(STEP);
             (s.clamp(0, 100) as u8, why)
         };
@@ -369,14 +373,50 @@ mod tests {
         let c = cfg(true, None);
         let mut b = HostBalance::default();
         b.set_takes_direct(&c);
-        let now = Instant::now();
-        let me = std::process::id();
-        for i in 1..=3u8 {
-            b.update(&c, &[], me, 100, now);
-            assert!(b.view().share_pct <= i * STEP);
+        let share = |b: &HostBalance| b.view().share_pct;
+        // Server the bottleneck, host idle: up 10 points a window, to 100.
+        for i in 1..=12u8 {
+            b.apply(&c, 95, 30);
+            assert_eq!(share(&b), (i * STEP).min(100));
+            assert_eq!(b.view().reason, Reason::ServerBusy);
         }
-        b.update(&cfg(false, None), &[], me, 100, now);
-        assert_eq!((b.view().share_pct, b.view().reason), (0, Reason::Off));
+        // In the dead band it stays, whichever way it came.
+        for (srv, host) in [(70, 30), (95, 90), (40, 75)] {
+            b.apply(&c, srv, host);
+            assert_eq!((share(&b), b.view().reason), (100, Reason::Steady));
+        }
+        // The host the bottleneck, the server with room: down again.
+        b.apply(&c, 30, 95);
+        assert_eq!((share(&b), b.view().reason), (90, Reason::HostBusy));
+        for _ in 0..3 {
+            b.apply(&c, 10, 10);
+        }
+        assert_eq!((share(&b), b.view().reason), (60, Reason::Light));
+        // Measured for real: the worker's own process as the host.
+        b.update(&c, &[], std::process::id(), 100, Instant::now());
+        b.update(
+            &cfg(false, None),
+            &[],
+            std::process::id(),
+            100,
+            Instant::now(),
+        );
+        assert_eq!((share(&b), b.view().reason), (0, Reason::Off));
+    }
+
+    #[test]
+    fn the_meter_counts_passes_with_work() {
+        let mut m = Meter::default();
+        let t = Instant::now();
+        assert_eq!(m.sample(t), None);
+        let ms = Duration::from_millis;
+        // 100 ms of work, then 200 ms idle.
+        m.pass(t, true);
+        m.pass(t + ms(100), false);
+        m.pass(t + ms(300), false);
+        assert_eq!(m.sample(t + ms(200)), None, "not a window yet");
+        assert_eq!(m.sample(t + ms(400)), Some(25));
+        assert_eq!(m.sample(t + ms(700)), Some(0));
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub struct Worker {
     /// whether there was work since the last time.
     next_publish: Instant,
     stats_dirty: bool,
-    /// This worker's CPU use, for balancing.
+    /// This worker's load, for balancing.
     meter: crate::balance::Meter,
 }
 
@@ -179,6 +179,7 @@ impl Worker {
             self.wake_hosts();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
+            self.meter.pass(now, work > 0);
             if now >= self.next_publish {
                 self.publish_stats(now);
             }
