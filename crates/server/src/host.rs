@@ -462,11 +462,12 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "round_trips={} wakes={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "round_trips={} wakes={} accepts_eager={} accepts_on_demand={} accepts_direct={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
             self.round_trips,
             self.wakes,
             self.accepts_eager,
             self.accepts_on_demand,
+            self.accepts_direct,
             self.recvs_eager,
             self.recvs_on_demand,
             self.bytes_eager,
