@@ -75,11 +75,6 @@ impl Reason {
             Reason::Steady => "steady",
         }
     }
-
-    /// A number for the Prometheus gauge (the order of the variants).
-    pub fn code(self) -> u8 {
-        self as u8
-    }
 }
 
 /// What `tcps stat` shows of a host's balancing.
