@@ -57,12 +57,13 @@ server is the bottleneck and the host has idle CPU; `tcps server --balance`):
   SHARE       percent of the host's new connections handed over directly now
   WHY         why the share is what it is: server-busy (server the bottleneck,
               host idle: up), host-busy (host the bottleneck, server has room:
-              down), light (neither busy: down), steady (dead band or both
-              busy), forced (--balance-force-direct), off (--balance off),
+              down), light (neither busy: down), steady (loads within 30
+              points of each other, or both busy), forced (--balance-force-direct), off (--balance off),
               host-cannot (the host keeps every connection offloaded: the
               native API), start (not measured yet)
-  SRV%, HOST% CPU of the host's server worker / of the host (of the cores it
-              may use that no worker is pinned to) over the last 250 ms
+  SRV%, HOST% load of the host's server worker (time in passes that found
+              work) / CPU of the host (of the cores it may use that no worker
+              is pinned to), each averaged over the last two 250 ms windows
 
 TOTAL covers every host, also those of other users (whose rows only root and
 the server's own user see) and hosts that detached (their counters are kept).

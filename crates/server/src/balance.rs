@@ -26,14 +26,15 @@ use std::time::{Duration, Instant};
 pub const WINDOW: Duration = Duration::from_millis(250);
 /// Percent points the share moves per window.
 pub const STEP: u8 = 10;
-/// Worker busy at or above this: the server is the bottleneck.
-const SERVER_BUSY: u8 = 80;
-/// Worker busy below this: the server has room for more connections.
-const SERVER_ROOM: u8 = 50;
-/// Host busy below this: the host has idle CPU.
-const HOST_IDLE: u8 = 70;
-/// Host busy at or above this: the host is the bottleneck.
-const HOST_BUSY: u8 = 80;
+/// A side is "the bottleneck" when it is at least this busy (percent) ...
+const BUSY: u8 = 40;
+/// ... and at least this many points busier than the other side, which
+/// then has idle CPU to take work over. Within the gap the share stays
+/// (the dead band).
+const GAP: u8 = 30;
+/// Both sides below this: the load is light, offloading (the default)
+/// comes back.
+const LIGHT: u8 = 25;
 /// Direct connections a host may leave untaken; beyond, new ones are
 /// offloaded (a host that never takes them cannot pile up descriptors).
 const MAX_PENDING: usize = 1024;
@@ -92,13 +93,15 @@ pub struct View {
     pub pending: u32,
 }
 
-/// The direction of one step.
+/// The direction of one step, from the worker's load and the host's
+/// (percent): towards the side with idle CPU when the other is the
+/// bottleneck, back to offloading when both are lightly loaded.
 pub fn step(server: u8, host: u8) -> (i8, Reason) {
-    if server >= SERVER_BUSY && host < HOST_IDLE {
+    if server >= BUSY && server >= host.saturating_add(GAP) {
         (1, Reason::ServerBusy)
-    } else if host >= HOST_BUSY && server < SERVER_ROOM {
+    } else if host >= BUSY && host >= server.saturating_add(GAP) {
         (-1, Reason::HostBusy)
-    } else if server < SERVER_ROOM && host < HOST_IDLE {
+    } else if server < LIGHT && host < LIGHT {
         (-1, Reason::Light)
     } else {
         (0, Reason::Steady)
@@ -237,6 +240,7 @@ impl HostBalance {
     ) {
         self.pending
             .retain(|_, (_, since)| now.saturating_duration_since(*since) < PENDING_TTL);
+        let mut host_busy = self.view.host_busy_pct;
         if let Some(ticks) = process_ticks(pid) {
             if let Some((t0, at)) = self.host_last {
                 let wall = now.saturating_duration_since(at).as_secs_f64();
@@ -244,13 +248,17 @@ impl HostBalance {
                 let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
                 let cpu = ticks.saturating_sub(t0) as f64 / hz;
                 if wall > 0.0 {
-                    let frac = cpu / wall / host_cores(pid, worker_cpus);
-                    self.view.host_busy_pct = percent(frac);
+                    host_busy = percent(cpu / wall / host_cores(pid, worker_cpus));
                 }
             }
             self.host_last = Some((ticks, now));
         }
-        self.apply(cfg, server_busy, self.view.host_busy_pct);
+        // Each load averaged with the previous window's (a 250 ms window
+        // on a shared machine is noisy; one outlier moves nothing).
+        let smooth = |old: u8, new: u8| ((u16::from(old) + u16::from(new)) / 2) as u8;
+        let server = smooth(self.view.server_busy_pct, server_busy);
+        let host = smooth(self.view.host_busy_pct, host_busy);
+        self.apply(cfg, server, host);
     }
 
     /// One window's step from the two loads (percent).
@@ -324,12 +332,15 @@ mod tests {
     #[test]
     fn steps_have_a_dead_band() {
         assert_eq!(step(95, 20), (1, Reason::ServerBusy));
-        assert_eq!(step(95, 95), (0, Reason::Steady), "both busy: stay");
-        assert_eq!(step(30, 95), (-1, Reason::HostBusy));
+        assert_eq!(step(70, 13), (1, Reason::ServerBusy), "host idle");
+        assert_eq!(step(95, 90), (0, Reason::Steady), "both busy: stay");
+        assert_eq!(step(20, 95), (-1, Reason::HostBusy));
         assert_eq!(step(10, 10), (-1, Reason::Light));
-        // Between the thresholds nothing moves.
-        assert_eq!(step(65, 20), (0, Reason::Steady));
-        assert_eq!(step(30, 70), (0, Reason::Steady));
+        // Within the gap, or too little load to call a bottleneck: stay.
+        assert_eq!(step(65, 40), (0, Reason::Steady));
+        assert_eq!(step(40, 65), (0, Reason::Steady));
+        assert_eq!(step(35, 0), (0, Reason::Steady));
+        assert_eq!(step(30, 20), (0, Reason::Steady));
     }
 
     #[test]
@@ -376,7 +387,7 @@ mod tests {
             assert_eq!(b.view().reason, Reason::ServerBusy);
         }
         // In the dead band it stays, whichever way it came.
-        for (srv, host) in [(70, 30), (95, 90), (40, 75)] {
+        for (srv, host) in [(70, 45), (95, 90), (35, 60)] {
             b.apply(&c, srv, host);
             assert_eq!((share(&b), b.view().reason), (100, Reason::Steady));
         }

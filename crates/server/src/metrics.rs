@@ -319,11 +319,11 @@ fn balance_families(out: &mut String, r: &Value, hosts: &[(String, &Value)]) {
         ),
         (
             "server_busy_pct",
-            "CPU percent of the host's worker over the last window.",
+            "Load of the host's worker (percent of time in passes with work), averaged over two 250 ms windows.",
         ),
         (
             "host_busy_pct",
-            "CPU percent of the host over the last window, of its cores.",
+            "CPU percent of the host (of the cores no worker is pinned to), averaged over two 250 ms windows.",
         ),
         (
             "pending_direct",
