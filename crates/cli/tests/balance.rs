@@ -238,7 +238,7 @@ fn listener_option_and_env_keep_connections_offloaded() {
 /// `tcps stat` shows the BALANCE table.
 #[test]
 fn stat_shows_the_balance() {
-    let srv = Server::start("uring", &["--poll", "adaptive"]);
+    let srv = Server::start("uring", &["--poll", "adaptive", "--balance", "on"]);
     let c = srv.attach();
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     std::thread::sleep(Duration::from_millis(400));

@@ -235,6 +235,12 @@ impl Server {
             OsStr::new(engine),
         ];
         args.extend(extra.iter().map(OsStr::new));
+        // Balancing hands connections over by the machine's load, which
+        // would make tests of offloaded sockets depend on it: off unless
+        // a test asks (`tests/balance.rs`).
+        if !extra.iter().any(|a| a.starts_with("--balance")) {
+            args.extend([OsStr::new("--balance"), OsStr::new("off")]);
+        }
         let child = spawn_logged(&args, &log, nofile_soft);
         let mut s = Server {
             child: Some(child),
