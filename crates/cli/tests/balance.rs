@@ -357,3 +357,89 @@ fn nginx_serves_direct_and_offloaded() {
     let offloaded: u64 = sums.iter().map(|s| s.accepted).sum();
     assert!(direct >= 8 && offloaded >= 8, "{sums:?}\n{}", read(&log));
 }
+
+/// The native API: a process that asks for direct connections gets kernel
+/// sockets from `accept_any` (blocking, byte-exact, the peer's address);
+/// `accept` hands a direct connection back to the server (`SocketAdopt`),
+/// so it still returns a working socket id.
+#[test]
+fn native_api_takes_direct_connections() {
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--balance-force-direct", "100"],
+    );
+    let c = srv.attach();
+    c.take_direct_connections()
+        .expect("take direct connections");
+    let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+    let addr = c.getsockname(l).unwrap();
+    let mut k = TcpStream::connect(addr).unwrap();
+    k.write_all(b"sent before the accept").unwrap();
+    let mut peer = [0u8; 128];
+    let (got, len) = c.accept_any(l, 0, &mut peer).expect("accept_any");
+    let tcps::Accepted::Direct(fd) = got else {
+        panic!("not direct at a forced 100 %: {got:?}");
+    };
+    let mut d = TcpStream::from(fd);
+    assert!(
+        !is_nonblocking(&d),
+        "blocking, as accept4 without SOCK_NONBLOCK"
+    );
+    assert_eq!(d.peer_addr().unwrap(), k.local_addr().unwrap());
+    assert!(len == 16, "an IPv4 sockaddr: {len}");
+    let mut b = [0u8; 22];
+    d.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"sent before the accept");
+    d.write_all(b"back").unwrap();
+    let mut b = [0u8; 4];
+    k.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"back");
+    // accept4's flags are applied to the kernel socket.
+    let _k3 = TcpStream::connect(addr).unwrap();
+    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    let (got, _) = c.accept_any(l, flags, &mut []).expect("accept_any");
+    let tcps::Accepted::Direct(fd) = got else {
+        panic!("not direct: {got:?}");
+    };
+    assert!(is_nonblocking(&fd) && is_cloexec(&fd));
+    // accept(): adopted by the server again, an ordinary socket id.
+    let mut k2 = TcpStream::connect(addr).unwrap();
+    let (s, _) = c.accept(l, 0).expect("accept");
+    k2.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        n += c.recv(s, &mut b[n..], 0).unwrap();
+    }
+    assert_eq!(&b, b"ping");
+    c.send_all(s, b"pong").unwrap();
+    k2.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong");
+    // Published every 100 ms.
+    let t = Instant::now();
+    let v = loop {
+        let v = srv.stat_json();
+        if v["total"]["counters"]["accepts_direct"] == 3 || t.elapsed() > Duration::from_secs(5) {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["total"]["counters"]["accepts_direct"], 3, "{v}");
+    assert_eq!(v["hosts"][0]["balance"]["takes_direct"], true, "{v}");
+    c.close(s).unwrap();
+    c.close(l).unwrap();
+}
+
+/// Whether FD_CLOEXEC is set on `fd`.
+fn is_cloexec(fd: &impl std::os::fd::AsRawFd) -> bool {
+    // SAFETY: F_GETFD on a descriptor the caller owns.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+    fl & libc::FD_CLOEXEC != 0
+}
+
+/// Whether O_NONBLOCK is set on `fd`'s open file.
+fn is_nonblocking(fd: &impl std::os::fd::AsRawFd) -> bool {
+    // SAFETY: F_GETFL on a descriptor the caller owns.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    fl & libc::O_NONBLOCK != 0
+}
