@@ -445,6 +445,57 @@ fn native_api_takes_direct_connections() {
     c.close(l).unwrap();
 }
 
+/// A host can take only its own direct connections, once: another host's
+/// handle, a taken one or a made-up one is ENOENT, and the host stays
+/// attached (the server trusts no handle it did not give out).
+#[test]
+fn direct_handles_are_per_host_and_taken_once() {
+    use tcps_proto::handshake::ControlMsg;
+    let srv = Server::start(
+        "uring",
+        &["--poll", "adaptive", "--balance-force-direct", "100"],
+    );
+    let (a, b) = (srv.attach(), srv.attach());
+    a.take_direct_connections().unwrap();
+    b.take_direct_connections().unwrap();
+    let l = a.tcp_listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+    let _k = TcpStream::connect(a.getsockname(l).unwrap()).unwrap();
+    let (got, _) = a.accept_any(l, 0, &mut []).unwrap();
+    assert!(matches!(got, tcps::Accepted::Direct(_)), "{got:?}");
+    let errno_of = |c: &tcps::Client, handle: u32| match c
+        .control_exchange(&ControlMsg::Direct { handle }, &[])
+    {
+        Ok((ControlMsg::Reply { errno, .. }, fds)) => (errno, fds.len()),
+        other => panic!("{other:?}"),
+    };
+    // Handles count from 1 per host: a took 1. A second connection is
+    // accepted ahead into a's accept ring (handle 2, waiting for a): b
+    // cannot take it, a still can.
+    let _k2 = TcpStream::connect(a.getsockname(l).unwrap()).unwrap();
+    let pending = |v: &Value| -> u64 {
+        let hosts = v["hosts"].as_array().cloned().unwrap_or_default();
+        hosts
+            .iter()
+            .map(|h| num(&h["balance"], "pending_direct"))
+            .sum()
+    };
+    let t = Instant::now();
+    while pending(&srv.stat_json()) != 1 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", srv.stat_json());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for h in [1, 2, 77, u32::MAX] {
+        assert_eq!(errno_of(&b, h), (libc::ENOENT, 0), "b, handle {h}");
+    }
+    let (got, _) = a.accept_any(l, 0, &mut []).unwrap();
+    assert!(matches!(got, tcps::Accepted::Direct(_)), "{got:?}");
+    for h in [1, 2, 77, u32::MAX] {
+        assert_eq!(errno_of(&a, h), (libc::ENOENT, 0), "a, handle {h}");
+    }
+    a.nop().expect("a still attached");
+    b.nop().expect("b still attached");
+}
+
 /// Whether FD_CLOEXEC is set on `fd`.
 fn is_cloexec(fd: &impl std::os::fd::AsRawFd) -> bool {
     // SAFETY: F_GETFD on a descriptor the caller owns.
