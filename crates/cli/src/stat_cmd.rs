@@ -62,8 +62,9 @@ server is the bottleneck and the host has idle CPU; `tcps server --balance`):
               host-cannot (the host keeps every connection offloaded: the
               native API), start (not measured yet)
   SRV%, HOST% load of the host's server worker (time in passes that found
-              work) / CPU of the host (of the cores it may use that no worker
-              is pinned to), each averaged over the last two 250 ms windows
+              work, or waiting for its core) / of the host (CPU and waiting
+              for a CPU, of the cores it may use that no worker is pinned
+              to), each averaged over the last two 250 ms windows
 
 TOTAL covers every host, also those of other users (whose rows only root and
 the server's own user see) and hosts that detached (their counters are kept).

@@ -1,9 +1,10 @@
 //! Dynamic host/server balancing (`docs/ARCHITECTURE.md` "Balancing").
 //!
 //! Every [`WINDOW`] a worker measures its own load (the share of the
-//! window it spent in loop passes that found work: [`Meter`]) and each of
-//! its hosts' (utime + stime of `/proc/<pid>/stat` over the window,
-//! against the cores the host may run on that no worker is pinned to). From the
+//! window it spent in loop passes that found work or waiting for its core:
+//! [`Meter`]) and each of its hosts' (utime + stime of `/proc/<pid>/stat`
+//! and its threads' run delay over the window, against the cores the host
+//! may run on that no worker is pinned to). From the
 //! two it moves each host's *direct share* — the fraction of new
 //! connections handed to the host as kernel sockets instead of being
 //! offloaded — by [`STEP`] percent at most per window, with a dead band
@@ -109,15 +110,19 @@ pub fn step(server: u8, host: u8) -> (i8, Reason) {
 }
 
 /// A worker's load: the share of wall time spent in passes that found
-/// work, over each window. Not its CPU time: an adaptive worker spins
-/// (yielding) for a while after each piece of work, so a worker serving a
-/// steady trickle would look saturated.
+/// work, plus the share it waited, runnable, for its core (scheduler run
+/// delay: its core is taken by others, e.g. clients pinned there), over
+/// each window. Not its CPU time: an adaptive worker spins (yielding) for
+/// a while after each piece of work, so a worker serving a steady trickle
+/// would look saturated.
 #[derive(Default)]
 pub struct Meter {
     /// The previous pass: when, and whether it found work.
     last_pass: Option<(Instant, bool)>,
     busy: Duration,
     window_start: Option<Instant>,
+    /// The worker thread's run delay (ns) at the window's start.
+    delay_start: u64,
 }
 
 impl Meter {
@@ -131,21 +136,45 @@ impl Meter {
         self.last_pass = Some((now, work));
     }
 
-    /// The busy percent since the last sample, once a window has passed.
+    /// The load in percent since the last sample, once a window has
+    /// passed (called on the worker's own thread).
     pub fn sample(&mut self, now: Instant) -> Option<u8> {
+        let delay = run_delay_ns("/proc/thread-self/schedstat").unwrap_or(0);
         let Some(t0) = self.window_start else {
             self.window_start = Some(now);
             self.busy = Duration::ZERO;
+            self.delay_start = delay;
             return None;
         };
         let wall = now.saturating_duration_since(t0);
         if wall < WINDOW {
             return None;
         }
-        let busy = std::mem::take(&mut self.busy);
+        let busy = std::mem::take(&mut self.busy).as_secs_f64();
+        let waited = delay.saturating_sub(self.delay_start) as f64 / 1e9;
         self.window_start = Some(now);
-        Some(percent(busy.as_secs_f64() / wall.as_secs_f64()))
+        self.delay_start = delay;
+        Some(percent((busy + waited) / wall.as_secs_f64()))
     }
+}
+
+/// Nanoseconds a thread waited runnable for a CPU (the second field of a
+/// `schedstat` file).
+fn run_delay_ns(path: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The run delay of process `pid`'s threads, summed (at most 256 threads
+/// read: a window costs the worker a bounded number of reads).
+fn process_run_delay_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.flatten()
+        .take(256)
+        .filter_map(|t| run_delay_ns(&format!("{}/schedstat", t.path().display())))
+        .sum()
 }
 
 fn percent(frac: f64) -> u8 {
@@ -198,8 +227,8 @@ pub struct HostBalance {
     view: View,
     /// Error diffusion: percent points owed to direct.
     credit: u32,
-    /// The host's ticks at the last window.
-    host_last: Option<(u64, Instant)>,
+    /// The host's CPU ticks and run delay (ns) at the last window.
+    host_last: Option<(u64, u64, Instant)>,
     /// Direct connections not yet taken: handle → (socket, since).
     pending: HashMap<u32, (OwnedFd, Instant)>,
     next_handle: u32,
@@ -242,16 +271,19 @@ impl HostBalance {
             .retain(|_, (_, since)| now.saturating_duration_since(*since) < PENDING_TTL);
         let mut host_busy = self.view.host_busy_pct;
         if let Some(ticks) = process_ticks(pid) {
-            if let Some((t0, at)) = self.host_last {
+            let delay = process_run_delay_ns(pid);
+            if let Some((t0, d0, at)) = self.host_last {
                 let wall = now.saturating_duration_since(at).as_secs_f64();
                 // SAFETY: sysconf has no preconditions.
                 let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
                 let cpu = ticks.saturating_sub(t0) as f64 / hz;
+                // Waiting for a CPU is load too: the host's cores are taken.
+                let waited = delay.saturating_sub(d0) as f64 / 1e9;
                 if wall > 0.0 {
-                    host_busy = percent(cpu / wall / host_cores(pid, worker_cpus));
+                    host_busy = percent((cpu + waited) / wall / host_cores(pid, worker_cpus));
                 }
             }
-            self.host_last = Some((ticks, now));
+            self.host_last = Some((ticks, delay, now));
         }
         // Each load averaged with the previous window's (a 250 ms window
         // on a shared machine is noisy; one outlier moves nothing).
@@ -421,13 +453,15 @@ mod tests {
         m.pass(t + ms(100), false);
         m.pass(t + ms(300), false);
         assert_eq!(m.sample(t + ms(200)), None, "not a window yet");
-        assert_eq!(m.sample(t + ms(400)), Some(25));
-        assert_eq!(m.sample(t + ms(700)), Some(0));
+        // (Plus this thread's wait for a CPU in real time meanwhile: tiny.)
+        assert!(matches!(m.sample(t + ms(400)), Some(25..=30)));
+        assert!(matches!(m.sample(t + ms(700)), Some(0..=5)));
     }
 
     #[test]
     fn reads_its_own_ticks() {
         assert!(process_ticks(std::process::id()).is_some());
+        assert!(run_delay_ns("/proc/thread-self/schedstat").is_some());
         assert!(host_cores(std::process::id(), &[]) >= 1.0);
     }
 }

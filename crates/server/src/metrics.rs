@@ -319,11 +319,11 @@ fn balance_families(out: &mut String, r: &Value, hosts: &[(String, &Value)]) {
         ),
         (
             "server_busy_pct",
-            "Load of the host's worker (percent of time in passes with work), averaged over two 250 ms windows.",
+            "Load of the host's worker (percent of time in passes with work or waiting for its core), averaged over two 250 ms windows.",
         ),
         (
             "host_busy_pct",
-            "CPU percent of the host (of the cores no worker is pinned to), averaged over two 250 ms windows.",
+            "Load of the host (CPU and run-queue wait, percent of the cores no worker is pinned to), averaged over two 250 ms windows.",
         ),
         (
             "pending_direct",
