@@ -494,6 +494,25 @@ fn direct_handles_are_per_host_and_taken_once() {
     }
     a.nop().expect("a still attached");
     b.nop().expect("b still attached");
+    // Closing the listener closes a direct connection accepted ahead and
+    // never taken, at once (as an offloaded one), not after 10 s.
+    let mut k3 = TcpStream::connect(a.getsockname(l).unwrap()).unwrap();
+    let t = Instant::now();
+    while pending(&srv.stat_json()) != 1 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", srv.stat_json());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.close(l).unwrap();
+    k3.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let t = Instant::now();
+    let r = k3.read(&mut [0u8; 8]);
+    assert!(
+        matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?} after {:?}",
+        t.elapsed()
+    );
 }
 
 /// Whether FD_CLOEXEC is set on `fd`.

@@ -42,6 +42,12 @@ const MAX_PENDING: usize = 1024;
 /// A direct connection its host has not taken after this is closed.
 const PENDING_TTL: Duration = Duration::from_secs(10);
 
+/// The generation an accept ring's list of published connections gives a
+/// direct connection (whose "id" is its handle): no socket has it
+/// (`token::GEN_MASK`), so the list's other users skip it, and closing the
+/// listener closes the direct connections the host never took.
+pub const DIRECT_GEN: u16 = u16::MAX;
+
 /// Why the share is what it is (`tcps stat`, metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Reason {
@@ -393,6 +399,11 @@ mod tests {
         b.set_takes_direct(&off);
         assert_eq!(b.view().reason, Reason::Off);
         assert!(!(0..10).any(|_| b.decide(&off, true)));
+    }
+
+    #[test]
+    fn direct_gen_is_no_socket_generation() {
+        assert!(DIRECT_GEN > crate::token::GEN_MASK);
     }
 
     #[test]

@@ -178,6 +178,10 @@ fn take_connection(
         // Balancing: the host's own kernel socket, taken over the control
         // socket (`ControlMsg::Direct`); no id, no admission count here.
         let handle = host.balance.hand_over(nfd, std::time::Instant::now());
+        // Listed with the others, so closing the listener closes it if
+        // the host never took it.
+        st.published
+            .push_back((st.tail, handle, crate::balance::DIRECT_GEN));
         publish_record(host, lid, st, handle, SETUP_DIRECT, peer);
         host.stats.accepts_direct += 1;
         return Taken::One;
