@@ -116,6 +116,13 @@ int tcps_stats(struct tcps_stats *out);
  *                               connection's asynchronous send queue and
  *                               receive ring with the accept.
  *   TCPS_OPT_EAGER_RECV_SIZE    bytes read ahead per connection in pull mode.
+ *   TCPS_OPT_BALANCE            on a listener: 0/1 (default 1), whether the
+ *                               server may hand new connections to the host
+ *                               as kernel sockets when it is the bottleneck
+ *                               (balancing). Only hosts that take direct
+ *                               connections get any: today the preload
+ *                               library (tcps run); libtcps keeps every
+ *                               connection offloaded.
  *
  * tcps_getsockopt reads them back. Semantics of the calls do not change:
  * O_NONBLOCK, SO_RCVTIMEO, MSG_PEEK/WAITALL/TRUNC/DONTWAIT, end of stream
@@ -127,6 +134,7 @@ int tcps_stats(struct tcps_stats *out);
 #define TCPS_OPT_EAGER_ACCEPT        2
 #define TCPS_OPT_SETUP_WITH_ACCEPT   3
 #define TCPS_OPT_EAGER_RECV_SIZE     4
+#define TCPS_OPT_BALANCE             5
 
 /* Zero-copy receive from a socket's receive ring (eager receive push):
  * tcps_recv_view waits like tcps_recv (O_NONBLOCK: EAGAIN; SO_RCVTIMEO),

@@ -123,6 +123,16 @@ pub struct ServerArgs {
     /// part of accept, so its first send/recv needs no extra round trip (on|off)
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub setup_with_accept: bool,
+    /// Dynamic host/server balancing: when the server is the bottleneck and
+    /// a host has idle CPU, a share of that host's new connections is
+    /// handed to it as kernel sockets (hosts that take them: programs under
+    /// `tcps run`); off keeps every connection offloaded (on|off)
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub balance: bool,
+    /// Testing aid: hand this percentage of new connections directly
+    /// (hosts that take them, listeners that allow it) whatever the load
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub balance_force_direct: Option<u8>,
     /// Serve the counters and queue depths of `tcps stat` for Prometheus
     /// at http://ADDR/metrics (e.g. 127.0.0.1:9464): server totals only,
     /// unless --metrics-per-host [default: off]
@@ -358,6 +368,11 @@ fn config(args: ServerArgs) -> Result<Config, String> {
         recv: args.eager_recv,
         recv_size: args.eager_recv_size,
         setup_with_accept: args.setup_with_accept,
+        balance: true,
+    };
+    cfg.balance = tcps_server::BalanceConfig {
+        on: args.balance,
+        force_direct_pct: args.balance_force_direct,
     };
     cfg.layout.n_channels = args.channels;
     cfg.layout.arena_size = args.arena_kib.saturating_mul(1024);

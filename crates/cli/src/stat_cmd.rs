@@ -50,6 +50,22 @@ Queues right now (as the server's worker last published them, <= 100 ms old):
   RING-B      bytes waiting in receive rings for the host to recv
   RING-A      connections waiting in accept rings for the host to accept
 
+Balancing (new connections handed to the host as kernel sockets when the
+server is the bottleneck and the host has idle CPU; `tcps server --balance`):
+  CONNS o/d   connections accepted since the host attached: offloaded (at the
+              server) / direct (handed to the host, which runs them itself)
+  SHARE       percent of the host's new connections handed over directly now
+  WHY         why the share is what it is: server-busy (server the bottleneck,
+              host idle: up), host-busy (host the bottleneck, server has room:
+              down), light (neither busy: down), steady (loads within 30
+              points of each other, or both busy), forced (--balance-force-direct), off (--balance off),
+              host-cannot (the host keeps every connection offloaded: the
+              native API), start (not measured yet)
+  SRV%, HOST% load of the host's server worker (time in passes that found
+              work, or waiting for its core) / of the host (CPU and waiting
+              for a CPU, of the cores it may use that no worker is pinned
+              to), each averaged over the last two 250 ms windows
+
 TOTAL covers every host, also those of other users (whose rows only root and
 the server's own user see) and hosts that detached (their counters are kept).
 Exit status 1 when no server answers.";
@@ -521,6 +537,47 @@ fn queues_section(v: &Value, hosts: &[&Value]) -> String {
     out
 }
 
+/// The BALANCE table: offloaded vs direct connections, each host's share
+/// now and why (`tcps server --balance`).
+fn balance_section(v: &Value, hosts: &[&Value]) -> String {
+    let conns = |c: &Value| {
+        let off = num(c, "accepts_eager") + num(c, "accepts_on_demand");
+        format!("{off}/{}", num(c, "accepts_direct"))
+    };
+    let mut rows = Vec::new();
+    for h in hosts {
+        let b = &h["balance"];
+        let mut r = host_cells(h);
+        r.extend([
+            conns(&h["counters"]),
+            format!("{}%", num(b, "share_pct")),
+            b["reason"].as_str().unwrap_or("-").to_string(),
+            format!("{}%", num(b, "server_busy_pct")),
+            format!("{}%", num(b, "host_busy_pct")),
+        ]);
+        rows.push(r);
+    }
+    let mut total = total_row(vec![conns(&v["total"]["counters"])]);
+    total.extend(std::iter::repeat(String::new()).take(4));
+    rows.push(total);
+    let mut out = String::from("\n");
+    out.push_str(&table(
+        &[
+            "BALANCE",
+            "PID",
+            "COMMAND",
+            "UID",
+            "CONNS o/d",
+            "SHARE",
+            "WHY",
+            "SRV%",
+            "HOST%",
+        ],
+        &rows,
+    ));
+    out
+}
+
 /// The human-readable report of answer `v`; with `prev`, counters are the
 /// differences since that earlier answer (`elapsed` before this one).
 pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> String {
@@ -531,6 +588,7 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
     let mut out = server_lines(v, socket);
     out.push_str(&counters_section(v, &hosts, prev));
     out.push_str(&queues_section(v, &hosts));
+    out.push_str(&balance_section(v, &hosts));
     out
 }
 

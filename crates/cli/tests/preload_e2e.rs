@@ -269,49 +269,6 @@ fn fallback_without_server() {
     );
 }
 
-/// An nginx configuration: master + 2 workers, static files from `www`.
-fn nginx_conf(dir: &std::path::Path, www: &std::path::Path, port: u16, sendfile: bool) -> String {
-    let d = dir.display();
-    format!(
-        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
-         http {{\n access_log off;\n sendfile {};\n keepalive_requests 100000;\n\
-         client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
-         uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-         server {{ listen 127.0.0.1:{port}; root {}; }}\n}}\n",
-        if sendfile { "on" } else { "off" },
-        www.display()
-    )
-}
-
-/// wrk's request count, failing on non-2xx answers or errors other than
-/// the connections it tears down at the end.
-fn wrk_requests(port: u16, path: &str) -> u64 {
-    let out = Command::new("wrk")
-        .args([
-            "-t2",
-            "-c16",
-            "-d2s",
-            &format!("http://127.0.0.1:{port}/{path}"),
-        ])
-        .output()
-        .expect("wrk");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "wrk failed:\n{text}");
-    assert!(!text.contains("Non-2xx"), "wrk saw errors:\n{text}");
-    assert!(
-        !text.contains("Socket errors"),
-        "wrk saw socket errors:\n{text}"
-    );
-    text.lines()
-        .find_map(|l| {
-            l.trim()
-                .split_once(" requests in ")
-                .map(|(n, _)| n.trim().parse().unwrap_or(0))
-        })
-        .unwrap_or_else(|| panic!("no request count in wrk output:\n{text}"))
-}
-
 /// nginx, master and 2 workers (the workers inherit the listening socket
 /// through fork), `sendfile on` and `off`, driven by wrk; files fetched
 /// with curl are byte-identical to the kernel run's and to the files.
@@ -623,20 +580,10 @@ fn python_asyncio_echo() {
         let clients: Vec<_> = (0..CONNS - 1)
             .map(|i| {
                 std::thread::spawn(move || {
-                    let data = common::Rng::new(i as u64 + 1).bytes(50_000 + i * 7_919);
-                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                    let mut w = s.try_clone().expect("clone");
-                    let d2 = data.clone();
-                    let writer = std::thread::spawn(move || {
-                        use std::io::Write;
-                        w.write_all(&d2).expect("write");
-                        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
-                    });
-                    let mut got = Vec::new();
-                    use std::io::Read;
-                    s.read_to_end(&mut got).expect("read");
-                    writer.join().expect("writer");
-                    common::sha256(&got) == common::sha256(&data)
+                    echo_client(
+                        port,
+                        common::Rng::new(i as u64 + 1).bytes(50_000 + i * 7_919),
+                    )
                 })
             })
             .collect();

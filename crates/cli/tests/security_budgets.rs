@@ -571,14 +571,7 @@ fn metrics_totals_only_without_the_flag() {
         "uring",
         &["--poll", "adaptive", "--metrics-listen", "127.0.0.1:0"],
     );
-    let log = srv.log_text();
-    let addr = log
-        .split("metrics listening")
-        .nth(1)
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|a| a.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
-        .to_string();
+    let addr = srv.metrics_addr();
     let c = srv.attach();
     let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
     c.close(s).unwrap();

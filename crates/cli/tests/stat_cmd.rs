@@ -432,14 +432,7 @@ fn metrics_endpoint_for_prometheus() {
             "--metrics-per-host",
         ],
     );
-    let log = srv.log_text();
-    let addr = log
-        .split("metrics listening")
-        .nth(1)
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|a| a.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
-        .to_string();
+    let addr = srv.metrics_addr();
     let url = format!("http://{addr}/metrics");
     let c = srv.attach();
     for _ in 0..3 {

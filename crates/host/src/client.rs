@@ -234,6 +234,18 @@ impl Client {
     /// A listener with an accept ring (`docs/PROTOCOL.md` §10) hands out
     /// connections the server accepted eagerly, with no request.
     pub fn accept_raw(&self, s: u32, flags: i32, addr_out: &mut [u8]) -> io::Result<(u32, usize)> {
+        self.accept_offloaded(s, flags, addr_out)
+    }
+
+    /// The accept itself: (socket id, or a direct connection's handle; the
+    /// address's full length; the `SETUP_*` flags). An offloaded
+    /// connection has its record already.
+    pub(crate) fn accept_setup(
+        &self,
+        s: u32,
+        flags: i32,
+        addr_out: &mut [u8],
+    ) -> io::Result<(u32, usize, u32)> {
         if let Some(r) = self.ring_accept(s, flags, addr_out)? {
             return Ok(r);
         }
@@ -247,9 +259,11 @@ impl Client {
         let id = socket_id(&c)?;
         // aux's high half: what the server set up with the accept (SETUP_*).
         let setup = (c.aux >> 32) as u32;
-        let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        self.new_socket_record(id, nonblocking, setup, self.local_rcvtimeo(s), true);
-        Ok((id, len))
+        if setup & tcps_proto::eager::SETUP_DIRECT == 0 {
+            let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+            self.new_socket_record(id, nonblocking, setup, self.local_rcvtimeo(s), true);
+        }
+        Ok((id, len, setup))
     }
 
     pub fn connect(&self, s: u32, addr: &SocketAddr) -> io::Result<()> {

@@ -62,10 +62,22 @@ impl Client {
         }
         self.conn.check_open(libc::ENOTCONN)?;
         let fd = new_tcp_socket(domain, protocol)?;
+        self.adopt_fd(fd, ty & libc::SOCK_NONBLOCK != 0)
+    }
+
+    /// A connection handed over directly (`crate::direct`) goes back to
+    /// the server (the native API has only socket ids); its new id.
+    pub(crate) fn adopt_kernel_socket(&self, fd: OwnedFd, nonblocking: bool) -> io::Result<u32> {
+        self.adopt_fd(move_high(fd.into_raw_fd()), nonblocking)
+    }
+
+    /// Hands `fd` to the server (`ControlMsg::SocketAdopt`) and keeps it as
+    /// the new socket's own descriptor; closes it on failure.
+    fn adopt_fd(&self, fd: RawFd, nonblocking: bool) -> io::Result<u32> {
         let handle = NEXT_NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let msg = ControlMsg::SocketAdopt {
             handle,
-            nonblocking: ty & libc::SOCK_NONBLOCK != 0,
+            nonblocking,
         };
         let id = match self.conn.control().exchange(&msg, &[fd]) {
             Ok((ControlMsg::Adopted { sock, .. }, _)) => Ok(sock),
@@ -77,7 +89,7 @@ impl Client {
         };
         match id {
             Ok(id) => {
-                self.new_socket_record(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
+                self.new_socket_record(id, nonblocking, 0, None, false);
                 self.keep_kernel_fd(id, fd);
                 Ok(id)
             }

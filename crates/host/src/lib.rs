@@ -14,7 +14,8 @@
 //! memory), `sendq::shared` (the attachment's send-queue state),
 //! `channel` (the attachment: channel pool and the wait loop), `client`
 //! (encodes each call), and the calls that extend `Client`: `kernelfd`
-//! (the host's own kernel descriptors), `optcache` (options answered from
+//! (the host's own kernel descriptors), `direct` (connections balancing
+//! hands over as kernel sockets), `optcache` (options answered from
 //! the per-socket record), `eager` (receiving and accepting
 //! from the rings the server fills eagerly), the rest of `sendq`
 //! (asynchronous send queues and registered memory), then `capi`.
@@ -26,6 +27,7 @@ mod capi_events;
 mod channel;
 mod client;
 mod control;
+mod direct;
 mod eager;
 mod events;
 mod kernelfd;
@@ -41,6 +43,7 @@ mod table;
 pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
+pub use direct::Accepted;
 pub use events::{ConnEvent, EventQueue, EV_ACCEPT, EV_ALL, EV_CLOSED, EV_DATA, EV_ERROR, EV_ROOM};
 pub use ring_wait::EdgeWatch;
 pub use sendq::{IoHandle, SendBacklog};

@@ -92,6 +92,7 @@ fn attach() {
                 "attached to the TCP server at {}: TCP sockets are offloaded",
                 path.display()
             );
+            take_direct(&c);
             state::at_exit_once();
             state::install(c);
         }
@@ -118,6 +119,24 @@ fn attach() {
                 state::fall_back_to_kernel();
             }
         }
+    }
+}
+
+/// `TCPS_BALANCE` (on unless 0/off/no/false): whether this process takes
+/// the connections balancing hands over as kernel sockets.
+static BALANCE: tcps::Switch = tcps::Switch::new("TCPS_BALANCE");
+
+/// Tells the server this process takes direct connections (balancing): an
+/// `accept` may then return a kernel socket the program uses as it is
+/// (`sock.rs`). A server that does not know the message cuts the host
+/// off, so an error here is only logged.
+fn take_direct(c: &Client) {
+    if !BALANCE.on() {
+        debug!("TCPS_BALANCE off: every connection stays offloaded");
+        return;
+    }
+    if let Err(e) = c.take_direct_connections() {
+        warning!("the TCP server does not hand over connections directly: {e}");
     }
 }
 

@@ -68,6 +68,9 @@ pub struct Counters {
     pub offloaded: AtomicU64,
     /// Of those, accepted connections.
     pub accepted: AtomicU64,
+    /// Connections the server handed over as kernel sockets (balancing):
+    /// accepted, but not offloaded.
+    pub direct: AtomicU64,
     /// TCP sockets that went to the kernel (fallback: no server).
     pub kernel_tcp: AtomicU64,
     /// Other sockets (UDP, Unix, raw, ...), always the kernel's.
@@ -84,6 +87,7 @@ pub struct Counters {
 pub static COUNTERS: Counters = Counters {
     offloaded: AtomicU64::new(0),
     accepted: AtomicU64::new(0),
+    direct: AtomicU64::new(0),
     kernel_tcp: AtomicU64::new(0),
     kernel_other: AtomicU64::new(0),
     sendfile_bytes: AtomicU64::new(0),
@@ -94,12 +98,13 @@ pub static COUNTERS: Counters = Counters {
 pub fn summary() -> String {
     let c = &COUNTERS;
     format!(
-        "offloaded={} accepted={} kernel_tcp={} kernel_other={} sendfile_bytes={} epoll_passes={} epoll_looks={}",
+        "offloaded={} accepted={} kernel_tcp={} kernel_other={} sendfile_bytes={} direct={} epoll_passes={} epoll_looks={}",
         c.offloaded.load(Ordering::Relaxed),
         c.accepted.load(Ordering::Relaxed),
         c.kernel_tcp.load(Ordering::Relaxed),
         c.kernel_other.load(Ordering::Relaxed),
         c.sendfile_bytes.load(Ordering::Relaxed),
+        c.direct.load(Ordering::Relaxed),
         c.epoll_passes.load(Ordering::Relaxed),
         c.epoll_looks.load(Ordering::Relaxed),
     )

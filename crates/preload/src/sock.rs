@@ -11,6 +11,7 @@ use crate::fdtable;
 use crate::log::{debug, COUNTERS};
 use crate::real;
 use libc::{c_int, c_void, sockaddr, socklen_t};
+use std::os::fd::IntoRawFd;
 use std::sync::atomic::Ordering;
 
 fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
@@ -189,8 +190,17 @@ pub unsafe extern "C" fn accept4(
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        match c.accept_raw(id, flags & libc::SOCK_NONBLOCK, &mut buf[..want]) {
-            Ok((nid, full)) => match adopt(c, nid, flags) {
+        match c.accept_any(id, flags, &mut buf[..want]) {
+            Ok((tcps::Accepted::Direct(kfd), full)) => {
+                // Balancing: a kernel socket of this process, which the
+                // program uses as it is (not in the fd table).
+                let nfd = kfd.into_raw_fd();
+                COUNTERS.direct.fetch_add(1, Ordering::Relaxed);
+                put_addr(&buf[..want], full, addr, len);
+                debug!("accept(fd {fd}) = fd {nfd} (direct: a kernel socket)");
+                nfd
+            }
+            Ok((tcps::Accepted::Offloaded(nid), full)) => match adopt(c, nid, flags) {
                 Ok(nfd) => {
                     COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
                     put_addr(&buf[..want], full, addr, len);

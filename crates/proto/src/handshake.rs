@@ -25,6 +25,8 @@
 //! host   → server  SocketDup  { handle: sock }  a dup of one of my sockets
 //! host   → server  HostDoorbell { handle }  the pipe the server rings when
 //!                  it woke one of my ring sleepers (poll on rings + kernel fds)
+//! host   → server  Direct     { handle }  handle 0: I take direct connections;
+//!                  else: the kernel socket of direct connection `handle`
 //! server → host    Reply      { handle, errno }      (one per message above)
 //! server → host    Adopted    { handle, sock }       (SocketAdopt's success)
 //! ```
@@ -190,6 +192,12 @@ pub enum ControlMsg {
     /// same pipe. With it a host blocks in one poll(2) on its kernel fds
     /// and its rings at once.
     HostDoorbell { handle: u32 },
+    /// Balancing (`SETUP_DIRECT`). `handle == 0`: this host takes direct
+    /// connections from now on (answered by a `Reply`, errno 0). Otherwise
+    /// the kernel socket of the direct connection `handle` (from an accept
+    /// record or an `Accept` completion): a `Reply` carrying it (SCM_RIGHTS)
+    /// when `errno` is 0, `ENOENT` for a handle the server does not hold.
+    Direct { handle: u32 },
     /// The server's answer to any of the above: 0 or an errno.
     Reply { handle: u32, errno: i32 },
     /// `SocketAdopt`'s success: the socket is now tcps socket `sock`.
@@ -208,6 +216,7 @@ const CTL_SOCKET_ADOPT: u32 = 9;
 const CTL_SOCKET_DUP: u32 = 10;
 const CTL_ADOPTED: u32 = 11;
 const CTL_HOST_DOORBELL: u32 = 12;
+const CTL_DIRECT: u32 = 13;
 
 impl ControlMsg {
     /// The handle the message names; an answer (`Reply`, `Adopted`) names
@@ -244,6 +253,7 @@ impl ControlMsg {
             ControlMsg::SocketDup { handle } => (CTL_SOCKET_DUP, handle, 0),
             ControlMsg::Adopted { handle, sock } => (CTL_ADOPTED, handle, u64::from(sock)),
             ControlMsg::HostDoorbell { handle } => (CTL_HOST_DOORBELL, handle, 0),
+            ControlMsg::Direct { handle } => (CTL_DIRECT, handle, 0),
         }
     }
 
@@ -269,6 +279,7 @@ impl ControlMsg {
             }),
             CTL_SOCKET_DUP => Some(ControlMsg::SocketDup { handle }),
             CTL_HOST_DOORBELL => Some(ControlMsg::HostDoorbell { handle }),
+            CTL_DIRECT => Some(ControlMsg::Direct { handle }),
             CTL_ADOPTED => Some(ControlMsg::Adopted {
                 handle,
                 sock: u32::try_from(arg).ok()?,
@@ -391,6 +402,7 @@ mod tests {
             },
             ControlMsg::SocketDup { handle: 13 },
             ControlMsg::HostDoorbell { handle: 16 },
+            ControlMsg::Direct { handle: 17 },
             ControlMsg::Adopted {
                 handle: 14,
                 sock: 15,

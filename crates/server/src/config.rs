@@ -65,6 +65,28 @@ pub struct Config {
     /// host at its budget reads ahead on no more sockets (bytes stay in
     /// the kernel) until it takes what is buffered.
     pub max_pull_bytes_per_host: usize,
+    /// Dynamic host/server balancing (`crate::balance`).
+    pub balance: BalanceConfig,
+}
+
+/// `tcps server --balance on|off` and its testing aid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BalanceConfig {
+    /// Off: every connection is offloaded.
+    pub on: bool,
+    /// `--balance-force-direct N`: a fixed share of N percent instead of
+    /// the measured one (a testing aid: mixes direct and offloaded
+    /// connections on a quiet machine).
+    pub force_direct_pct: Option<u8>,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig {
+            on: true,
+            force_direct_pct: None,
+        }
+    }
 }
 
 /// How the server receives ahead of the host's `recv` calls.
@@ -92,6 +114,9 @@ pub struct EagerPolicy {
     pub recv_size: u32,
     /// Bind the async send queue and the receive ring as part of accept.
     pub setup_with_accept: bool,
+    /// A listener's new connections may go to the host directly
+    /// (`TCPS_BALANCE`; balancing).
+    pub balance: bool,
 }
 
 impl Default for EagerPolicy {
@@ -102,6 +127,7 @@ impl Default for EagerPolicy {
             recv: EagerRecv::Push,
             recv_size: tcps_proto::layout::DEFAULT_RQ_BYTES,
             setup_with_accept: true,
+            balance: true,
         }
     }
 }
@@ -150,6 +176,7 @@ impl Default for Config {
             max_fork_snapshots_per_user: DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
             max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
             max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
+            balance: BalanceConfig::default(),
         }
     }
 }

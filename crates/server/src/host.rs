@@ -94,6 +94,9 @@ pub struct Host {
     /// Arrivals observed (free-running): the number of the next one
     /// (`Arrival::next`).
     pub arrivals: u32,
+    /// Balancing: the share of new connections handed over directly, and
+    /// those waiting to be taken (`crate::balance`).
+    pub balance: crate::balance::HostBalance,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -153,6 +156,7 @@ impl Host {
             wakes_owed: Vec::new(),
             arrivals: 0,
             rearm_later: Vec::new(),
+            balance: Default::default(),
         }
     }
 
@@ -415,6 +419,8 @@ pub struct HostStats {
     /// that went to the kernel (on demand).
     pub accepts_eager: u64,
     pub accepts_on_demand: u64,
+    /// Connections handed to the host as kernel sockets (balancing).
+    pub accepts_direct: u64,
     /// Receives served ahead: `recv(2)`s into receive rings (push) and
     /// `Recv` requests answered from the pull buffer; and `Recv` requests
     /// that went to the kernel (on demand).
@@ -459,11 +465,12 @@ impl std::fmt::Display for HostStats {
         }
         write!(
             f,
-            "round_trips={} wakes={} accepts_eager={} accepts_on_demand={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
+            "round_trips={} wakes={} accepts_eager={} accepts_on_demand={} accepts_direct={} recvs_eager={} recvs_on_demand={} bytes_eager={} recv_kicks={} parked={} invalid={} refused_sockets={} refused_conns={} async_sends={} async_failed={} kicks={} sent={}B received={}B",
             self.round_trips,
             self.wakes,
             self.accepts_eager,
             self.accepts_on_demand,
+            self.accepts_direct,
             self.recvs_eager,
             self.recvs_on_demand,
             self.bytes_eager,

@@ -11,6 +11,7 @@
 mod admission;
 mod adopt;
 mod arrival;
+mod balance;
 mod calls;
 mod closer;
 mod config;
@@ -32,7 +33,7 @@ mod token;
 mod worker;
 
 pub use config::{
-    Config, EagerPolicy, EagerRecv, PollMode, DEFAULT_EAGER_ACCEPT_SIZE,
+    BalanceConfig, Config, EagerPolicy, EagerRecv, PollMode, DEFAULT_EAGER_ACCEPT_SIZE,
     DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
     DEFAULT_MAX_PULL_BYTES_PER_HOST, DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
     DEFAULT_MAX_REGISTRATIONS_PER_HOST,

@@ -58,6 +58,10 @@ const COUNTERS: &[(&str, &str)] = &[
         "Accept requests that went to the kernel.",
     ),
     (
+        "accepts_direct",
+        "Connections handed to their host as kernel sockets (balancing).",
+    ),
+    (
         "recvs_eager",
         "Receives served ahead (into receive rings or the read-ahead buffer).",
     ),
@@ -321,6 +325,63 @@ fn server_families(out: &mut String, r: &Value) {
     );
 }
 
+/// Balancing (`crate::balance`): hosts by the reason of their share (no
+/// host named), and with `per_host` each host's share and loads.
+fn balance_families(out: &mut String, r: &Value, hosts: &[(String, &Value)]) {
+    let mut by_reason: std::collections::BTreeMap<String, u64> = Default::default();
+    for h in r["hosts"].as_array().into_iter().flatten() {
+        let why = h["balance"]["reason"].as_str().unwrap_or("start");
+        *by_reason.entry(why.to_string()).or_default() += 1;
+    }
+    let samples: Vec<(String, u64)> = by_reason
+        .into_iter()
+        .map(|(why, n)| (format!("reason=\"{why}\""), n))
+        .collect();
+    family(
+        out,
+        "tcps_balance_hosts",
+        "gauge",
+        "Attached hosts by why their direct share is what it is (balancing).",
+        &samples,
+    );
+    if hosts.is_empty() {
+        return;
+    }
+    for (key, help) in [
+        (
+            "share_pct",
+            "Percent of the host's new connections handed to it directly.",
+        ),
+        (
+            "server_busy_pct",
+            "Load of the host's worker (percent of time in passes with work or waiting for its core), averaged over two 250 ms windows.",
+        ),
+        (
+            "host_busy_pct",
+            "Load of the host (CPU and run-queue wait, percent of the cores no worker is pinned to), averaged over two 250 ms windows.",
+        ),
+        (
+            "pending_direct",
+            "Direct connections the host has not taken yet.",
+        ),
+    ] {
+        let samples: Vec<(String, u64)> = hosts
+            .iter()
+            .map(|(l, h)| {
+                let why = h["balance"]["reason"].as_str().unwrap_or("start");
+                (format!("{l},reason=\"{why}\""), num(&h["balance"][key]))
+            })
+            .collect();
+        family(
+            out,
+            &format!("tcps_host_balance_{key}"),
+            "gauge",
+            help,
+            &samples,
+        );
+    }
+}
+
 /// The Prometheus text of a stat report (`stats::report`): server totals,
 /// and with `per_host` the `tcps_host_*` series of every attached host.
 pub fn render(r: &Value, per_host: bool) -> String {
@@ -380,6 +441,7 @@ pub fn render(r: &Value, per_host: bool) -> String {
             &samples,
         );
     }
+    balance_families(&mut out, r, &hosts);
     // Each counter and depth twice: the server's total, then per host.
     for (section, table, suffix, kind) in [
         ("counters", COUNTERS, "_total", "counter"),

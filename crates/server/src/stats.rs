@@ -149,6 +149,7 @@ pub struct HostSnapshot {
     pub updated: SystemTime,
     pub stats: HostStats,
     pub depths: Depths,
+    pub balance: crate::balance::View,
 }
 
 /// The server-wide registry of published snapshots.
@@ -170,19 +171,23 @@ impl Board {
     pub fn publish<'a>(&self, hosts: impl Iterator<Item = &'a Host>) {
         let now = SystemTime::now();
         // Compute outside the lock: depths walk every socket.
-        let snaps: Vec<(u64, u32, u32, HostStats, Depths)> = hosts
-            .map(|h| (h.id, h.pid, h.uid, h.stats.clone(), depths(h)))
+        let snaps: Vec<_> = hosts
+            .map(|h| {
+                let who = (h.id, h.pid, h.uid);
+                (who, h.stats.clone(), depths(h), h.balance.view())
+            })
             .collect();
         let Ok(mut b) = self.inner.lock() else {
             return;
         };
-        for (id, pid, uid, stats, depths) in snaps {
+        for ((id, pid, uid), stats, depths, balance) in snaps {
             b.live
                 .entry(id)
                 .and_modify(|s| {
                     s.updated = now;
                     s.stats = stats.clone();
                     s.depths = depths;
+                    s.balance = balance;
                 })
                 .or_insert_with(|| HostSnapshot {
                     id,
@@ -192,6 +197,7 @@ impl Board {
                     updated: now,
                     stats,
                     depths,
+                    balance,
                 });
         }
     }
@@ -231,6 +237,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
         round_trips,
         accepts_eager,
         accepts_on_demand,
+        accepts_direct,
         recvs_eager,
         recvs_on_demand,
         bytes_eager,
@@ -255,6 +262,7 @@ fn add_stats(into: &mut HostStats, s: &HostStats) {
     into.round_trips += round_trips;
     into.accepts_eager += accepts_eager;
     into.accepts_on_demand += accepts_on_demand;
+    into.accepts_direct += accepts_direct;
     into.recvs_eager += recvs_eager;
     into.recvs_on_demand += recvs_on_demand;
     into.bytes_eager += bytes_eager;
@@ -280,6 +288,7 @@ fn counters_json(s: &HostStats) -> Value {
         "doorbell_rings": s.doorbell_rings,
         "accepts_eager": s.accepts_eager,
         "accepts_on_demand": s.accepts_on_demand,
+        "accepts_direct": s.accepts_direct,
         "recvs_eager": s.recvs_eager,
         "recvs_on_demand": s.recvs_on_demand,
         "bytes_eager": s.bytes_eager,
@@ -293,6 +302,19 @@ fn counters_json(s: &HostStats) -> Value {
         "recv_kicks": s.recv_kicks,
         "parked": s.parked,
         "invalid": s.invalid,
+    })
+}
+
+/// A host's balancing (`crate::balance`): the share of new connections
+/// handed to it directly, why, and the loads it was decided from.
+fn balance_json(v: &crate::balance::View) -> Value {
+    json!({
+        "share_pct": v.share_pct,
+        "reason": v.reason.name(),
+        "server_busy_pct": v.server_busy_pct,
+        "host_busy_pct": v.host_busy_pct,
+        "takes_direct": v.takes_direct,
+        "pending_direct": v.pending,
     })
 }
 
@@ -329,6 +351,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
                 "updated_unix_ms": unix_ms(s.updated),
                 "counters": counters_json(&s.stats),
                 "depths": s.depths.to_json(),
+                "balance": balance_json(&s.balance),
             }));
         } else {
             hidden += 1;

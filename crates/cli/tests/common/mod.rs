@@ -235,6 +235,12 @@ impl Server {
             OsStr::new(engine),
         ];
         args.extend(extra.iter().map(OsStr::new));
+        // Balancing hands connections over by the machine's load, which
+        // would make tests of offloaded sockets depend on it: off unless
+        // a test asks (`tests/balance.rs`).
+        if !extra.iter().any(|a| a.starts_with("--balance")) {
+            args.extend([OsStr::new("--balance"), OsStr::new("off")]);
+        }
         let child = spawn_logged(&args, &log, nofile_soft);
         let mut s = Server {
             child: Some(child),
@@ -332,6 +338,17 @@ impl Server {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The address `--metrics-listen` bound, from the server's log.
+    pub fn metrics_addr(&self) -> String {
+        let log = self.log_text();
+        log.split("metrics listening")
+            .nth(1)
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"))
+            .to_string()
     }
 
     /// `tcps stat --json` of this server.

@@ -65,6 +65,24 @@ pub fn wait_port(port: u16, child: &mut Child, what: &str, log: &Path) {
     }
 }
 
+/// A client of an echo server on 127.0.0.1:`port`: sends `data` (then
+/// shuts down its writing side) while it reads the echo to EOF; whether
+/// every byte came back in order.
+pub fn echo_client(port: u16, data: Vec<u8>) -> bool {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut w = s.try_clone().expect("clone");
+    let want = crate::common::sha256(&data);
+    let writer = std::thread::spawn(move || {
+        w.write_all(&data).expect("write");
+        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("read");
+    writer.join().expect("writer");
+    crate::common::sha256(&got) == want
+}
+
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
@@ -145,6 +163,8 @@ pub struct Summary {
     pub sendfile_bytes: u64,
     pub epoll_passes: u64,
     pub epoll_looks: u64,
+    /// Connections handed over as kernel sockets (balancing).
+    pub direct: u64,
 }
 
 pub fn summaries(stats: &Path) -> Vec<Summary> {
@@ -164,6 +184,7 @@ pub fn summaries(stats: &Path) -> Vec<Summary> {
                     "sendfile_bytes" => s.sendfile_bytes = n,
                     "epoll_passes" => s.epoll_passes = n,
                     "epoll_looks" => s.epoll_looks = n,
+                    "direct" => s.direct = n,
                     _ => {}
                 }
             }
@@ -293,4 +314,52 @@ pub fn counters_once_sent(srv: &Server, pid: u32, want: u64) -> Option<Value> {
         std::thread::sleep(Duration::from_millis(50));
     }
     last
+}
+
+/// An nginx configuration: master + 2 workers, static files from `www`.
+pub fn nginx_conf(
+    dir: &std::path::Path,
+    www: &std::path::Path,
+    port: u16,
+    sendfile: bool,
+) -> String {
+    let d = dir.display();
+    format!(
+        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
+         http {{\n access_log off;\n sendfile {};\n keepalive_requests 100000;\n\
+         client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
+         uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
+         server {{ listen 127.0.0.1:{port}; root {}; }}\n}}\n",
+        if sendfile { "on" } else { "off" },
+        www.display()
+    )
+}
+
+/// wrk's request count, failing on non-2xx answers or errors other than
+/// the connections it tears down at the end.
+pub fn wrk_requests(port: u16, path: &str) -> u64 {
+    let out = Command::new("wrk")
+        .args([
+            "-t2",
+            "-c16",
+            "-d2s",
+            &format!("http://127.0.0.1:{port}/{path}"),
+        ])
+        .output()
+        .expect("wrk");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "wrk failed:\n{text}");
+    assert!(!text.contains("Non-2xx"), "wrk saw errors:\n{text}");
+    assert!(
+        !text.contains("Socket errors"),
+        "wrk saw socket errors:\n{text}"
+    );
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .split_once(" requests in ")
+                .map(|(n, _)| n.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or_else(|| panic!("no request count in wrk output:\n{text}"))
 }

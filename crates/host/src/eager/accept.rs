@@ -6,7 +6,7 @@ use crate::socket::Mode;
 use crate::sys::errno;
 use std::io;
 use std::time::{Duration, Instant};
-use tcps_proto::eager::{AcceptRecord, AcceptRingConsumer, ACCEPT_ERROR, END_NONE};
+use tcps_proto::eager::{AcceptRecord, AcceptRingConsumer, ACCEPT_ERROR, END_NONE, SETUP_DIRECT};
 use tcps_proto::Call;
 
 impl Client {
@@ -17,7 +17,7 @@ impl Client {
         s: u32,
         flags: i32,
         addr_out: &mut [u8],
-    ) -> io::Result<Option<(u32, usize)>> {
+    ) -> io::Result<Option<(u32, usize, u32)>> {
         let sock = self.conn.socks.get_or_insert(s)?;
         if self.recv_mode(s, sock)? != Mode::Accept {
             return Ok(None);
@@ -98,19 +98,23 @@ impl Client {
         }
     }
 
-    /// A connection from an accept ring: the new socket's record, the
-    /// peer's address (up to `addr_out.len()` bytes). Returns the socket id
-    /// and the address's full length.
+    /// A connection from an accept ring: the new socket's record (none for
+    /// a direct connection: `crate::direct`), the peer's address (up to
+    /// `addr_out.len()` bytes). Returns the socket id (or direct handle),
+    /// the address's full length and the record's `SETUP_*` flags.
     fn adopt_record(
         &self,
         rec: &AcceptRecord,
         flags: i32,
         rcvtimeo: Option<Duration>,
         addr_out: &mut [u8],
-    ) -> io::Result<(u32, usize)> {
+    ) -> io::Result<(u32, usize, u32)> {
         let len = (rec.addr_len as usize).min(rec.addr.len());
         let n = len.min(addr_out.len());
         addr_out[..n].copy_from_slice(&rec.addr[..n]);
+        if rec.flags & SETUP_DIRECT != 0 {
+            return Ok((rec.sock, len, rec.flags));
+        }
         // Like the kernel, an accepted socket inherits the listener's
         // SO_RCVTIMEO; O_NONBLOCK comes from accept4's flags.
         self.new_socket_record(
@@ -120,6 +124,6 @@ impl Client {
             rcvtimeo,
             true,
         );
-        Ok((rec.sock, len))
+        Ok((rec.sock, len, rec.flags))
     }
 }

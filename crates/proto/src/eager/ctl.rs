@@ -123,6 +123,13 @@ pub const SETUP_RECV_RING: u32 = 2;
 /// server started at accept): no `RecvBind` needed either. Reported at every
 /// accept whose receive mode is settled, setup with accept on or off.
 pub const SETUP_RECV_PLAIN: u32 = 4;
+/// ... the connection is not at the server at all (*direct*, balancing:
+/// `docs/ARCHITECTURE.md` "Balancing"): the record's `sock` (an `Accept`
+/// completion's result) is a handle, not a socket id, and the host takes
+/// the kernel socket with `ControlMsg::Direct { handle }` (SCM_RIGHTS) and
+/// makes its calls on it itself. Only a host that said it takes direct
+/// connections (`ControlMsg::Direct { handle: 0 }`) gets any.
+pub const SETUP_DIRECT: u32 = 8;
 
 /// `AcceptRecord::flags`: not a connection but an accept error (`reserved`
 /// holds the errno, e.g. `EMFILE` at the host's socket quota). The server
@@ -156,6 +163,10 @@ pub const TCPS_SETUP_WITH_ACCEPT: i32 = 3;
 /// Bytes the server reads ahead per socket in pull mode (push: the ring
 /// size, fixed by the region; reading it back gives the effective size).
 pub const TCPS_EAGER_RECV_SIZE: i32 = 4;
+/// On a listener: 0/1, whether the server may hand its new connections to
+/// the host as kernel sockets when it is the bottleneck (balancing; 1 by
+/// default, and no effect under `tcps server --balance off`).
+pub const TCPS_BALANCE: i32 = 5;
 
 /// Bytes a ring with `tail` and host `head` holds, `head` clamped to the
 /// window `[consumed, tail]` the server knows to be valid.

@@ -188,6 +188,10 @@ fn try_accept(
         }
         match sys::accept(fd) {
             Ok((nfd, peer)) => {
+                let nfd = match hand_over_direct(cx, host, sid, p, addr, nfd, &peer) {
+                    Ok(done) => return done,
+                    Err(nfd) => nfd,
+                };
                 // Over an admission limit: reset it here and accept the
                 // next one; the host never sees it.
                 let Some(admitted) = admission::admit(
@@ -228,6 +232,32 @@ fn try_accept(
             Err(e) => return Step::Done(Err(e)),
         }
     }
+}
+
+/// Balancing: an accepted connection the host gets as its own kernel
+/// socket (`crate::balance`); the completion's result is its handle,
+/// `SETUP_DIRECT` in `aux`'s high half. `Err`: it stays offloaded.
+fn hand_over_direct(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    p: &Parked,
+    addr: ArenaRange,
+    nfd: std::os::fd::OwnedFd,
+    peer: &sys::RawAddr,
+) -> Result<Step, std::os::fd::OwnedFd> {
+    let allowed = host
+        .sockets
+        .get(sid as usize)
+        .is_some_and(|l| l.policy.balance);
+    if !host.balance.decide(&cx.cfg.balance, allowed) {
+        return Err(nfd);
+    }
+    let handle = host.balance.hand_over(nfd, std::time::Instant::now());
+    host.stats.accepts_direct += 1;
+    let len = write_arena(host, p.ch, addr, peer.as_bytes());
+    let setup = u64::from(tcps_proto::eager::SETUP_DIRECT) << 32;
+    Ok(Step::Done(Ok((i64::from(handle), len | setup))))
 }
 
 /// A recv into the call's arena or registered range: from the pull buffer

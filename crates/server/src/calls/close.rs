@@ -102,6 +102,13 @@ fn unbind_eager(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
                 "closing a connection accepted ahead and never taken"
             );
             finalize_close(cx, host, id);
+        } else if gen == crate::balance::DIRECT_GEN && host.balance.claim(id).is_some() {
+            debug!(
+                host = host.id,
+                listener = sid,
+                handle = id,
+                "closing a direct connection never taken"
+            );
         }
     }
 }

@@ -34,6 +34,10 @@ fn on_control_msg(
         };
         return send_reply(host, ControlMsg::Reply { handle, errno }, fd);
     }
+    if let ControlMsg::Direct { handle } = m {
+        let (errno, fd) = direct(host, cx.cfg, handle);
+        return send_reply(host, ControlMsg::Reply { handle, errno }, fd);
+    }
     let handle = m.handle();
     let res = match m {
         ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
@@ -47,7 +51,8 @@ fn on_control_msg(
         ControlMsg::Export { .. }
         | ControlMsg::SocketAdopt { .. }
         | ControlMsg::SocketDup { .. }
-        | ControlMsg::HostDoorbell { .. } => Err(libc::EINVAL),
+        | ControlMsg::HostDoorbell { .. }
+        | ControlMsg::Direct { .. } => Err(libc::EINVAL),
         ControlMsg::FileOpen { handle } => crate::sendfile::open(host, handle, fds),
         ControlMsg::FileClose { handle } => crate::calls::sendq::file_close(cx, host, handle),
     };
@@ -57,6 +62,20 @@ fn on_control_msg(
         errno: res.err().unwrap_or(0),
     };
     send_reply(host, reply, None)
+}
+
+/// `ControlMsg::Direct`: handle 0 says the host takes direct connections;
+/// any other hands it that direct connection's kernel socket (ENOENT: no
+/// such handle, e.g. taken already or closed as too old).
+fn direct(host: &mut Host, cfg: &crate::config::Config, handle: u32) -> (i32, Option<OwnedFd>) {
+    if handle == 0 {
+        host.balance.set_takes_direct(&cfg.balance);
+        return (0, None);
+    }
+    match host.balance.claim(handle) {
+        Some(fd) => (0, Some(fd)),
+        None => (libc::ENOENT, None),
+    }
 }
 
 /// Maps the memfd that came with `Register` as registration `handle`,

@@ -105,6 +105,8 @@ pub struct Worker {
     /// whether there was work since the last time.
     next_publish: Instant,
     stats_dirty: bool,
+    /// This worker's load, for balancing.
+    meter: crate::balance::Meter,
 }
 
 impl Worker {
@@ -139,6 +141,7 @@ impl Worker {
             next_hot_poll: Instant::now(),
             next_publish: Instant::now(),
             stats_dirty: false,
+            meter: Default::default(),
         })
     }
 
@@ -183,6 +186,7 @@ impl Worker {
             self.wake_hosts();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
+            self.meter.pass(now, work > 0);
             if now >= self.next_publish {
                 self.publish_stats(now);
             }
@@ -213,6 +217,12 @@ impl Worker {
 
     /// Publishes every host's counters and depths for `tcps stat`.
     fn publish_stats(&mut self, now: Instant) {
+        if let Some(busy) = self.meter.sample(now) {
+            for (_, h) in self.hosts.iter_mut() {
+                let (cfg, cpus) = (&self.cfg.balance, &self.cfg.cpus);
+                h.balance.update(cfg, cpus, h.pid, busy, now);
+            }
+        }
         self.shared.stats.publish(self.hosts.iter().map(|(_, h)| h));
         self.next_publish = now + crate::stats::PUBLISH_EVERY;
         self.stats_dirty = false;

@@ -12,7 +12,7 @@ use crate::sys::{self, RawAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use tcps_proto::eager::{
     untaken, AcceptRecord, AcceptRingProducer, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, RECV_MODE_NONE,
-    RECV_MODE_RING,
+    RECV_MODE_RING, SETUP_DIRECT,
 };
 use tracing::debug;
 
@@ -174,6 +174,18 @@ fn take_connection(
     nfd: OwnedFd,
     peer: &RawAddr,
 ) -> Taken {
+    if host.balance.decide(&cx.cfg.balance, policy.balance) {
+        // Balancing: the host's own kernel socket, taken over the control
+        // socket (`ControlMsg::Direct`); no id, no admission count here.
+        let handle = host.balance.hand_over(nfd, std::time::Instant::now());
+        // Listed with the others, so closing the listener closes it if
+        // the host never took it.
+        st.published
+            .push_back((st.tail, handle, crate::balance::DIRECT_GEN));
+        publish_record(host, lid, st, handle, SETUP_DIRECT, peer);
+        host.stats.accepts_direct += 1;
+        return Taken::One;
+    }
     let Some(admitted) = crate::admission::admit(
         cx.cfg,
         &cx.shared.conns_per_addr,
@@ -200,8 +212,24 @@ fn take_connection(
         None => return Taken::Refused,
     };
     let flags = setup_accepted(cx, host, id, policy);
+    st.published.push_back((st.tail, id, gen));
+    publish_record(host, lid, st, id, flags, peer);
+    host.stats.accepts_eager += 1;
+    Taken::One
+}
+
+/// Writes connection `sock`'s record at `st.tail` and moves past it (not
+/// yet `tail` itself: `accept_loop` publishes once).
+fn publish_record(
+    host: &mut Host,
+    lid: u32,
+    st: &mut AcceptRing,
+    sock: u32,
+    flags: u32,
+    peer: &RawAddr,
+) {
     let mut rec = AcceptRecord {
-        sock: id,
+        sock,
         flags,
         ..AcceptRecord::default()
     };
@@ -212,10 +240,7 @@ fn take_connection(
     if let Some(ring) = host.region.recv_ring(lid) {
         AcceptRingProducer::new(ring).write(st.tail, &rec);
     }
-    st.published.push_back((st.tail, id, gen));
     st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
-    host.stats.accepts_eager += 1;
-    Taken::One
 }
 
 /// Writes an error record (`ACCEPT_ERROR`, the errno in `reserved`) and

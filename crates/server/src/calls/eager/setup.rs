@@ -12,7 +12,8 @@ use crate::host::Host;
 use std::time::Instant;
 use tcps_proto::eager::{
     RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING, SETUP_RECV_PLAIN, SETUP_RECV_RING, SETUP_SENDQ,
-    SOL_TCPS, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE, TCPS_SETUP_WITH_ACCEPT,
+    SOL_TCPS, TCPS_BALANCE, TCPS_EAGER_ACCEPT, TCPS_EAGER_RECV, TCPS_EAGER_RECV_SIZE,
+    TCPS_SETUP_WITH_ACCEPT,
 };
 
 /// Smallest and largest pull buffer (`TCPS_EAGER_RECV_SIZE`).
@@ -136,6 +137,10 @@ pub(crate) fn setsockopt(host: &mut Host, sid: u32, name: i32, value: &[u8]) -> 
                 p.cap = v as usize;
             }
         }
+        TCPS_BALANCE => match v {
+            0 | 1 => s.policy.balance = v == 1,
+            _ => return Err(libc::EINVAL),
+        },
         _ => return Err(libc::ENOPROTOOPT),
     }
     Ok((0, 0))
@@ -167,6 +172,7 @@ pub(crate) fn getsockopt(host: &Host, sid: u32, name: i32) -> Result<i32, i32> {
             }
         }
         TCPS_SETUP_WITH_ACCEPT => i32::from(p.setup_with_accept),
+        TCPS_BALANCE => i32::from(p.balance),
         TCPS_EAGER_RECV_SIZE => {
             let push_ring = p.recv == EagerRecv::Push && sid < host.layout.recv_rings
                 || matches!(s.eager, Eager::Recv(_));
