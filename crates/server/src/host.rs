@@ -265,6 +265,11 @@ pub struct Sock {
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
     pub host_held: Option<HostHeld>,
+    /// The number of the send the engine executes for the front of
+    /// `writers` (`calls::sendq::uring`), while it is in flight.
+    pub send_op: Option<u8>,
+    /// Numbers the engine's sends on this socket (`Token::Sent`).
+    pub op_seq: u8,
 }
 
 impl Sock {
@@ -290,6 +295,8 @@ impl Sock {
             policy: crate::config::EagerPolicy::default(),
             eager: Eager::None,
             host_held: None,
+            send_op: None,
+            op_seq: 0,
         }
     }
 
@@ -311,7 +318,9 @@ impl Sock {
         if !ahead && !self.readers.is_empty() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
-        if !self.writers.is_empty() {
+        // A send in flight at the engine completes by itself: no
+        // readiness is wanted for it (nor for the calls behind it).
+        if !self.writers.is_empty() && self.send_op.is_none() {
             m |= libc::POLLOUT as u32;
         }
         // A poll is woken only by what would answer it: the kernel
@@ -441,6 +450,7 @@ impl HostStats {
     /// Counts whom a ring publish found waiting (`tcps_proto::eager::Woke`).
     pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
         self.wakes += u64::from(w.thread);
+        crate::sys::count(u64::from(w.thread));
         self.bell_wants += u64::from(w.bell);
     }
 }

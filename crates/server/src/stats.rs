@@ -163,6 +163,9 @@ struct BoardInner {
     /// Counters of the hosts that detached, summed.
     detached: HostStats,
     detached_hosts: u64,
+    /// System calls the workers made (`sys::count`; io_uring_enter once
+    /// per enter), added at each publish.
+    syscalls: u64,
 }
 
 impl Board {
@@ -173,9 +176,11 @@ impl Board {
         let snaps: Vec<(u64, u32, u32, HostStats, Depths)> = hosts
             .map(|h| (h.id, h.pid, h.uid, h.stats.clone(), depths(h)))
             .collect();
+        let syscalls = crate::sys::take_count();
         let Ok(mut b) = self.inner.lock() else {
             return;
         };
+        b.syscalls += syscalls;
         for (id, pid, uid, stats, depths) in snaps {
             b.live
                 .entry(id)
@@ -199,9 +204,11 @@ impl Board {
     /// `host` detached (or the server stops): its final counters go into
     /// the detached totals and its entry goes away.
     pub fn detach(&self, host: &Host) {
+        let syscalls = crate::sys::take_count();
         let Ok(mut b) = self.inner.lock() else {
             return;
         };
+        b.syscalls += syscalls;
         b.live.remove(&host.id);
         add_stats(&mut b.detached, &host.stats);
         b.detached_hosts += 1;
@@ -341,6 +348,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
             "hosts_attached": attached,
             "hosts_refused": refused,
             "hosts_detached": b.detached_hosts,
+            "syscalls": b.syscalls,
         },
         "viewer": { "uid": uid, "sees_all_hosts": sees_all },
         "hosts": hosts,

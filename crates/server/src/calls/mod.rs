@@ -32,6 +32,7 @@ pub(crate) use close::{close_all, take_for_export};
 pub use common::{complete, wake_owed, Ctx, Res, TimerKey, Timers};
 pub use sendq::poll_queues;
 pub use sendq::queue::prepare_sleep;
+pub use sendq::sent::on_sent;
 
 use crate::host::Host;
 use crate::sys;

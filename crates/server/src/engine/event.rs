@@ -13,16 +13,38 @@ pub enum EngineKind {
     Epoll,
 }
 
-/// A readiness event: the token given to `arm` and the ready mask.
+/// A readiness event: the token given to `arm` and the ready mask; or the
+/// completion of an operation (`Engine::submit_send`): its token and the
+/// kernel's result in `res` (bytes, or `-errno`; `revents` is 0).
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
     pub token: u64,
     pub revents: u32,
+    pub res: i32,
+}
+
+/// What an operation in flight keeps alive until its completion has been
+/// reaped: the mapping the kernel reads from or writes into (a host that
+/// goes away meanwhile cannot unmap it under the kernel).
+pub type Keep = Box<dyn std::any::Any + Send>;
+
+/// A send the kernel executes after submission (io_uring `IORING_OP_SEND`):
+/// `len` bytes at `buf` on socket `fd`, waiting for room if need be.
+#[derive(Clone, Copy, Debug)]
+pub struct SendOp {
+    pub fd: RawFd,
+    pub buf: *const u8,
+    pub len: u32,
+    pub flags: i32,
 }
 
 pub trait Engine: Send {
     fn arm(&mut self, fd: RawFd, token: u64, mask: u32) -> io::Result<()>;
-    /// Drops any armed wait on `fd` (armed with `token`); call before close.
+    /// Drops any armed wait on `fd` (armed with `token`) and cancels its
+    /// operations in flight (their completions still come, `-ECANCELED`
+    /// or their result, and until then their `Keep`s live); call before
+    /// close. Whatever is queued is submitted first, so an operation meets
+    /// its own socket, never a later one that reuses the number.
     fn forget(&mut self, fd: RawFd, token: u64);
     /// Submits pending work and collects events, waiting at most `timeout`
     /// (`None`: until an event).
@@ -40,5 +62,25 @@ pub trait Engine: Send {
     /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
     fn urgent_needs_pollin(&self) -> bool {
         false
+    }
+    /// Whether this engine executes sends itself (`submit_send`): io_uring
+    /// yes, epoll no (the worker then sends with a system call on
+    /// readiness: the same semantics, completion emulated by readiness).
+    fn submits_ops(&self) -> bool {
+        false
+    }
+    /// Queues `op` (submitted with the next batch); its completion comes
+    /// back from `wait` as an [`Event`] with `token` and `res`. `keep` is
+    /// dropped only after that. Returns `false` (nothing queued) where
+    /// `submits_ops` is false.
+    ///
+    /// # Safety
+    /// `op.buf..op.buf + op.len` must stay mapped while `keep` lives.
+    unsafe fn submit_send(&mut self, _op: SendOp, _token: u64, _keep: Keep) -> bool {
+        false
+    }
+    /// Operations submitted and not yet completed.
+    fn ops_in_flight(&self) -> usize {
+        0
     }
 }

@@ -17,7 +17,7 @@ mod event;
 mod uring;
 
 pub use epoll::EpollEngine;
-pub use event::{Engine, EngineKind, Event};
+pub use event::{Engine, EngineKind, Event, Keep, SendOp};
 pub use uring::UringEngine;
 
 use std::io;

@@ -1,97 +1,128 @@
 //! The io_uring engine: one-shot `IORING_OP_POLL_ADD` per armed descriptor,
-//! cancelled with `IORING_OP_POLL_REMOVE`. Submissions are batched: arming
-//! only queues an SQE; `wait` submits them all and reaps completions in one
-//! `io_uring_enter`.
+//! cancelled with `IORING_OP_POLL_REMOVE`; and sends executed by the kernel
+//! (`IORING_OP_SEND`, `submit_send`), completed later. Submissions are
+//! batched: arming or sending only queues an SQE; the worker submits them
+//! all in one `io_uring_enter` per pass (`flush`, or `wait`).
+//!
+//! The ring is set up with `COOP_TASKRUN` and `TASKRUN_FLAG` where the
+//! kernel has them: completions that wait for a socket (a poll that fires,
+//! a send that waited for room) are then not pushed at the worker with an
+//! interrupt but run at its next `io_uring_enter`, and the kernel flags
+//! when one is due, so a look with nothing submitted and nothing due costs
+//! no system call.
 //!
 //! An in-flight poll holds a reference to the file, so `forget` must cancel
-//! it, or a closed socket would keep its port until the poll fired.
+//! it, or a closed socket would keep its port until the poll fired. An
+//! in-flight send holds one too, and its memory is kept mapped by its
+//! `Keep` until its completion has been reaped (also when `forget` cancelled
+//! it because its socket closes or its host went away).
 
-use super::event::{Engine, Event};
+use super::event::{Engine, Event, Keep, SendOp};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// user_data of cancel requests; their completions are ignored.
 const CANCEL_TAG: u64 = u64::MAX;
+
+/// How long dropping the engine waits for cancelled sends to complete.
+const DRAIN_ON_DROP: Duration = Duration::from_secs(1);
 
 pub struct UringEngine {
     ring: IoUring,
     /// Token of the poll currently armed on each descriptor, and back.
     armed: HashMap<RawFd, u64>,
     armed_fd: HashMap<u64, RawFd>,
+    /// Operations in flight: their descriptor, and what each keeps mapped
+    /// until it completes.
+    ops: HashMap<u64, (RawFd, Keep)>,
+    /// Operations in flight per descriptor (`forget` cancels them).
+    ops_on: HashMap<RawFd, u32>,
+    /// The kernel flags due task work (`IORING_SQ_TASKRUN`): a look with
+    /// nothing to submit enters only when flagged.
+    taskrun_flag: bool,
 }
 
 impl UringEngine {
     pub fn new() -> io::Result<UringEngine> {
-        let ring = IoUring::builder().build(1024)?;
+        let (ring, taskrun_flag) = match IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(1024)
+        {
+            Ok(r) => (r, true),
+            // Kernels before 5.19.
+            Err(_) => (IoUring::builder().build(1024)?, false),
+        };
         Ok(UringEngine {
             ring,
             armed: HashMap::new(),
             armed_fd: HashMap::new(),
+            ops: HashMap::new(),
+            ops_on: HashMap::new(),
+            taskrun_flag,
         })
     }
 
-    fn push(&mut self, sqe: squeue::Entry) -> io::Result<()> {
+    /// `io_uring_enter`: submits what is queued, waits for `want`
+    /// completions (counted as the worker's system call).
+    fn enter(&mut self, want: usize) -> io::Result<usize> {
+        crate::sys::count(1);
+        self.ring.submit_and_wait(want)
+    }
+
+    /// # Safety
+    /// Memory an SQE names must stay valid until its completion (a send's
+    /// `Keep`, held in `ops` until then); polls and cancels name none.
+    unsafe fn push(&mut self, sqe: squeue::Entry) -> io::Result<()> {
         loop {
-            // SAFETY: poll and cancel SQEs reference no user memory.
+            // SAFETY: as the caller promised.
             if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
                 return Ok(());
             }
-            self.ring.submit()?; // queue full: flush and retry
+            self.enter(0)?; // queue full: flush and retry
         }
     }
 
     fn cancel(&mut self, token: u64) -> io::Result<()> {
-        self.push(opcode::PollRemove::new(token).build().user_data(CANCEL_TAG))
-    }
-}
-
-impl Engine for UringEngine {
-    fn arm(&mut self, fd: RawFd, token: u64, mask: u32) -> io::Result<()> {
-        if let Some(old) = self.armed.insert(fd, token) {
-            self.armed_fd.remove(&old);
-            self.cancel(old)?;
-        }
-        self.armed_fd.insert(token, fd);
-        self.push(
-            opcode::PollAdd::new(types::Fd(fd), mask)
-                .build()
-                .user_data(token),
-        )
+        // SAFETY: a poll removal names no memory.
+        unsafe { self.push(opcode::PollRemove::new(token).build().user_data(CANCEL_TAG)) }
     }
 
-    fn forget(&mut self, fd: RawFd, _token: u64) {
-        if let Some(old) = self.armed.remove(&fd) {
-            self.armed_fd.remove(&old);
-            let _ = self.cancel(old);
-            // Submit now so the file reference is dropped promptly.
-            let _ = self.ring.submit();
-        }
+    /// Whether a look without waiting must enter the kernel: something
+    /// is queued, or task work (completions) is due.
+    fn must_enter(&mut self) -> bool {
+        let sq = self.ring.submission();
+        !sq.is_empty() || !self.taskrun_flag || sq.taskrun()
     }
 
-    fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Event>) -> io::Result<()> {
-        let res = match timeout {
-            Some(d) if d.is_zero() => self.ring.submit_and_wait(0),
-            None => self.ring.submit_and_wait(1),
-            Some(d) => {
-                let ts = types::Timespec::new()
-                    .sec(d.as_secs())
-                    .nsec(d.subsec_nanos());
-                let args = types::SubmitArgs::new().timespec(&ts);
-                self.ring.submitter().submit_with_args(1, &args)
-            }
-        };
-        if let Err(e) = res {
-            match e.raw_os_error() {
-                Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) => {}
-                _ => return Err(e),
-            }
-        }
+    /// Reaps the completions there are: operations' into `out` (and their
+    /// `Keep`s dropped), fired polls' into `out`.
+    fn reap(&mut self, out: &mut Vec<Event>) {
         for cqe in self.ring.completion() {
             let token = cqe.user_data();
-            if token == CANCEL_TAG || cqe.result() == -libc::ECANCELED {
+            if token == CANCEL_TAG {
+                continue;
+            }
+            if let Some((fd, keep)) = self.ops.remove(&token) {
+                // The kernel is done with the memory: the `Keep` may go.
+                drop(keep);
+                if let Some(n) = self.ops_on.get_mut(&fd) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.ops_on.remove(&fd);
+                    }
+                }
+                out.push(Event {
+                    token,
+                    revents: 0,
+                    res: cqe.result(),
+                });
+                continue;
+            }
+            if cqe.result() == -libc::ECANCELED {
                 continue;
             }
             // The poll fired (or failed: report it as an error event so the
@@ -107,8 +138,110 @@ impl Engine for UringEngine {
             } else {
                 cqe.result() as u32
             };
-            out.push(Event { token, revents });
+            out.push(Event {
+                token,
+                revents,
+                res: 0,
+            });
         }
+    }
+}
+
+impl Drop for UringEngine {
+    /// Operations still in flight are cancelled and waited for (at most
+    /// `DRAIN_ON_DROP`), so no mapping is unmapped under the kernel; what
+    /// does not complete by then is leaked rather than unmapped.
+    fn drop(&mut self) {
+        if self.ops.is_empty() {
+            return;
+        }
+        let tokens: Vec<u64> = self.ops.keys().copied().collect();
+        for t in tokens {
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(opcode::AsyncCancel::new(t).build().user_data(CANCEL_TAG)) };
+        }
+        let until = Instant::now() + DRAIN_ON_DROP;
+        let mut sink = Vec::new();
+        while !self.ops.is_empty() && Instant::now() < until {
+            let ts = types::Timespec::new().nsec(10_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            self.reap(&mut sink);
+        }
+        for (_, (_, keep)) in self.ops.drain() {
+            std::mem::forget(keep);
+        }
+    }
+}
+
+impl Engine for UringEngine {
+    fn arm(&mut self, fd: RawFd, token: u64, mask: u32) -> io::Result<()> {
+        if let Some(old) = self.armed.insert(fd, token) {
+            self.armed_fd.remove(&old);
+            self.cancel(old)?;
+        }
+        self.armed_fd.insert(token, fd);
+        // SAFETY: a poll names no memory.
+        unsafe {
+            self.push(
+                opcode::PollAdd::new(types::Fd(fd), mask)
+                    .build()
+                    .user_data(token),
+            )
+        }
+    }
+
+    fn forget(&mut self, fd: RawFd, _token: u64) {
+        let mut cancelled = false;
+        if let Some(old) = self.armed.remove(&fd) {
+            self.armed_fd.remove(&old);
+            let _ = self.cancel(old);
+            cancelled = true;
+        }
+        if self.ops_on.contains_key(&fd) {
+            // Every operation on the descriptor; queued after them, so
+            // they were issued on this socket first.
+            let what = types::CancelBuilder::fd(types::Fd(fd)).all();
+            let sqe = opcode::AsyncCancel2::new(what)
+                .build()
+                .user_data(CANCEL_TAG);
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(sqe) };
+            cancelled = true;
+        }
+        if cancelled {
+            // Submit now (while `fd` is still open) so the file reference
+            // is dropped promptly.
+            let _ = self.enter(0);
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Event>) -> io::Result<()> {
+        let res = match timeout {
+            Some(d) if d.is_zero() => {
+                if self.must_enter() {
+                    self.enter(0)
+                } else {
+                    Ok(0)
+                }
+            }
+            None => self.enter(1),
+            Some(d) => {
+                crate::sys::count(1);
+                let ts = types::Timespec::new()
+                    .sec(d.as_secs())
+                    .nsec(d.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        if let Err(e) = res {
+            match e.raw_os_error() {
+                Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY) => {}
+                _ => return Err(e),
+            }
+        }
+        self.reap(out);
         Ok(())
     }
 
@@ -118,12 +251,40 @@ impl Engine for UringEngine {
 
     fn flush(&mut self) {
         if !self.ring.submission().is_empty() {
-            let _ = self.ring.submit();
+            let _ = self.enter(0);
         }
     }
 
     fn urgent_needs_pollin(&self) -> bool {
         true
+    }
+
+    fn submits_ops(&self) -> bool {
+        true
+    }
+
+    unsafe fn submit_send(&mut self, op: SendOp, token: u64, keep: Keep) -> bool {
+        if self.ops.contains_key(&token) || token == CANCEL_TAG {
+            // Never two operations under one token: the first one's `Keep`
+            // must live until its own completion.
+            return false;
+        }
+        let sqe = opcode::Send::new(types::Fd(op.fd), op.buf, op.len)
+            .flags(op.flags)
+            .build()
+            .user_data(token);
+        // SAFETY: the caller keeps the buffer mapped while `keep` lives,
+        // and `keep` is held in `ops` until the completion is reaped.
+        if unsafe { self.push(sqe) }.is_err() {
+            return false;
+        }
+        self.ops.insert(token, (op.fd, keep));
+        *self.ops_on.entry(op.fd).or_insert(0) += 1;
+        true
+    }
+
+    fn ops_in_flight(&self) -> usize {
+        self.ops.len()
     }
 }
 

@@ -213,9 +213,11 @@ impl Worker {
     /// Whether any host has a call waiting at the server (a parked call is
     /// one taken from its ring and not yet completed).
     fn has_parked_calls(&self) -> bool {
-        self.hosts
-            .iter()
-            .any(|(_, h)| h.cursors.iter().any(|c| c.outstanding() > 0))
+        self.engine.ops_in_flight() > 0
+            || self
+                .hosts
+                .iter()
+                .any(|(_, h)| h.cursors.iter().any(|c| c.outstanding() > 0))
     }
 
     /// A host and the context its calls run in, borrowed apart.
@@ -399,6 +401,18 @@ impl Worker {
                 if let Some((host, mut cx)) = self.host_and_cx(hkey) {
                     guarded(host, "socket event", |h| {
                         calls::on_socket_ready(&mut cx, h, sock, gen, seq)
+                    });
+                }
+            }
+            Some(Token::Sent {
+                host: hkey,
+                sock,
+                gen,
+                seq,
+            }) => {
+                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
+                    guarded(host, "send completion", |h| {
+                        calls::on_sent(&mut cx, h, sock, gen, seq, ev.res)
                     });
                 }
             }
