@@ -76,8 +76,11 @@ pub(crate) fn submit(
         buf: unsafe { base.add(p.progress) },
         len: (total - p.progress) as u32,
         // Not MSG_DONTWAIT: a full socket makes the kernel wait for room
-        // (its own poll), not fail the send.
-        flags: (flags | libc::MSG_NOSIGNAL) & !libc::MSG_DONTWAIT,
+        // (its own poll), not fail the send. MSG_WAITALL: io_uring goes on
+        // after a short send by itself (one completion per job, however
+        // slow the reader); an error after some bytes completes with the
+        // bytes, and the resubmitted rest gets the error.
+        flags: (flags | libc::MSG_NOSIGNAL | libc::MSG_WAITALL) & !libc::MSG_DONTWAIT,
     };
     // SAFETY: `keep` holds the registration's mapping, which contains
     // `op.buf..+op.len` (resolved above), until the completion is reaped.
