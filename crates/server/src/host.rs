@@ -34,7 +34,10 @@ pub struct Host {
     pub id: u64,
     pub pid: u32,
     pub uid: u32,
-    pub region: Region,
+    /// Shared with operations in flight that read or write it (a receive
+    /// into a ring, `Engine::submit_recv`): unmapped after the last one
+    /// completed, also when the host went away before.
+    pub region: std::sync::Arc<Region>,
     /// The server's own copy of the geometry: never re-read from shared memory.
     pub layout: Layout,
     pub cursors: Vec<ServerCursor>,
@@ -129,7 +132,7 @@ impl Host {
             uid: h.uid,
             cursors: vec![ServerCursor::default(); layout.n_channels as usize],
             layout,
-            region: h.region,
+            region: std::sync::Arc::new(h.region),
             control: h.control,
             doorbell: h.doorbell,
             host_doorbell: None,
@@ -268,7 +271,11 @@ pub struct Sock {
     /// The number of the send the engine executes for the front of
     /// `writers` (`calls::sendq::uring`), while it is in flight.
     pub send_op: Option<u8>,
-    /// Numbers the engine's sends on this socket (`Token::Sent`).
+    /// The number of the receive into its receive ring the engine executes
+    /// (`calls::eager::recv`), while it is in flight.
+    pub recv_op: Option<u8>,
+    /// Numbers the engine's operations on this socket (`Token::Sent`,
+    /// `Token::Received`).
     pub op_seq: u8,
 }
 
@@ -296,6 +303,7 @@ impl Sock {
             eager: Eager::None,
             host_held: None,
             send_op: None,
+            recv_op: None,
             op_seq: 0,
         }
     }
@@ -312,7 +320,8 @@ impl Sock {
         // readability, so POLLIN is wanted only while it reads ahead; parked
         // calls and polls get theirs from the ring or the pull buffer.
         let ahead = self.eager.is_active();
-        if ahead && self.eager.wants_readable() {
+        // A receive in flight into the ring waits for data by itself.
+        if ahead && self.eager.wants_readable() && self.recv_op.is_none() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
         if !ahead && !self.readers.is_empty() {

@@ -35,6 +35,14 @@ pub enum Token {
         gen: u16,
         seq: u8,
     },
+    /// The completion of a receive into a socket's receive ring
+    /// (`calls::eager::received`): as `Sent`.
+    Received {
+        host: usize,
+        sock: usize,
+        gen: u16,
+        seq: u8,
+    },
 }
 
 const KIND_SOCKET: u64 = 1;
@@ -43,6 +51,7 @@ const KIND_DOORBELL: u64 = 3;
 const KIND_SHUTDOWN: u64 = 4;
 const KIND_HOST_BELL: u64 = 5;
 const KIND_SENT: u64 = 6;
+const KIND_RECEIVED: u64 = 7;
 
 pub const MAX_HOSTS_PER_WORKER: usize = 1 << 16;
 pub const MAX_SOCKETS_PER_HOST: usize = 1 << 24;
@@ -63,6 +72,12 @@ impl Token {
                 gen,
                 seq,
             } => socket_bits(KIND_SENT, host, sock, gen, seq),
+            Token::Received {
+                host,
+                sock,
+                gen,
+                seq,
+            } => socket_bits(KIND_RECEIVED, host, sock, gen, seq),
             Token::Control { host } => KIND_CONTROL << 60 | (host as u64 & 0xffff) << 44,
             Token::Doorbell => KIND_DOORBELL << 60,
             Token::Shutdown => KIND_SHUTDOWN << 60,
@@ -80,6 +95,12 @@ impl Token {
                 seq: v as u8,
             },
             KIND_SENT => Token::Sent {
+                host,
+                sock: ((v >> 20) & 0xff_ffff) as usize,
+                gen: ((v >> 8) & GEN_MASK as u64) as u16,
+                seq: v as u8,
+            },
+            KIND_RECEIVED => Token::Received {
                 host,
                 sock: ((v >> 20) & 0xff_ffff) as usize,
                 gen: ((v >> 8) & GEN_MASK as u64) as u16,
@@ -123,6 +144,12 @@ mod tests {
                 seq: 0,
             },
             Token::Control { host: 7 },
+            Token::Received {
+                host: 4,
+                sock: 6,
+                gen: 1,
+                seq: 255,
+            },
             Token::Sent {
                 host: 3,
                 sock: 5,

@@ -79,6 +79,34 @@ pub trait Engine: Send {
     unsafe fn submit_send(&mut self, _op: SendOp, _token: u64, _keep: Keep) -> bool {
         false
     }
+    /// Queues a receive of at most `len` bytes into `buf` on socket `fd`
+    /// (io_uring `IORING_OP_RECV`; the kernel waits for data), completed
+    /// as `submit_send`'s. `false` where `submits_ops` is false.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay mapped and be written by nobody who
+    /// relies on it while `keep` lives.
+    unsafe fn submit_recv(
+        &mut self,
+        _fd: RawFd,
+        _buf: *mut u8,
+        _len: u32,
+        _token: u64,
+        _keep: Keep,
+    ) -> bool {
+        false
+    }
+    /// Cancels operation `token` and waits (briefly: a receive waiting for
+    /// data is cancelled at once) for its completion, which is returned
+    /// here instead of from `wait`: `Some(res)` (`-ECANCELED`, or what it
+    /// did before the cancel reached it), `None` if it was not in flight
+    /// or did not complete in time. For a state change that must not race
+    /// with the kernel writing (a receive ring about to stop). `wait` hands
+    /// out the completions of operations before readiness events, so one
+    /// reaped but not yet handled is never what a handler settles.
+    fn settle(&mut self, _token: u64) -> Option<i32> {
+        None
+    }
     /// Operations submitted and not yet completed.
     fn ops_in_flight(&self) -> usize {
         0

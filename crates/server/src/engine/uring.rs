@@ -29,6 +29,8 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 /// How long dropping the engine waits for cancelled sends to complete.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(1);
+/// How long `settle` waits for a cancelled operation.
+const SETTLE_WAIT: Duration = Duration::from_millis(100);
 
 pub struct UringEngine {
     ring: IoUring,
@@ -40,6 +42,12 @@ pub struct UringEngine {
     ops: HashMap<u64, (RawFd, Keep)>,
     /// Operations in flight per descriptor (`forget` cancels them).
     ops_on: HashMap<RawFd, u32>,
+    /// Completions reaped by `settle` for other operations, and polls
+    /// that fired meanwhile, handed out by the next `wait` (operations
+    /// first).
+    stash: Vec<Event>,
+    /// Fired polls of one reap (and those `settle` reaped).
+    polls: Vec<Event>,
     /// The kernel flags due task work (`IORING_SQ_TASKRUN`): a look with
     /// nothing to submit enters only when flagged.
     taskrun_flag: bool,
@@ -62,6 +70,8 @@ impl UringEngine {
             armed_fd: HashMap::new(),
             ops: HashMap::new(),
             ops_on: HashMap::new(),
+            stash: Vec::new(),
+            polls: Vec::new(),
             taskrun_flag,
         })
     }
@@ -86,6 +96,25 @@ impl UringEngine {
         }
     }
 
+    /// Queues operation `sqe` on `fd` under `token`, holding `keep`.
+    ///
+    /// # Safety
+    /// As `push`: what the SQE names stays valid while `keep` lives.
+    unsafe fn push_op(&mut self, fd: RawFd, sqe: squeue::Entry, token: u64, keep: Keep) -> bool {
+        if self.ops.contains_key(&token) || token == CANCEL_TAG {
+            // Never two operations under one token: the first one's `Keep`
+            // must live until its own completion.
+            return false;
+        }
+        // SAFETY: `keep` is held in `ops` until the completion is reaped.
+        if unsafe { self.push(sqe.user_data(token)) }.is_err() {
+            return false;
+        }
+        self.ops.insert(token, (fd, keep));
+        *self.ops_on.entry(fd).or_insert(0) += 1;
+        true
+    }
+
     fn cancel(&mut self, token: u64) -> io::Result<()> {
         // SAFETY: a poll removal names no memory.
         unsafe { self.push(opcode::PollRemove::new(token).build().user_data(CANCEL_TAG)) }
@@ -98,9 +127,19 @@ impl UringEngine {
         !sq.is_empty() || !self.taskrun_flag || sq.taskrun()
     }
 
-    /// Reaps the completions there are: operations' into `out` (and their
-    /// `Keep`s dropped), fired polls' into `out`.
+    /// Reaps the completions there are into `out`: operations' first (and
+    /// their `Keep`s dropped), then fired polls'. So the worker handles
+    /// every operation's completion of a harvest before any readiness or
+    /// control message, which may `settle` operations.
     fn reap(&mut self, out: &mut Vec<Event>) {
+        let mut polls = std::mem::take(&mut self.polls);
+        self.reap_apart(out, &mut polls);
+        out.append(&mut polls);
+        self.polls = polls;
+    }
+
+    /// Reaps operations' completions into `ops`, fired polls into `polls`.
+    fn reap_apart(&mut self, ops: &mut Vec<Event>, polls: &mut Vec<Event>) {
         for cqe in self.ring.completion() {
             let token = cqe.user_data();
             if token == CANCEL_TAG {
@@ -115,7 +154,7 @@ impl UringEngine {
                         self.ops_on.remove(&fd);
                     }
                 }
-                out.push(Event {
+                ops.push(Event {
                     token,
                     revents: 0,
                     res: cqe.result(),
@@ -138,7 +177,7 @@ impl UringEngine {
             } else {
                 cqe.result() as u32
             };
-            out.push(Event {
+            polls.push(Event {
                 token,
                 revents,
                 res: 0,
@@ -241,6 +280,7 @@ impl Engine for UringEngine {
                 _ => return Err(e),
             }
         }
+        out.append(&mut self.stash);
         self.reap(out);
         Ok(())
     }
@@ -264,27 +304,60 @@ impl Engine for UringEngine {
     }
 
     unsafe fn submit_send(&mut self, op: SendOp, token: u64, keep: Keep) -> bool {
-        if self.ops.contains_key(&token) || token == CANCEL_TAG {
-            // Never two operations under one token: the first one's `Keep`
-            // must live until its own completion.
-            return false;
-        }
         let sqe = opcode::Send::new(types::Fd(op.fd), op.buf, op.len)
             .flags(op.flags)
-            .build()
-            .user_data(token);
-        // SAFETY: the caller keeps the buffer mapped while `keep` lives,
-        // and `keep` is held in `ops` until the completion is reaped.
-        if unsafe { self.push(sqe) }.is_err() {
-            return false;
+            .build();
+        // SAFETY: the caller keeps the buffer mapped while `keep` lives.
+        unsafe { self.push_op(op.fd, sqe, token, keep) }
+    }
+
+    unsafe fn submit_recv(
+        &mut self,
+        fd: RawFd,
+        buf: *mut u8,
+        len: u32,
+        token: u64,
+        keep: Keep,
+    ) -> bool {
+        let sqe = opcode::Recv::new(types::Fd(fd), buf, len).build();
+        // SAFETY: the caller keeps the buffer mapped while `keep` lives.
+        unsafe { self.push_op(fd, sqe, token, keep) }
+    }
+
+    fn settle(&mut self, token: u64) -> Option<i32> {
+        if let Some(i) = self.stash.iter().position(|e| e.token == token) {
+            return Some(self.stash.remove(i).res);
         }
-        self.ops.insert(token, (op.fd, keep));
-        *self.ops_on.entry(op.fd).or_insert(0) += 1;
-        true
+        if !self.ops.contains_key(&token) {
+            return None;
+        }
+        // SAFETY: a cancel names no memory.
+        let _ = unsafe { self.push(opcode::AsyncCancel::new(token).build().user_data(CANCEL_TAG)) };
+        let until = Instant::now() + SETTLE_WAIT;
+        let mut got = Vec::new();
+        let mut polls = std::mem::take(&mut self.polls);
+        let res = loop {
+            crate::sys::count(1);
+            let ts = types::Timespec::new().nsec(1_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            self.reap_apart(&mut got, &mut polls);
+            if let Some(i) = got.iter().position(|e| e.token == token) {
+                break Some(got.remove(i).res);
+            }
+            if Instant::now() >= until {
+                break None;
+            }
+        };
+        // Handed out by the next `wait`: the polls stay in `polls`,
+        // after the operations.
+        self.stash.append(&mut got);
+        self.polls = polls;
+        res
     }
 
     fn ops_in_flight(&self) -> usize {
-        self.ops.len()
+        self.ops.len() + self.stash.len() + self.polls.len()
     }
 }
 

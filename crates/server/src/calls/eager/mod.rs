@@ -19,7 +19,8 @@
 //! Files, bottom up (each imports only files listed before it):
 //! `pullbuf` (the pull buffer type and its budget), `ring` (the per-socket
 //! state: what a socket does eagerly, the server's ring cursors), `recv`
-//! (receive rings), `pull` (pull sockets), `setup` (setup-with-accept and
+//! (receive rings), `ringop` (receive rings filled by io_uring receives,
+//! settled before they stop), `pull` (pull sockets), `setup` (setup-with-accept and
 //! the `SOL_TCPS` policy), `accept` (accept rings), this file ([`fill`]),
 //! `handover` (unbinding for close, exec and fork), `sweep` (kicks,
 //! resumes, the periodic sweep: above `blocking` and `poll`, which it
@@ -31,6 +32,7 @@ pub(crate) mod pull;
 pub(crate) mod pullbuf;
 pub(crate) mod recv;
 pub(crate) mod ring;
+pub(crate) mod ringop;
 pub(crate) mod setup;
 pub(crate) mod sweep;
 
@@ -38,7 +40,7 @@ use super::common::Ctx;
 use crate::host::Host;
 use accept::fill_accept;
 use pull::fill_pull;
-use recv::fill_recv;
+use ringop::fill_ring;
 use ring::Eager;
 
 /// Reads (accepts) ahead as far as the ring / buffer allows. Returns
@@ -49,7 +51,7 @@ pub(crate) fn fill(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
     };
     match s.eager {
         Eager::None => false,
-        Eager::Recv(_) => fill_recv(host, sid),
+        Eager::Recv(_) => fill_ring(cx, host, sid),
         Eager::Pull(_) => fill_pull(host, sid),
         Eager::Accept(_) => fill_accept(cx, host, sid),
     }
