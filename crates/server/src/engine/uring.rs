@@ -332,7 +332,13 @@ impl Engine for UringEngine {
             return None;
         }
         // SAFETY: a cancel names no memory.
-        let _ = unsafe { self.push(opcode::AsyncCancel::new(token).build().user_data(CANCEL_TAG)) };
+        let _ = unsafe {
+            self.push(
+                opcode::AsyncCancel::new(token)
+                    .build()
+                    .user_data(CANCEL_TAG),
+            )
+        };
         let until = Instant::now() + SETTLE_WAIT;
         let mut got = Vec::new();
         let mut polls = std::mem::take(&mut self.polls);

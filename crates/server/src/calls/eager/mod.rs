@@ -40,8 +40,8 @@ use super::common::Ctx;
 use crate::host::Host;
 use accept::fill_accept;
 use pull::fill_pull;
-use ringop::fill_ring;
 use ring::Eager;
+use ringop::fill_ring;
 
 /// Reads (accepts) ahead as far as the ring / buffer allows. Returns
 /// whether anything was published (parked polls should look again).

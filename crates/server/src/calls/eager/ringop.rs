@@ -84,8 +84,13 @@ fn submit(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
     // writes here only corrupts its own stream. `tail` does not move
     // while the receive is in flight (only its completion moves it).
     let sent = unsafe {
-        cx.engine
-            .submit_recv(fd, p, n as u32, token(cx.hkey, sid, gen, seq), Box::new(keep))
+        cx.engine.submit_recv(
+            fd,
+            p,
+            n as u32,
+            token(cx.hkey, sid, gen, seq),
+            Box::new(keep),
+        )
     };
     if !sent {
         return false;

@@ -4,8 +4,8 @@
 
 use super::pull::{fill_pull, start_pull};
 use super::recv::{bind_recv, stop_ring};
-use super::ringop::fill_ring;
 use super::ring::Eager;
+use super::ringop::fill_ring;
 use crate::calls::common::{rearm, Ctx, Res};
 use crate::calls::sendq::queue;
 use crate::config::{EagerPolicy, EagerRecv};

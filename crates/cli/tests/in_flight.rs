@@ -1,11 +1,11 @@
-//! Asynchronous sends while they are in flight at the server, on both
-//! engines: with io_uring the kernel executes each send after the worker
-//! submitted it (one per socket in flight, the next from its completion),
-//! with epoll the worker sends on readiness. Both must keep the stream in
-//! order, continue short sends where they stopped, report errors to the
+//! The data path's operations while they are in flight at the server, on
+//! both engines: with io_uring the kernel executes each asynchronous send
+//! and each receive into a receive ring after the worker submitted it (one
+//! of each per socket in flight, the next from its completion); with epoll
+//! the worker sends and receives on readiness. Both must keep the stream
+//! in order, continue short sends where they stopped, report errors to the
 //! host, finish what was queued before a close, and survive a host that is
-//! killed with sends in flight. Bytes are compared by SHA-256 at a kernel
-//! receiver.
+//! killed with sends in flight. Bytes are compared by SHA-256.
 
 mod common;
 
@@ -287,7 +287,52 @@ fn child_send_and_wait() {
     }
 }
 
+/// 32 MiB from a kernel client into a tcps socket's receive ring (accepted
+/// ahead, set up with its ring) whose host reads in odd sizes: intact, in
+/// order, then end of stream. With io_uring the server receives with few
+/// system calls (one receive per ring span, no readiness round).
+fn ring_receives_a_stream(engine: &str) {
+    const LEN: usize = 32 << 20;
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let data = Rng::new(61).bytes(LEN);
+    let want = sha256(&data);
+    let before = syscalls(&srv);
+    let writer = std::thread::spawn(move || {
+        let mut k = TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut k, &data).unwrap();
+        k.shutdown(std::net::Shutdown::Write).unwrap();
+        k
+    });
+    let (s, _) = c.accept(l, 0).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 7000];
+    let mut got = 0usize;
+    loop {
+        let n = c.recv(s, &mut buf, 0).expect("recv");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        got += n;
+    }
+    let _k = writer.join().unwrap();
+    assert_eq!(got, LEN);
+    let digest: [u8; 32] = h.finalize().into();
+    assert_eq!(hex(&digest), hex(&want), "SHA-256 of 32 MiB");
+    assert!(
+        c.stats().round_trips < 16,
+        "received from the ring: {:?}",
+        c.stats()
+    );
+    c.close(s).unwrap();
+    let used = syscalls(&srv) - before;
+    eprintln!("{engine}: {used} server system calls to receive 32 MiB");
+}
+
 engine_tests!(
+    ring_receives_a_stream,
     many_small_sends_in_order,
     large_send_to_slow_reader,
     reset_while_a_send_waits,
