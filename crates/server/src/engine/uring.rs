@@ -51,6 +51,10 @@ pub struct UringEngine {
     /// The kernel flags due task work (`IORING_SQ_TASKRUN`): a look with
     /// nothing to submit enters only when flagged.
     taskrun_flag: bool,
+    /// Sends and receives run as operations (`submits_ops`); off with
+    /// `TCPS_URING_DATA_PATH=off` in the server's environment (readiness
+    /// only, the worker's system calls: for comparisons).
+    data_path: bool,
 }
 
 impl UringEngine {
@@ -73,6 +77,7 @@ impl UringEngine {
             stash: Vec::new(),
             polls: Vec::new(),
             taskrun_flag,
+            data_path: std::env::var_os("TCPS_URING_DATA_PATH").is_none_or(|v| v != "off"),
         })
     }
 
@@ -300,7 +305,7 @@ impl Engine for UringEngine {
     }
 
     fn submits_ops(&self) -> bool {
-        true
+        self.data_path
     }
 
     unsafe fn submit_send(&mut self, op: SendOp, token: u64, keep: Keep) -> bool {

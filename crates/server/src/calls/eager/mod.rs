@@ -6,7 +6,8 @@
 //! Everything is driven by readiness: a socket that receives (accepts)
 //! eagerly stays armed for POLLIN in the engine; when it is readable the
 //! worker `recv(2)`s straight into the free span of the ring (no
-//! intermediate buffer) or `accept4`s and writes one `AcceptRecord` per
+//! intermediate buffer; with io_uring a receive ring instead always has a
+//! receive into its free span in flight, `ringop`) or `accept4`s and writes one `AcceptRecord` per
 //! connection, then publishes `tail` once. A full ring pauses (`paused = 1`,
 //! disarmed) until the host kicks (`Op::RecvKick`) or the periodic sweep
 //! sees room.
