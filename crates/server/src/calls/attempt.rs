@@ -148,6 +148,15 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
     // the listener's owner (`guard`).
     let _guard = matches!(p.call, Call::Accept { .. }).then(|| guard::Guard::accept(held));
     if let Some(job) = &p.job {
+        if host
+            .sockets
+            .get(sid as usize)
+            .is_some_and(|s| s.send_op.is_some())
+        {
+            // The front job is being sent by the engine (only the front is
+            // ever tried): its completion moves it on, not this try.
+            return Step::Again;
+        }
         if let Some(e) = queue::job_error(host, job) {
             return Step::Done(Err(e));
         }

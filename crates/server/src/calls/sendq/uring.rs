@@ -45,13 +45,6 @@ pub(crate) fn submit(
     let Call::SendReg { data, .. } = p.call else {
         return Submit::Syscall;
     };
-    if host
-        .sockets
-        .get(sid as usize)
-        .is_some_and(|s| s.send_op.is_some())
-    {
-        return Submit::InFlight; // its completion drives the queue on
-    }
     let total = data.len as usize;
     if p.progress >= total {
         return Submit::Done(Ok((total as i64, 0)));
