@@ -28,13 +28,13 @@ pub struct Event {
 /// goes away meanwhile cannot unmap it under the kernel).
 pub type Keep = Box<dyn std::any::Any + Send>;
 
-/// A send the kernel executes after submission (io_uring `IORING_OP_SEND`):
-/// `len` bytes at `buf` on socket `fd`, waiting for room if need be.
+/// A send the kernel executes after submission (io_uring `IORING_OP_SEND`,
+/// or `IORING_OP_SENDMSG` for more than one buffer): the buffers `msg`
+/// names on socket `fd`, waiting for room if need be.
 #[derive(Clone, Copy, Debug)]
 pub struct SendOp {
     pub fd: RawFd,
-    pub buf: *const u8,
-    pub len: u32,
+    pub msg: *const libc::msghdr,
     pub flags: i32,
 }
 
@@ -75,7 +75,8 @@ pub trait Engine: Send {
     /// `submits_ops` is false.
     ///
     /// # Safety
-    /// `op.buf..op.buf + op.len` must stay mapped while `keep` lives.
+    /// `op.msg`, its iovecs and the buffers they name must stay valid
+    /// while `keep` lives.
     unsafe fn submit_send(&mut self, _op: SendOp, _token: u64, _keep: Keep) -> bool {
         false
     }

@@ -309,10 +309,22 @@ impl Engine for UringEngine {
     }
 
     unsafe fn submit_send(&mut self, op: SendOp, token: u64, keep: Keep) -> bool {
-        let sqe = opcode::Send::new(types::Fd(op.fd), op.buf, op.len)
+        // SAFETY: the caller keeps `op.msg` and its iovecs valid.
+        let (iovlen, first) = unsafe { ((*op.msg).msg_iovlen, *(*op.msg).msg_iov) };
+        let sqe = if iovlen == 1 {
+            opcode::Send::new(
+                types::Fd(op.fd),
+                first.iov_base as *const u8,
+                first.iov_len as u32,
+            )
             .flags(op.flags)
-            .build();
-        // SAFETY: the caller keeps the buffer mapped while `keep` lives.
+            .build()
+        } else {
+            opcode::SendMsg::new(types::Fd(op.fd), op.msg)
+                .flags(op.flags as u32)
+                .build()
+        };
+        // SAFETY: the caller keeps the buffers mapped while `keep` lives.
         unsafe { self.push_op(op.fd, sqe, token, keep) }
     }
 
