@@ -29,6 +29,10 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 /// How long dropping the engine waits for cancelled sends to complete.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(1);
+/// Submission and completion queue sizes.
+const SQ_ENTRIES: u32 = 1024;
+const CQ_ENTRIES: u32 = 16384;
+
 /// How long `settle` waits for a cancelled operation.
 const SETTLE_WAIT: Duration = Duration::from_millis(100);
 
@@ -59,14 +63,17 @@ pub struct UringEngine {
 
 impl UringEngine {
     pub fn new() -> io::Result<UringEngine> {
+        // Every socket may have a receive in flight: room for a burst of
+        // completions (beyond it the kernel keeps them, `must_enter`).
         let (ring, taskrun_flag) = match IoUring::builder()
+            .setup_cqsize(CQ_ENTRIES)
             .setup_coop_taskrun()
             .setup_taskrun_flag()
-            .build(1024)
+            .build(SQ_ENTRIES)
         {
             Ok(r) => (r, true),
             // Kernels before 5.19.
-            Err(_) => (IoUring::builder().build(1024)?, false),
+            Err(_) => (IoUring::builder().build(SQ_ENTRIES)?, false),
         };
         Ok(UringEngine {
             ring,
@@ -126,10 +133,12 @@ impl UringEngine {
     }
 
     /// Whether a look without waiting must enter the kernel: something
-    /// is queued, or task work (completions) is due.
+    /// is queued, task work (completions) is due, or completions overflowed.
     fn must_enter(&mut self) -> bool {
         let sq = self.ring.submission();
-        !sq.is_empty() || !self.taskrun_flag || sq.taskrun()
+        // An overflowed completion queue: the kernel holds completions
+        // that only an enter brings in.
+        !sq.is_empty() || !self.taskrun_flag || sq.taskrun() || sq.cq_overflow()
     }
 
     /// Reaps the completions there are into `out`: operations' first (and
@@ -386,10 +395,106 @@ impl Engine for UringEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Engine, EpollEngine};
+    use super::super::{Engine, EpollEngine, SendOp};
     use super::UringEngine;
     use std::os::fd::AsRawFd;
+    use std::sync::Arc;
     use std::time::Duration;
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    /// Reaps until `token`'s completion (bounded).
+    fn completion(eng: &mut UringEngine, token: u64) -> i32 {
+        let mut out = Vec::new();
+        for _ in 0..100 {
+            eng.wait(Some(Duration::from_millis(10)), &mut out).unwrap();
+            if let Some(e) = out.iter().find(|e| e.token == token) {
+                return e.res;
+            }
+        }
+        panic!("no completion for {token}");
+    }
+
+    /// A receive waiting for data holds its `Keep` until `forget` cancelled
+    /// it and the cancellation was reaped; a send's completion reports the
+    /// bytes and lets its `Keep` go.
+    #[test]
+    fn operations_hold_their_memory_until_reaped() {
+        let (a, b) = pair();
+        let mut eng = UringEngine::new().unwrap();
+        let mut buf = vec![0u8; 64];
+        let keep = Arc::new(());
+        // SAFETY: `buf` outlives the operation (reaped below).
+        let ok = unsafe {
+            eng.submit_recv(
+                a.as_raw_fd(),
+                buf.as_mut_ptr(),
+                64,
+                1,
+                Box::new(keep.clone()),
+            )
+        };
+        assert!(ok);
+        eng.flush();
+        assert_eq!(Arc::strong_count(&keep), 2, "held while in flight");
+        eng.forget(a.as_raw_fd(), 0);
+        assert_eq!(completion(&mut eng, 1), -libc::ECANCELED);
+        assert_eq!(Arc::strong_count(&keep), 1, "released once reaped");
+        assert_eq!(eng.ops_in_flight(), 0);
+        // A send of two buffers (SENDMSG).
+        let (x, y) = (b"hello ".to_vec(), b"world".to_vec());
+        let mut iov = [x.as_slice(), y.as_slice()].map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        });
+        // SAFETY: zeroed msghdr, then its iovecs.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        let op = SendOp {
+            fd: b.as_raw_fd(),
+            msg: &msg,
+            flags: libc::MSG_NOSIGNAL | libc::MSG_WAITALL,
+        };
+        // SAFETY: msg, iov and the buffers outlive the operation.
+        assert!(unsafe { eng.submit_send(op, 2, Box::new(keep.clone())) });
+        eng.flush();
+        assert_eq!(completion(&mut eng, 2), 11);
+        assert_eq!(Arc::strong_count(&keep), 1);
+        let mut got = [0u8; 11];
+        std::io::Read::read_exact(&mut &a, &mut got).unwrap();
+        assert_eq!(&got, b"hello world");
+    }
+
+    /// `settle` hands back what a receive got before it was cancelled, and
+    /// `wait` never reports it again.
+    #[test]
+    fn settle_returns_what_arrived() {
+        let (a, b) = pair();
+        let mut eng = UringEngine::new().unwrap();
+        let mut buf = vec![0u8; 64];
+        // SAFETY: `buf` outlives the operation (settled below).
+        assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 9, Box::new(())) });
+        eng.flush();
+        std::io::Write::write_all(&mut &b, b"abc").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(eng.settle(9), Some(3));
+        assert_eq!(&buf[..3], b"abc");
+        let mut out = Vec::new();
+        eng.wait(Some(Duration::from_millis(10)), &mut out).unwrap();
+        assert!(out.iter().all(|e| e.token != 9), "{out:?}");
+        assert_eq!(eng.settle(9), None, "nothing in flight");
+        // Settling a receive that got nothing cancels it.
+        // SAFETY: as above.
+        assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 10, Box::new(())) });
+        eng.flush();
+        assert_eq!(eng.settle(10), Some(-libc::ECANCELED));
+    }
 
     /// What `Engine::urgent_needs_pollin` says: urgent (MSG_OOB) data wakes
     /// an io_uring poll for POLLIN|POLLPRI but not one for POLLPRI alone;
