@@ -29,6 +29,10 @@ const CANCEL_TAG: u64 = u64::MAX;
 
 /// How long dropping the engine waits for cancelled sends to complete.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(1);
+/// user_data of the polls that head a receive's link (this bit pattern
+/// and a counter; no `Token` has kind 15): their completions are ignored.
+const LINK_TAG: u64 = 0xf << 60;
+
 /// Submission and completion queue sizes.
 const SQ_ENTRIES: u32 = 1024;
 const CQ_ENTRIES: u32 = 16384;
@@ -46,6 +50,9 @@ pub struct UringEngine {
     ops: HashMap<u64, (RawFd, Keep)>,
     /// Operations in flight per descriptor (`forget` cancels them).
     ops_on: HashMap<RawFd, u32>,
+    /// The poll ahead of each receive in flight (its link's head).
+    links: HashMap<u64, u64>,
+    next_link: u64,
     /// Completions reaped by `settle` for other operations, and polls
     /// that fired meanwhile, handed out by the next `wait` (operations
     /// first).
@@ -81,6 +88,8 @@ impl UringEngine {
             armed_fd: HashMap::new(),
             ops: HashMap::new(),
             ops_on: HashMap::new(),
+            links: HashMap::new(),
+            next_link: 0,
             stash: Vec::new(),
             polls: Vec::new(),
             taskrun_flag,
@@ -156,10 +165,11 @@ impl UringEngine {
     fn reap_apart(&mut self, ops: &mut Vec<Event>, polls: &mut Vec<Event>) {
         for cqe in self.ring.completion() {
             let token = cqe.user_data();
-            if token == CANCEL_TAG {
+            if token == CANCEL_TAG || token & LINK_TAG == LINK_TAG {
                 continue;
             }
             if let Some((fd, keep)) = self.ops.remove(&token) {
+                self.links.remove(&token);
                 // The kernel is done with the memory: the `Keep` may go.
                 drop(keep);
                 if let Some(n) = self.ops_on.get_mut(&fd) {
@@ -345,9 +355,41 @@ impl Engine for UringEngine {
         token: u64,
         keep: Keep,
     ) -> bool {
+        // A POLL_ADD for POLLIN linked ahead: received only once the socket
+        // is readable by poll's rules, as the readiness path does. A
+        // receive tried at once, or after io_uring's own poll (which also
+        // wakes for POLLPRI), would step over urgent data waiting alone at
+        // the mark, and TCP then drops the mark: the program's MSG_OOB
+        // receive would find nothing. The poll's own completion is
+        // ignored (not SKIP_SUCCESS: with it, a failed link posts no
+        // completion for the receive); both go in one submission.
+        if self.ops.contains_key(&token) {
+            return false;
+        }
+        let free = {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if free < 2 && self.enter(0).is_err() {
+            return false;
+        }
+        self.next_link = (self.next_link + 1) & !(0xf << 60);
+        let tag = LINK_TAG | self.next_link;
+        let poll = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(tag);
+        // SAFETY: a poll names no memory.
+        if unsafe { self.push(poll) }.is_err() {
+            return false;
+        }
         let sqe = opcode::Recv::new(types::Fd(fd), buf, len).build();
         // SAFETY: the caller keeps the buffer mapped while `keep` lives.
-        unsafe { self.push_op(fd, sqe, token, keep) }
+        if !unsafe { self.push_op(fd, sqe, token, keep) } {
+            return false;
+        }
+        self.links.insert(token, tag);
+        true
     }
 
     fn settle(&mut self, token: u64) -> Option<i32> {
@@ -357,14 +399,13 @@ impl Engine for UringEngine {
         if !self.ops.contains_key(&token) {
             return None;
         }
-        // SAFETY: a cancel names no memory.
-        let _ = unsafe {
-            self.push(
-                opcode::AsyncCancel::new(token)
-                    .build()
-                    .user_data(CANCEL_TAG),
-            )
-        };
+        // The poll ahead of it (a receive still waiting there is then
+        // cancelled with it), and the operation itself.
+        let head = self.links.get(&token).copied();
+        for t in head.into_iter().chain([token]) {
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(opcode::AsyncCancel::new(t).build().user_data(CANCEL_TAG)) };
+        }
         let until = Instant::now() + SETTLE_WAIT;
         let mut got = Vec::new();
         let mut polls = std::mem::take(&mut self.polls);
