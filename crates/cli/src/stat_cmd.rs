@@ -432,12 +432,13 @@ fn total_row(cells: Vec<String>) -> Vec<String> {
 fn server_lines(v: &Value, socket: &Path) -> String {
     let server = &v["server"];
     let mut out = format!(
-        "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached\n",
+        "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached; {} system calls\n",
         num(server, "pid"),
         socket.display(),
         num(server, "hosts_attached"),
         num(server, "hosts_refused"),
         num(server, "hosts_detached"),
+        num(server, "syscalls"),
     );
     let hidden = num(v, "hidden_hosts");
     if hidden > 0 {
@@ -558,7 +559,7 @@ fn balance_section(v: &Value, hosts: &[&Value]) -> String {
         rows.push(r);
     }
     let mut total = total_row(vec![conns(&v["total"]["counters"])]);
-    total.extend(std::iter::repeat(String::new()).take(4));
+    total.extend(std::iter::repeat_n(String::new(), 4));
     rows.push(total);
     let mut out = String::from("\n");
     out.push_str(&table(

@@ -403,7 +403,7 @@ mod tests {
 
     #[test]
     fn direct_gen_is_no_socket_generation() {
-        assert!(DIRECT_GEN > crate::token::GEN_MASK);
+        const { assert!(DIRECT_GEN > crate::token::GEN_MASK) };
     }
 
     #[test]

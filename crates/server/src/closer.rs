@@ -25,6 +25,7 @@ static WAITING: AtomicUsize = AtomicUsize::new(0);
 /// off the calling thread if its close could block. An ordinary close
 /// (`may_linger` false) is a plain close with no extra system call.
 pub fn close_socket(fd: OwnedFd, may_linger: bool) {
+    crate::sys::count(1); // the close, here or on a closer thread
     if !may_linger || !crate::sys::lingers(fd.as_raw_fd()) {
         return drop(fd);
     }

@@ -34,7 +34,10 @@ pub struct Host {
     pub id: u64,
     pub pid: u32,
     pub uid: u32,
-    pub region: Region,
+    /// Shared with operations in flight that read or write it (a receive
+    /// into a ring, `Engine::submit_recv`): unmapped after the last one
+    /// completed, also when the host went away before.
+    pub region: std::sync::Arc<Region>,
     /// The server's own copy of the geometry: never re-read from shared memory.
     pub layout: Layout,
     pub cursors: Vec<ServerCursor>,
@@ -132,7 +135,7 @@ impl Host {
             uid: h.uid,
             cursors: vec![ServerCursor::default(); layout.n_channels as usize],
             layout,
-            region: h.region,
+            region: std::sync::Arc::new(h.region),
             control: h.control,
             doorbell: h.doorbell,
             host_doorbell: Default::default(),
@@ -269,6 +272,15 @@ pub struct Sock {
     /// The host holds this open file description too (adopted or
     /// duplicated): blocking calls on it are guarded (`guard`).
     pub host_held: Option<HostHeld>,
+    /// The number of the send the engine executes for the front of
+    /// `writers` (`calls::sendq::uring`), while it is in flight.
+    pub send_op: Option<u8>,
+    /// The number of the receive into its receive ring the engine executes
+    /// (`calls::eager::recv`), while it is in flight.
+    pub recv_op: Option<u8>,
+    /// Numbers the engine's operations on this socket (`Token::Sent`,
+    /// `Token::Received`).
+    pub op_seq: u8,
 }
 
 impl Sock {
@@ -294,6 +306,9 @@ impl Sock {
             policy: crate::config::EagerPolicy::default(),
             eager: Eager::None,
             host_held: None,
+            send_op: None,
+            recv_op: None,
+            op_seq: 0,
         }
     }
 
@@ -309,13 +324,16 @@ impl Sock {
         // readability, so POLLIN is wanted only while it reads ahead; parked
         // calls and polls get theirs from the ring or the pull buffer.
         let ahead = self.eager.is_active();
-        if ahead && self.eager.wants_readable() {
+        // A receive in flight into the ring waits for data by itself.
+        if ahead && self.eager.wants_readable() && self.recv_op.is_none() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
         if !ahead && !self.readers.is_empty() {
             m |= (libc::POLLIN | libc::POLLRDHUP) as u32;
         }
-        if !self.writers.is_empty() {
+        // A send in flight at the engine completes by itself: no
+        // readiness is wanted for it (nor for the calls behind it).
+        if !self.writers.is_empty() && self.send_op.is_none() {
             m |= libc::POLLOUT as u32;
         }
         // A poll is woken only by what would answer it: the kernel
@@ -449,6 +467,7 @@ impl HostStats {
     /// Counts whom a ring publish found waiting (`tcps_proto::eager::Woke`).
     pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
         self.wakes += u64::from(w.thread);
+        crate::sys::count(u64::from(w.thread));
         self.bell_wants += u64::from(w.bell);
         self.bells_owed |= w.bells;
     }

@@ -307,8 +307,13 @@ pub fn export(
         return (reply(libc::EBUSY), None);
     }
     // A ring or pull buffer holding bytes (connections) the host has not
-    // taken: those would be lost.
+    // taken: those would be lost. (A receive in flight into the ring is
+    // settled first: what it got counts.)
+    let settled = crate::calls::eager::ringop::settle(cx, host, id);
     if !handover::release_for_export(host, id) {
+        if settled {
+            crate::calls::eager::sweep::advance(cx, host, id);
+        }
         return (reply(libc::EBUSY), None);
     }
     match crate::calls::take_for_export(cx, host, id) {

@@ -323,6 +323,13 @@ fn server_families(out: &mut String, r: &Value) {
         "Hosts that detached.",
         &[(String::new(), num(&r["server"]["hosts_detached"]))],
     );
+    family(
+        out,
+        "tcps_server_syscalls_total",
+        "counter",
+        "System calls the TCP server's workers made (io_uring_enter counted once per enter).",
+        &[(String::new(), num(&r["server"]["syscalls"]))],
+    );
 }
 
 /// Balancing (`crate::balance`): hosts by the reason of their share (no
@@ -518,6 +525,7 @@ mod tests {
         assert!(text.contains("tcps_round_trips_total 0\n"));
         assert!(text.contains("# TYPE tcps_recv_ring_bytes gauge\n"));
         assert!(text.contains("tcps_hosts_attached 0\n"));
+        assert!(text.contains("# TYPE tcps_server_syscalls_total counter\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = line.rsplit_once(' ').expect("name value");
             assert!(value.parse::<u64>().is_ok(), "{line}");

@@ -26,8 +26,11 @@ struct Mapping {
 }
 
 // SAFETY: the mapping is shared memory owned by this value; the worker that
-// owns the host is the only thread using it.
+// owns the host is the only thread using it (an operation in flight only
+// keeps it mapped: `Registry::keep`).
 unsafe impl Send for Mapping {}
+// SAFETY: as above; nothing is read or written through `&Mapping`.
+unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
     fn drop(&mut self) {
@@ -38,7 +41,9 @@ impl Drop for Mapping {
 }
 
 struct Entry {
-    map: Mapping,
+    /// Shared with operations in flight (`keep`): unmapped when the last
+    /// of them completed, also after the registration or host went away.
+    map: std::sync::Arc<Mapping>,
     /// Parked or queued calls pointing into the mapping.
     in_use: u32,
 }
@@ -123,10 +128,10 @@ impl Registry {
         }
         self.mapped += len;
         self.entries[h] = Some(Entry {
-            map: Mapping {
+            map: std::sync::Arc::new(Mapping {
                 base,
                 len: len as usize,
-            },
+            }),
             in_use: 0,
         });
         Ok(())
@@ -174,6 +179,14 @@ impl Registry {
         if let Some(Some(e)) = self.entries.get_mut(handle as usize) {
             e.in_use = e.in_use.saturating_sub(1);
         }
+    }
+
+    /// What keeps registration `handle` mapped while the kernel reads from
+    /// it after the call returned (an operation in flight,
+    /// `Engine::submit_send`).
+    pub fn keep(&self, handle: u16) -> Option<crate::engine::Keep> {
+        let e = self.entries.get(handle as usize)?.as_ref()?;
+        Some(Box::new(e.map.clone()))
     }
 
     pub fn count(&self) -> usize {

@@ -136,6 +136,7 @@ pub fn send_range(
     // SAFETY: sendfile between two open descriptors (the file is held by
     // the caller); `off` is ours.
     let n = unsafe { libc::sendfile(sfd, f, &mut off, count as usize) };
+    crate::sys::count(1);
     let e = last_errno();
     drop(guard);
     if n < 0 {

@@ -164,6 +164,9 @@ struct BoardInner {
     /// Counters of the hosts that detached, summed.
     detached: HostStats,
     detached_hosts: u64,
+    /// System calls the workers made (`sys::count`; io_uring_enter once
+    /// per enter), added at each publish.
+    syscalls: u64,
 }
 
 impl Board {
@@ -177,9 +180,11 @@ impl Board {
                 (who, h.stats.clone(), depths(h), h.balance.view())
             })
             .collect();
+        let syscalls = crate::sys::take_count();
         let Ok(mut b) = self.inner.lock() else {
             return;
         };
+        b.syscalls += syscalls;
         for ((id, pid, uid), stats, depths, balance) in snaps {
             b.live
                 .entry(id)
@@ -205,9 +210,11 @@ impl Board {
     /// `host` detached (or the server stops): its final counters go into
     /// the detached totals and its entry goes away.
     pub fn detach(&self, host: &Host) {
+        let syscalls = crate::sys::take_count();
         let Ok(mut b) = self.inner.lock() else {
             return;
         };
+        b.syscalls += syscalls;
         b.live.remove(&host.id);
         add_stats(&mut b.detached, &host.stats);
         b.detached_hosts += 1;
@@ -365,6 +372,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
             "hosts_attached": attached,
             "hosts_refused": refused,
             "hosts_detached": b.detached_hosts,
+            "syscalls": b.syscalls,
         },
         "viewer": { "uid": uid, "sees_all_hosts": sees_all },
         "hosts": hosts,

@@ -11,7 +11,26 @@ pub fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
+thread_local! {
+    /// System calls this thread made since `take_count` last looked.
+    static SYSCALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts `n` system calls of this thread (the wrappers here count
+/// themselves; the engines count each `io_uring_enter` / epoll call, and
+/// futex wakes and closes are counted where they are made). A worker's
+/// count reaches `tcps stat` when it publishes (`stats::Board::publish`).
+pub fn count(n: u64) {
+    SYSCALLS.with(|c| c.set(c.get() + n));
+}
+
+/// This thread's system calls since the last look (and zero again).
+pub fn take_count() -> u64 {
+    SYSCALLS.with(|c| c.replace(0))
+}
+
 fn check(ret: libc::c_int) -> SysResult<libc::c_int> {
+    count(1);
     if ret < 0 {
         Err(errno())
     } else {
@@ -20,6 +39,7 @@ fn check(ret: libc::c_int) -> SysResult<libc::c_int> {
 }
 
 fn check_size(ret: isize) -> SysResult<usize> {
+    count(1);
     if ret < 0 {
         Err(errno())
     } else {
@@ -244,6 +264,7 @@ pub fn realtime_ns() -> u64 {
 /// stops (a socket handed back to a program).
 pub fn stamp_arrivals(fd: RawFd, on: bool) {
     let on = libc::c_int::from(on);
+    count(1);
     // SAFETY: an int option from a local.
     unsafe {
         libc::setsockopt(
@@ -265,6 +286,7 @@ pub fn arrival_ns(fd: RawFd) -> Option<u64> {
     // reports (and so clears) a pending error such as ECONNRESET, which
     // the receive that follows must still see. SIOCINQ leaves it alone.
     let mut queued: libc::c_int = 0;
+    count(1);
     // SAFETY: SIOCINQ writes one int into a local.
     if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) } != 0 || queued <= 0 {
         return None;
@@ -281,6 +303,7 @@ pub fn arrival_ns(fd: RawFd) -> Option<u64> {
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    count(1);
     // SAFETY: `msg` points at a local byte, iovec and control buffer.
     let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     if n <= 0 {
@@ -350,6 +373,7 @@ pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
 /// Writes one byte to a non-blocking pipe (rings it); EAGAIN (full) is fine.
 pub fn pipe_ring(fd: RawFd) {
     let one = [1u8];
+    count(1);
     // SAFETY: writing 1 byte from a valid buffer.
     unsafe { libc::write(fd, one.as_ptr() as *const libc::c_void, 1) };
 }
@@ -372,6 +396,7 @@ pub fn eventfd_drain(fd: RawFd) {
         iov_base: b.as_mut_ptr() as *mut libc::c_void,
         iov_len: 8,
     };
+    count(1);
     // SAFETY: one iovec over a valid 8-byte buffer; offset -1: no seek.
     let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
     if r >= 0 || errno() != libc::EOPNOTSUPP {

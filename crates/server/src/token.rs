@@ -27,6 +27,22 @@ pub enum Token {
     HostBell {
         host: usize,
     },
+    /// The completion of a send the engine executed (`calls::sendq::uring`):
+    /// socket `sock` of generation `gen`, its send number `seq`.
+    Sent {
+        host: usize,
+        sock: usize,
+        gen: u16,
+        seq: u8,
+    },
+    /// The completion of a receive into a socket's receive ring
+    /// (`calls::eager::received`): as `Sent`.
+    Received {
+        host: usize,
+        sock: usize,
+        gen: u16,
+        seq: u8,
+    },
 }
 
 const KIND_SOCKET: u64 = 1;
@@ -34,6 +50,8 @@ const KIND_CONTROL: u64 = 2;
 const KIND_DOORBELL: u64 = 3;
 const KIND_SHUTDOWN: u64 = 4;
 const KIND_HOST_BELL: u64 = 5;
+const KIND_SENT: u64 = 6;
+const KIND_RECEIVED: u64 = 7;
 
 pub const MAX_HOSTS_PER_WORKER: usize = 1 << 16;
 pub const MAX_SOCKETS_PER_HOST: usize = 1 << 24;
@@ -47,13 +65,19 @@ impl Token {
                 sock,
                 gen,
                 seq,
-            } => {
-                KIND_SOCKET << 60
-                    | (host as u64 & 0xffff) << 44
-                    | (sock as u64 & 0xff_ffff) << 20
-                    | ((gen & GEN_MASK) as u64) << 8
-                    | seq as u64
-            }
+            } => socket_bits(KIND_SOCKET, host, sock, gen, seq),
+            Token::Sent {
+                host,
+                sock,
+                gen,
+                seq,
+            } => socket_bits(KIND_SENT, host, sock, gen, seq),
+            Token::Received {
+                host,
+                sock,
+                gen,
+                seq,
+            } => socket_bits(KIND_RECEIVED, host, sock, gen, seq),
             Token::Control { host } => KIND_CONTROL << 60 | (host as u64 & 0xffff) << 44,
             Token::Doorbell => KIND_DOORBELL << 60,
             Token::Shutdown => KIND_SHUTDOWN << 60,
@@ -70,6 +94,18 @@ impl Token {
                 gen: ((v >> 8) & GEN_MASK as u64) as u16,
                 seq: v as u8,
             },
+            KIND_SENT => Token::Sent {
+                host,
+                sock: ((v >> 20) & 0xff_ffff) as usize,
+                gen: ((v >> 8) & GEN_MASK as u64) as u16,
+                seq: v as u8,
+            },
+            KIND_RECEIVED => Token::Received {
+                host,
+                sock: ((v >> 20) & 0xff_ffff) as usize,
+                gen: ((v >> 8) & GEN_MASK as u64) as u16,
+                seq: v as u8,
+            },
             KIND_CONTROL => Token::Control { host },
             KIND_DOORBELL => Token::Doorbell,
             KIND_SHUTDOWN => Token::Shutdown,
@@ -77,6 +113,15 @@ impl Token {
             _ => return None,
         })
     }
+}
+
+/// The bits of a token that names one socket of one host.
+fn socket_bits(kind: u64, host: usize, sock: usize, gen: u16, seq: u8) -> u64 {
+    kind << 60
+        | (host as u64 & 0xffff) << 44
+        | (sock as u64 & 0xff_ffff) << 20
+        | ((gen & GEN_MASK) as u64) << 8
+        | seq as u64
 }
 
 #[cfg(test)]
@@ -99,6 +144,18 @@ mod tests {
                 seq: 0,
             },
             Token::Control { host: 7 },
+            Token::Received {
+                host: 4,
+                sock: 6,
+                gen: 1,
+                seq: 255,
+            },
+            Token::Sent {
+                host: 3,
+                sock: 5,
+                gen: 0xabc,
+                seq: 9,
+            },
             Token::HostBell { host: 9 },
             Token::Doorbell,
             Token::Shutdown,

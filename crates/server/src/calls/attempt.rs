@@ -7,6 +7,7 @@ use super::eager::pullbuf::{PullEnd, PullTake};
 use super::eager::ring::Eager;
 use super::eager::{self, pull, setup};
 use super::sendq::queue;
+use super::sendq::uring::Submit;
 use crate::admission;
 use crate::guard;
 use crate::host::{Host, Parked};
@@ -147,6 +148,15 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
     // the listener's owner (`guard`).
     let _guard = matches!(p.call, Call::Accept { .. }).then(|| guard::Guard::accept(held));
     if let Some(job) = &p.job {
+        if host
+            .sockets
+            .get(sid as usize)
+            .is_some_and(|s| s.send_op.is_some())
+        {
+            // The front job is being sent by the engine (only the front is
+            // ever tried): its completion moves it on, not this try.
+            return Step::Again;
+        }
         if let Some(e) = queue::job_error(host, job) {
             return Step::Done(Err(e));
         }
@@ -156,7 +166,16 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         Call::Recv { flags, .. } | Call::RecvReg { flags, .. } => {
             try_recv(cx, host, sid, fd, p, flags)
         }
-        Call::Send { flags, .. } | Call::SendReg { flags, .. } => try_send(host, fd, p, flags),
+        Call::Send { flags, .. } | Call::SendReg { flags, .. } => {
+            if p.job.is_some() {
+                match super::sendq::uring::submit(cx, host, sid, p, flags) {
+                    Submit::Syscall => {}
+                    Submit::InFlight => return Step::Again,
+                    Submit::Done(res) => return Step::Done(res),
+                }
+            }
+            try_send(host, fd, p, flags)
+        }
         Call::SendFile { .. } => {
             super::sendq::file::attempt(host, sid, p).map_or(Step::Again, Step::Done)
         }

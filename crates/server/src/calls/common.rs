@@ -81,6 +81,7 @@ pub fn wake_owed(host: &mut Host) {
     for ch in std::mem::take(&mut host.wakes_owed) {
         if let Some(chan) = host.region.channel(ch) {
             host.stats.wakes += 1;
+            sys::count(1);
             ServerCursor::wake_host(&chan);
         }
     }

@@ -30,8 +30,10 @@ pub(crate) mod sendq;
 pub use blocking::on_socket_ready;
 pub(crate) use close::{close_all, take_for_export};
 pub use common::{complete, wake_owed, Ctx, Res, TimerKey, Timers};
+pub use eager::sweep::on_received;
 pub use sendq::poll_queues;
 pub use sendq::queue::prepare_sleep;
+pub use sendq::sent::on_sent;
 
 use crate::host::Host;
 use crate::sys;
@@ -177,7 +179,14 @@ fn execute(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, call: Call) -> Res {
             value,
         } => {
             options::note_linger(host, sock, level, name);
-            options::setsockopt(host, ch, sock, level, name, value)
+            // A receive ring about to stop takes what is in flight first.
+            let settled =
+                eager::setup::is_tcps_level(level) && eager::ringop::settle(cx, host, sock);
+            let r = options::setsockopt(host, ch, sock, level, name, value);
+            if settled {
+                eager::sweep::advance(cx, host, sock); // still receiving
+            }
+            r
         }
         Call::GetSockOpt {
             sock,

@@ -41,6 +41,7 @@ impl Engine for EpollEngine {
         } else {
             libc::EPOLL_CTL_ADD
         };
+        crate::sys::count(1);
         // SAFETY: ev is a valid epoll_event for the duration of the call.
         if unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), op, fd, &mut ev) } < 0 {
             return Err(io::Error::last_os_error());
@@ -51,6 +52,7 @@ impl Engine for EpollEngine {
 
     fn forget(&mut self, fd: RawFd, _token: u64) {
         if self.registered.remove(&fd) {
+            crate::sys::count(1);
             // SAFETY: removing a registration; the event pointer may be null for DEL.
             unsafe {
                 libc::epoll_ctl(
@@ -70,6 +72,7 @@ impl Engine for EpollEngine {
             // Round up so a sub-millisecond timer does not become a busy loop.
             Some(d) => d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
         };
+        crate::sys::count(1);
         // SAFETY: buf is a valid array of its length.
         let n = unsafe {
             libc::epoll_wait(
@@ -91,6 +94,7 @@ impl Engine for EpollEngine {
             out.push(Event {
                 token: ev.u64,
                 revents: ev.events,
+                res: 0,
             });
         }
         Ok(())

@@ -13,16 +13,38 @@ pub enum EngineKind {
     Epoll,
 }
 
-/// A readiness event: the token given to `arm` and the ready mask.
+/// A readiness event: the token given to `arm` and the ready mask; or the
+/// completion of an operation (`Engine::submit_send`): its token and the
+/// kernel's result in `res` (bytes, or `-errno`; `revents` is 0).
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
     pub token: u64,
     pub revents: u32,
+    pub res: i32,
+}
+
+/// What an operation in flight keeps alive until its completion has been
+/// reaped: the mapping the kernel reads from or writes into (a host that
+/// goes away meanwhile cannot unmap it under the kernel).
+pub type Keep = Box<dyn std::any::Any + Send>;
+
+/// A send the kernel executes after submission (io_uring `IORING_OP_SEND`,
+/// or `IORING_OP_SENDMSG` for more than one buffer): the buffers `msg`
+/// names on socket `fd`, waiting for room if need be.
+#[derive(Clone, Copy, Debug)]
+pub struct SendOp {
+    pub fd: RawFd,
+    pub msg: *const libc::msghdr,
+    pub flags: i32,
 }
 
 pub trait Engine: Send {
     fn arm(&mut self, fd: RawFd, token: u64, mask: u32) -> io::Result<()>;
-    /// Drops any armed wait on `fd` (armed with `token`); call before close.
+    /// Drops any armed wait on `fd` (armed with `token`) and cancels its
+    /// operations in flight (their completions still come, `-ECANCELED`
+    /// or their result, and until then their `Keep`s live); call before
+    /// close. Whatever is queued is submitted first, so an operation meets
+    /// its own socket, never a later one that reuses the number.
     fn forget(&mut self, fd: RawFd, token: u64);
     /// Submits pending work and collects events, waiting at most `timeout`
     /// (`None`: until an event).
@@ -40,5 +62,54 @@ pub trait Engine: Send {
     /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
     fn urgent_needs_pollin(&self) -> bool {
         false
+    }
+    /// Whether this engine executes sends itself (`submit_send`): io_uring
+    /// yes, epoll no (the worker then sends with a system call on
+    /// readiness: the same semantics, completion emulated by readiness).
+    fn submits_ops(&self) -> bool {
+        false
+    }
+    /// Queues `op` (submitted with the next batch); its completion comes
+    /// back from `wait` as an [`Event`] with `token` and `res`. `keep` is
+    /// dropped only after that. Returns `false` (nothing queued) where
+    /// `submits_ops` is false.
+    ///
+    /// # Safety
+    /// `op.msg`, its iovecs and the buffers they name must stay valid
+    /// while `keep` lives.
+    unsafe fn submit_send(&mut self, _op: SendOp, _token: u64, _keep: Keep) -> bool {
+        false
+    }
+    /// Queues a receive of at most `len` bytes into `buf` on socket `fd`
+    /// (io_uring `IORING_OP_RECV`; the kernel waits for data), completed
+    /// as `submit_send`'s. `false` where `submits_ops` is false.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay mapped and be written by nobody who
+    /// relies on it while `keep` lives.
+    unsafe fn submit_recv(
+        &mut self,
+        _fd: RawFd,
+        _buf: *mut u8,
+        _len: u32,
+        _token: u64,
+        _keep: Keep,
+    ) -> bool {
+        false
+    }
+    /// Cancels operation `token` and waits (briefly: a receive waiting for
+    /// data is cancelled at once) for its completion, which is returned
+    /// here instead of from `wait`: `Some(res)` (`-ECANCELED`, or what it
+    /// did before the cancel reached it), `None` if it was not in flight
+    /// or did not complete in time. For a state change that must not race
+    /// with the kernel writing (a receive ring about to stop). `wait` hands
+    /// out the completions of operations before readiness events, so one
+    /// reaped but not yet handled is never what a handler settles.
+    fn settle(&mut self, _token: u64) -> Option<i32> {
+        None
+    }
+    /// Operations submitted and not yet completed.
+    fn ops_in_flight(&self) -> usize {
+        0
     }
 }

@@ -11,13 +11,19 @@
 //! * After an event is delivered the descriptor is disarmed.
 //! * [`Engine::forget`] must be called before the descriptor is closed.
 //! * Events may be spurious; the worker always re-checks with a syscall.
+//!
+//! An engine may also execute the hot data path itself ([`Engine::submits_ops`]:
+//! io_uring): sends and receives submitted as operations, completed later
+//! as events carrying the result, holding what they name ([`Keep`]) until
+//! then; [`Engine::forget`] cancels them too. Where it does not (epoll),
+//! the worker does the same work with a system call on readiness.
 
 mod epoll;
 mod event;
 mod uring;
 
 pub use epoll::EpollEngine;
-pub use event::{Engine, EngineKind, Event};
+pub use event::{Engine, EngineKind, Event, Keep, SendOp};
 pub use uring::UringEngine;
 
 use std::io;

@@ -43,7 +43,13 @@ fn on_control_msg(
         ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
         ControlMsg::Deregister { handle } => host.registry.deregister(handle),
         ControlMsg::Fork { handle } => {
-            crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg))
+            let settled = crate::calls::eager::ringop::settle_all(cx, host);
+            let r = crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg));
+            // Rings the snapshot did not stop receive again.
+            for sid in settled {
+                crate::calls::eager::sweep::advance(cx, host, sid);
+            }
+            r
         }
         ControlMsg::Inherit { handle } => crate::inherit::claim(host, handle),
         ControlMsg::Reply { .. } | ControlMsg::Adopted { .. } => Err(libc::EINVAL),

@@ -422,6 +422,30 @@ impl Worker {
                     });
                 }
             }
+            Some(Token::Sent {
+                host: hkey,
+                sock,
+                gen,
+                seq,
+            }) => {
+                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
+                    guarded(host, "send completion", |h| {
+                        calls::on_sent(&mut cx, h, sock, gen, seq, ev.res)
+                    });
+                }
+            }
+            Some(Token::Received {
+                host: hkey,
+                sock,
+                gen,
+                seq,
+            }) => {
+                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
+                    guarded(host, "receive completion", |h| {
+                        calls::on_received(&mut cx, h, sock, gen, seq, ev.res)
+                    });
+                }
+            }
             Some(Token::Control { host: hkey }) => self.on_control(hkey),
             Some(Token::HostBell { host: hkey }) => {
                 // The host rang: its requests are taken by the next scan.

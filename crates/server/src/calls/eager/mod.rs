@@ -6,7 +6,8 @@
 //! Everything is driven by readiness: a socket that receives (accepts)
 //! eagerly stays armed for POLLIN in the engine; when it is readable the
 //! worker `recv(2)`s straight into the free span of the ring (no
-//! intermediate buffer) or `accept4`s and writes one `AcceptRecord` per
+//! intermediate buffer; with io_uring a receive ring instead always has a
+//! receive into its free span in flight, `ringop`) or `accept4`s and writes one `AcceptRecord` per
 //! connection, then publishes `tail` once. A full ring pauses (`paused = 1`,
 //! disarmed) until the host kicks (`Op::RecvKick`) or the periodic sweep
 //! sees room.
@@ -19,7 +20,8 @@
 //! Files, bottom up (each imports only files listed before it):
 //! `pullbuf` (the pull buffer type and its budget), `ring` (the per-socket
 //! state: what a socket does eagerly, the server's ring cursors), `recv`
-//! (receive rings), `pull` (pull sockets), `setup` (setup-with-accept and
+//! (receive rings), `ringop` (receive rings filled by io_uring receives,
+//! settled before they stop), `pull` (pull sockets), `setup` (setup-with-accept and
 //! the `SOL_TCPS` policy), `accept` (accept rings), this file ([`fill`]),
 //! `handover` (unbinding for close, exec and fork), `sweep` (kicks,
 //! resumes, the periodic sweep: above `blocking` and `poll`, which it
@@ -31,6 +33,7 @@ pub(crate) mod pull;
 pub(crate) mod pullbuf;
 pub(crate) mod recv;
 pub(crate) mod ring;
+pub(crate) mod ringop;
 pub(crate) mod setup;
 pub(crate) mod sweep;
 
@@ -38,8 +41,8 @@ use super::common::Ctx;
 use crate::host::Host;
 use accept::fill_accept;
 use pull::fill_pull;
-use recv::fill_recv;
 use ring::Eager;
+use ringop::fill_ring;
 
 /// Reads (accepts) ahead as far as the ring / buffer allows. Returns
 /// whether anything was published (parked polls should look again).
@@ -49,7 +52,7 @@ pub(crate) fn fill(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
     };
     match s.eager {
         Eager::None => false,
-        Eager::Recv(_) => fill_recv(host, sid),
+        Eager::Recv(_) => fill_ring(cx, host, sid),
         Eager::Pull(_) => fill_pull(host, sid),
         Eager::Accept(_) => fill_accept(cx, host, sid),
     }

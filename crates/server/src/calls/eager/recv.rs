@@ -57,29 +57,18 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
         return false;
     };
     let size = ring.size();
-    let threshold = pause_threshold(size);
     let start = st.tail;
     let (mut used, c) = ring.look(st.tail, st.consumed, 1);
     st.consumed = c;
     let was_empty = used == 0;
     let mut end = None;
     loop {
-        let free = size - used;
         if st.tail.wrapping_sub(start) >= FILL_BUDGET_RINGS * size {
             break; // budget spent: the socket stays armed and comes back
         }
-        if free < threshold {
-            // Pause: publish, then `paused = 1; fence; re-read head`
-            // (the lost-kick handshake, `RecvRingProducer::pause`).
-            (used, st.consumed) = ring.pause(st.tail, st.consumed, 1);
-            if size - used >= threshold {
-                ring.unpause();
-                continue;
-            }
-            st.paused = true;
-            note_paused(eager_paused, sid);
+        let Some(free) = room_or_pause(&ring, st, &mut used, eager_paused, sid) else {
             break;
-        }
+        };
         // An urgent byte that came alone is the host's `MSG_OOB` request's.
         let alone = sys::urgent_byte_alone(fd);
         if alone != Ok(false) {
@@ -114,6 +103,49 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
             }
         }
     }
+    let moved = st.tail != start || end.is_some();
+    publish(&ring, st, stats, arrivals, moved, was_empty, end);
+    moved
+}
+
+/// The free room of ring `st` holding `used` bytes; `None` when it has
+/// less than the pause threshold even after re-reading the host's `head`:
+/// then it paused (publish, then `paused = 1; fence; re-read head`: the
+/// lost-kick handshake, `RecvRingProducer::pause`), the host kicks.
+pub(crate) fn room_or_pause(
+    ring: &RecvRingProducer,
+    st: &mut RecvRing,
+    used: &mut u32,
+    paused: &mut Vec<u32>,
+    sid: u32,
+) -> Option<u32> {
+    let size = ring.size();
+    let threshold = pause_threshold(size);
+    if size - *used >= threshold {
+        return Some(size - *used);
+    }
+    (*used, st.consumed) = ring.pause(st.tail, st.consumed, 1);
+    if size - *used >= threshold {
+        ring.unpause();
+        return Some(size - *used);
+    }
+    st.paused = true;
+    note_paused(paused, sid);
+    None
+}
+
+/// Publishes what a fill `moved` (bytes up to `st.tail`, and `end`): an
+/// end is kept, a ring that was empty is numbered readable, and `tail`
+/// stored (waking a host thread that sleeps on the ring).
+pub(crate) fn publish(
+    ring: &RecvRingProducer,
+    st: &mut RecvRing,
+    stats: &mut crate::host::HostStats,
+    arrivals: &mut u32,
+    moved: bool,
+    was_empty: bool,
+    end: Option<Result<(), i32>>,
+) {
     if let Some(e) = end {
         st.ended = true;
         st.end = Some(match e {
@@ -121,7 +153,6 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
             Err(e) => PullEnd::Error(e),
         });
     }
-    let moved = st.tail != start || end.is_some();
     if moved && was_empty {
         // Readable from now on: numbered in the order observed (hosts
         // report readiness in that order, `docs/PROTOCOL.md` §10).
@@ -131,7 +162,6 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     if moved {
         stats.count_woke(ring.publish(st.tail, end));
     }
-    moved
 }
 
 /// Stops socket `sid` receiving ahead into its receive ring (its policy

@@ -3,8 +3,9 @@
 //! once) and the eager policy as `SOL_TCPS` socket options.
 
 use super::pull::{fill_pull, start_pull};
-use super::recv::{bind_recv, fill_recv, stop_ring};
+use super::recv::{bind_recv, stop_ring};
 use super::ring::Eager;
+use super::ringop::fill_ring;
 use crate::calls::common::{rearm, Ctx, Res};
 use crate::calls::sendq::queue;
 use crate::config::{EagerPolicy, EagerRecv};
@@ -47,7 +48,7 @@ pub(crate) fn setup_accepted(
             EagerRecv::Off => SETUP_RECV_PLAIN,
             EagerRecv::Pull => {
                 start_pull(host, id);
-                fill_new(host, id);
+                fill_new(cx, host, id);
                 let hkey = cx.hkey;
                 if let Some(s) = host.any_socket_mut(id) {
                     rearm(cx.engine, hkey, id, s);
@@ -66,7 +67,7 @@ pub(crate) fn setup_accepted(
         _ => SETUP_RECV_PLAIN,
     };
     if policy.recv != EagerRecv::Off {
-        fill_new(host, id);
+        fill_new(cx, host, id);
         let hkey = cx.hkey;
         if let Some(s) = host.any_socket_mut(id) {
             rearm(cx.engine, hkey, id, s);
@@ -193,9 +194,9 @@ pub(crate) fn is_tcps_level(level: i32) -> bool {
 
 /// Receives ahead on a connection just set up: into its receive ring or
 /// its pull buffer (a new connection has no accept ring).
-fn fill_new(host: &mut Host, id: u32) -> bool {
+fn fill_new(cx: &mut Ctx<'_>, host: &mut Host, id: u32) -> bool {
     match host.sockets.get(id as usize).map(|s| &s.eager) {
-        Some(Eager::Recv(_)) => fill_recv(host, id),
+        Some(Eager::Recv(_)) => fill_ring(cx, host, id),
         Some(Eager::Pull(_)) => fill_pull(host, id),
         _ => false,
     }

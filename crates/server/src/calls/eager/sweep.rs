@@ -35,6 +35,24 @@ pub(crate) fn advance(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
     }
 }
 
+/// `Token::Received`: receive `seq` into socket `sid`'s ring (generation
+/// `gen`) completed with `res` (bytes, 0 at EOF, or `-errno`): published,
+/// polls look again, and the next receive is submitted (`advance`).
+pub fn on_received(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8, res: i32) {
+    let sid = sid as u32;
+    let Some(s) = host.any_socket_mut(sid) else {
+        return; // closed: the receive was cancelled
+    };
+    if s.gen != gen || s.recv_op != Some(seq) {
+        return;
+    }
+    s.recv_op = None;
+    if super::ringop::received(host, sid, res) {
+        recheck_pollers(host, sid);
+    }
+    advance(cx, host, sid);
+}
+
 pub(crate) fn recheck_pollers(host: &mut Host, sid: u32) {
     let pollers: Vec<usize> = host
         .sockets

@@ -21,12 +21,16 @@
 
 //!
 //! `queue` holds a queue's state and handshakes; `file` runs file ranges
-//! (`DESC_FILE`, an asynchronous sendfile); this file takes what the
+//! (`DESC_FILE`, an asynchronous sendfile, kept a synchronous sendfile(2)
+//! per try); `uring` hands byte ranges to the engine and `sent` takes its
+//! completions (where the engine executes sends); this file takes what the
 //! host published and drives it (above `blocking`, whose write queue the
 //! jobs join).
 
 pub(crate) mod file;
 pub(crate) mod queue;
+pub(crate) mod sent;
+pub(crate) mod uring;
 
 use super::blocking::drive_writers;
 use super::common::{rearm, Ctx};

@@ -1,0 +1,74 @@
+//! The completion of a send the engine executed (`sendq::uring`): the
+//! jobs at the front of the socket's write queue move on by what the kernel
+//! sent, in order; finished (all sent, or failed: `finish_job` as for a
+//! system call's error) they leave the queue and the next send is
+//! submitted; short, the rest is submitted at once.
+
+use super::super::blocking::drive_writers;
+use super::super::common::{rearm, Ctx};
+use super::super::finish::finish;
+use crate::host::Host;
+use tcps_proto::msg::Call;
+
+/// `Token::Sent`: send `seq` of socket `sid` (generation `gen`) completed
+/// with `res` (bytes sent, or `-errno`).
+pub fn on_sent(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8, res: i32) {
+    let sid = sid as u32;
+    let Some(s) = host.any_socket_mut(sid) else {
+        return; // its host closed it (the send was cancelled)
+    };
+    if s.gen != gen || s.send_op != Some(seq) {
+        return;
+    }
+    s.send_op = None;
+    if res > 0 {
+        advance_jobs(host, sid, res as usize);
+    } else if res == 0 || res == -libc::EAGAIN || res == -libc::EINTR {
+        // Not expected without MSG_DONTWAIT: wait for readiness, then
+        // submit again (never a loop of failing submissions).
+        if let Some(s) = host.any_socket_mut(sid) {
+            rearm(cx.engine, cx.hkey, sid, s);
+        }
+        return;
+    } else if let Some(p) = host.any_socket_mut(sid).and_then(|s| s.writers.pop_front()) {
+        // The front job fails (as a system call's error would fail it);
+        // the jobs behind it fail with its queue's error when tried.
+        finish(host, &p, Err(-res));
+    }
+    // The next jobs (or the rest of these) go now; a closing socket whose
+    // queue is empty closes.
+    drive_writers(cx, host, sid);
+    let hkey = cx.hkey;
+    if let Some(s) = host.any_socket_mut(sid) {
+        rearm(cx.engine, hkey, sid, s);
+    }
+}
+
+/// `n` bytes of socket `sid`'s stream went: they finish the byte jobs at
+/// the front of its write queue in order; the last one they reach without
+/// finishing it goes on from there.
+fn advance_jobs(host: &mut Host, sid: u32, mut n: usize) {
+    while n > 0 {
+        let Some(mut p) = host.any_socket_mut(sid).and_then(|s| s.writers.pop_front()) else {
+            return;
+        };
+        let Call::SendReg { data, .. } = p.call else {
+            // Not a byte job (never in a send): untouched.
+            if let Some(s) = host.any_socket_mut(sid) {
+                s.writers.push_front(p);
+            }
+            return;
+        };
+        let total = data.len as usize;
+        let k = n.min(total.saturating_sub(p.progress));
+        p.progress += k;
+        n -= k;
+        host.stats.bytes_sent += k as u64;
+        if p.progress >= total {
+            finish(host, &p, Ok((total as i64, 0)));
+        } else if let Some(s) = host.any_socket_mut(sid) {
+            s.writers.push_front(p);
+            return;
+        }
+    }
+}
