@@ -72,6 +72,39 @@ def throughput(res, out):
         plt.close(fig)
 
 
+def balance(res, out):
+    """Throughput vs offered load of Regular, `all` without balancing and
+    `all` with it, one panel per workload (balance.png)."""
+    keep = {"regular": "C0", "all-nobalance": "C1", "all": "C2"}
+    wls = [w for w in res["workloads"]
+           if any(c["variant"] in keep for c in curves_of(res, w["id"]))]
+    if not wls:
+        return
+    cols = min(3, len(wls))
+    rows = (len(wls) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, w in zip(axes.flat, wls):
+        curves = [c for c in curves_of(res, w["id"]) if c["variant"] in keep]
+        paced_max = max((p["offered_rps"] for c in curves for p in c["points"]
+                         if p["offered_rps"]), default=1.0)
+        unpaced_x = paced_max * 1.15
+        for c in curves:
+            pts = sorted(c["points"], key=lambda p: p["offered_rps"] or unpaced_x)
+            ax.plot([p["offered_rps"] or unpaced_x for p in pts], [p["rps"] for p in pts],
+                    marker="o", ms=3, label=label_of(res, c["variant"]), color=keep[c["variant"]])
+        ax.set_title(w["label"], fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(wls):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.supxlabel("offered load (requests/s); rightmost point: unpaced", fontsize=9)
+    fig.supylabel("throughput (requests/s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "balance.png"), dpi=110)
+    plt.close(fig)
+
+
 def saturation_point(c):
     return max(c["points"], key=lambda p: p["rps"])
 
@@ -160,6 +193,7 @@ def main():
     throughput(res, out)
     cpu(res, out)
     ratios(res, out)
+    balance(res, out)
 
 
 if __name__ == "__main__":

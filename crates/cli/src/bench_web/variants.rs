@@ -106,9 +106,15 @@ fn eager_flags(on: &[&str]) -> Vec<String> {
 /// Every variant, available or not.
 pub fn all(f: &Features) -> Vec<Variant> {
     let eager_ok = f.server_flag("--eager-recv") && f.server_flag("--setup-with-accept");
-    // A tcps variant: web server mode, TCP server flags.
-    let tcps = |id, label, mode: &str, server_args: Vec<String>| {
-        let ok = f.mode(mode) && (server_args.is_empty() || eager_ok);
+    let balance_ok = f.server_flag("--balance");
+    // A tcps variant: web server mode, TCP server flags. Balancing is off
+    // (every connection offloaded) unless the variant asks for it
+    // (`balanced`): the mechanisms are measured alone.
+    let variant = |id, label, mode: &str, mut server_args: Vec<String>, balanced: bool| {
+        let ok = f.mode(mode) && (server_args.is_empty() || eager_ok) && (!balanced || balance_ok);
+        if balance_ok && !balanced {
+            server_args.extend(["--balance".to_string(), "off".to_string()]);
+        }
         let flags = server_args.join(" ");
         Variant {
             id,
@@ -118,10 +124,15 @@ pub fn all(f: &Features) -> Vec<Variant> {
             web_args: vec!["--mode".into(), mode.into()],
             note: if !f.mode(mode) {
                 format!("webserver --mode {mode} not available")
+            } else if balanced && !balance_ok {
+                "tcps server has no --balance (dynamic balancing)".into()
             } else if !ok {
                 "tcps server has no process-ahead flags".into()
             } else if flags.is_empty() {
-                format!("webserver --mode {mode}; tcps server defaults (all process-ahead on)")
+                format!(
+                    "webserver --mode {mode}; tcps server defaults (all process-ahead on, \
+                     balancing on)"
+                )
             } else {
                 format!("webserver --mode {mode}; tcps server {flags}")
             },
@@ -129,6 +140,9 @@ pub fn all(f: &Features) -> Vec<Variant> {
             available: ok,
             nginx: false,
         }
+    };
+    let tcps = |id, label, mode: &str, server_args: Vec<String>| {
+        variant(id, label, mode, server_args, false)
     };
     let mut v = vec![
         Variant {
@@ -170,10 +184,24 @@ pub fn all(f: &Features) -> Vec<Variant> {
         ),
         tcps("async-eaccept", "AsyncSend + EAccept", "async", eager_flags(&["--eager-accept", "on"])),
         tcps("async-setup", "AsyncSend + Setup", "async", eager_flags(&["--setup-with-accept", "on"])),
-        // ... and everything on (the TCP server's defaults).
+        // ... everything on but balancing ...
         tcps("ahead-all", "Sync + all process-ahead", "sync", vec![]),
-        tcps("all", "AsyncSend (reg.) + all process-ahead", "async-registered", vec![]),
+        tcps(
+            "all-nobalance",
+            "AsyncSend (reg.) + all process-ahead",
+            "async-registered",
+            vec![],
+        ),
+        // ... and the recommended configuration: every mechanism and
+        // dynamic host/server balancing (the TCP server's defaults).
+        variant("all", "all (+ balancing)", "async-registered", vec![], true),
     ];
+    v.push(nginx_variant(f));
+    v
+}
+
+/// The unmodified nginx started by `tcps run`.
+fn nginx_variant(f: &Features) -> Variant {
     let (available, note) = if !f.has_run {
         (
             false,
@@ -187,10 +215,10 @@ pub fn all(f: &Features) -> Vec<Variant> {
     } else {
         (
             true,
-            "the unmodified nginx (1 worker, sendfile on) started by `tcps run`; tcps server defaults",
+            "the unmodified nginx (1 worker, sendfile on) started by `tcps run`; tcps server defaults (balancing on)",
         )
     };
-    v.push(Variant {
+    Variant {
         id: "nginx",
         label: "nginx via tcps run",
         net: Net::Tcps,
@@ -200,8 +228,7 @@ pub fn all(f: &Features) -> Vec<Variant> {
         available,
         note: note.into(),
         nginx: true,
-    });
-    v
+    }
 }
 
 /// Variants selected by `--variants` (ids; empty = all).

@@ -50,8 +50,11 @@ pub struct UringEngine {
     ops: HashMap<u64, (RawFd, Keep)>,
     /// Operations in flight per descriptor (`forget` cancels them).
     ops_on: HashMap<RawFd, u32>,
-    /// The poll ahead of each receive in flight (its link's head).
+    /// The peek ahead of each receive in flight (its link's head).
     links: HashMap<u64, u64>,
+    /// Heads that failed (an error the peek got, e.g. ECONNRESET): the
+    /// receive behind is cancelled, and its completion reports this.
+    link_errors: HashMap<u64, i32>,
     next_link: u64,
     /// Completions reaped by `settle` for other operations, and polls
     /// that fired meanwhile, handed out by the next `wait` (operations
@@ -89,6 +92,7 @@ impl UringEngine {
             ops: HashMap::new(),
             ops_on: HashMap::new(),
             links: HashMap::new(),
+            link_errors: HashMap::new(),
             next_link: 0,
             stash: Vec::new(),
             polls: Vec::new(),
@@ -165,11 +169,27 @@ impl UringEngine {
     fn reap_apart(&mut self, ops: &mut Vec<Event>, polls: &mut Vec<Event>) {
         for cqe in self.ring.completion() {
             let token = cqe.user_data();
-            if token == CANCEL_TAG || token & LINK_TAG == LINK_TAG {
+            if token == CANCEL_TAG {
+                continue;
+            }
+            if token & LINK_TAG == LINK_TAG {
+                let r = cqe.result();
+                if r < 0 && r != -libc::ECANCELED {
+                    self.link_errors.insert(token, r);
+                }
                 continue;
             }
             if let Some((fd, keep)) = self.ops.remove(&token) {
-                self.links.remove(&token);
+                let mut res = cqe.result();
+                if let Some(head) = self.links.remove(&token) {
+                    // The head's CQE comes first: a receive cancelled
+                    // because its peek failed reports the peek's error.
+                    if let Some(e) = self.link_errors.remove(&head) {
+                        if res == -libc::ECANCELED {
+                            res = e;
+                        }
+                    }
+                }
                 // The kernel is done with the memory: the `Keep` may go.
                 drop(keep);
                 if let Some(n) = self.ops_on.get_mut(&fd) {
@@ -181,7 +201,7 @@ impl UringEngine {
                 ops.push(Event {
                     token,
                     revents: 0,
-                    res: cqe.result(),
+                    res,
                 });
                 continue;
             }
@@ -355,14 +375,16 @@ impl Engine for UringEngine {
         token: u64,
         keep: Keep,
     ) -> bool {
-        // A POLL_ADD for POLLIN linked ahead: received only once the socket
-        // is readable by poll's rules, as the readiness path does. A
-        // receive tried at once, or after io_uring's own poll (which also
-        // wakes for POLLPRI), would step over urgent data waiting alone at
-        // the mark, and TCP then drops the mark: the program's MSG_OOB
-        // receive would find nothing. The poll's own completion is
-        // ignored (not SKIP_SUCCESS: with it, a failed link posts no
-        // completion for the receive); both go in one submission.
+        // A one-byte MSG_PEEK receive linked ahead: the receive runs only
+        // once a byte of the normal stream (or the end) is there. A
+        // receive that waits by itself, or behind a POLL_ADD (io_uring
+        // trusts the wake-up's mask, and a socket wakes with POLLIN for an
+        // urgent byte too), would start at an urgent byte waiting alone at
+        // the mark and step over it, and TCP then drops the mark: the
+        // program's MSG_OOB receive would find nothing. A peek steps over
+        // it without consuming it and keeps waiting. The peek writes the
+        // byte the receive then overwrites. Its completion is ignored
+        // unless it failed (`link_errors`); both go in one submission.
         if self.ops.contains_key(&token) {
             return false;
         }
@@ -375,12 +397,15 @@ impl Engine for UringEngine {
         }
         self.next_link = (self.next_link + 1) & !(0xf << 60);
         let tag = LINK_TAG | self.next_link;
-        let poll = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32)
+        let peek = opcode::Recv::new(types::Fd(fd), buf, 1)
+            .flags(libc::MSG_PEEK)
             .build()
             .flags(squeue::Flags::IO_LINK)
             .user_data(tag);
-        // SAFETY: a poll names no memory.
-        if unsafe { self.push(poll) }.is_err() {
+        // SAFETY: the peek writes at most one byte at `buf`, which the
+        // caller keeps mapped with the receive (`keep`): the receive is
+        // cancelled or completes only after its head.
+        if unsafe { self.push(peek) }.is_err() {
             return false;
         }
         let sqe = opcode::Recv::new(types::Fd(fd), buf, len).build();
@@ -399,7 +424,7 @@ impl Engine for UringEngine {
         if !self.ops.contains_key(&token) {
             return None;
         }
-        // The poll ahead of it (a receive still waiting there is then
+        // The peek ahead of it (a receive still waiting there is then
         // cancelled with it), and the operation itself.
         let head = self.links.get(&token).copied();
         for t in head.into_iter().chain([token]) {

@@ -1,5 +1,5 @@
 //! Receive rings filled by the engine (io_uring's `IORING_OP_RECV`, behind
-//! a linked poll for POLLIN) instead of a `recv(2)` per readiness: one
+//! a linked one-byte MSG_PEEK, see `Engine::submit_recv`) instead of a `recv(2)` per readiness: one
 //! receive per ring in flight
 //! (`Sock::recv_op`), into the contiguous free span after `tail` (at most
 //! to the ring's end); its completion publishes what arrived and submits
