@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--out", default="docs/results/balance",
                     help="directory for step.csv and step.png")
     args = ap.parse_args()
+    args.balance = "on"  # the TCP server's default, and what is measured here
     os.makedirs(args.out, exist_ok=True)
     b = bp.Bench(args)
     rows, stop = [], threading.Event()

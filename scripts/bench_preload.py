@@ -19,7 +19,10 @@ the TCP server's CPU per request; round trips and wake-ups per request
 (`tcps stat --json` totals before/after: round_trips, wakes +
 doorbell_rings); p50/p99
 latency (ratio). `--repeat N` runs kernel and tcps alternately N times and
-reports medians. Loopback, no network namespace.
+reports medians. Loopback, no network namespace. The TCP server runs with
+`--balance off` (every connection offloaded: the offload is what is
+measured; `--balance on` lets busy-server periods hand new connections
+to the program as kernel sockets, see scripts/bench-balance-step.sh).
 
     scripts/bench-preload.sh [--secs S] [--repeat N] [--out FILE] [--only SUBSTR] [SECS]
 """
@@ -90,7 +93,8 @@ class Bench:
         self.port = 18600
         self.srv = subprocess.Popen(
             ["taskset", "-c", SRV_CPU, TCPS, "server", "--socket", self.sock,
-             "--cpus", SRV_CPU, "--poll", "adaptive"],
+             "--cpus", SRV_CPU, "--poll", "adaptive",
+             "--balance", getattr(args, "balance", "off")],
             stdout=open(os.path.join(self.dir, "server.log"), "w"), stderr=subprocess.STDOUT)
         for _ in range(200):
             if os.path.exists(self.sock):
@@ -392,6 +396,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="kernel/tcps rounds, alternating; medians")
     ap.add_argument("--out", help="also write the table (with the command) to this file")
     ap.add_argument("--only", help="run only the cases whose name contains this")
+    ap.add_argument("--balance", choices=["on", "off"], default="off",
+                    help="the TCP server's balancing (default off: every connection "
+                    "offloaded, which is what this measures; on: new connections may "
+                    "run directly on kernel sockets in the program when the server is busy)")
     ap.add_argument("seconds", nargs="?", type=int,
                     help="same as --secs (the script's older form: bench-preload.sh 5)")
     args = ap.parse_args()
