@@ -76,6 +76,14 @@ static const char *opt_root = ".";
 static size_t opt_send_size = 16384;
 static int opt_backlog = 1024;
 static int opt_quiet = 0;
+/* --take-direct: with --net tcps, serve the connections the TCP server's
+ * balancing hands over as kernel sockets (tcps_accept_any) with system
+ * calls; `conn_kernel` says whether this thread's connection is one. */
+static int opt_take_direct = 0;
+static __thread int conn_kernel = 0;
+
+/* The calls of this thread's connection: libc for a direct connection. */
+static const struct net_ops *conn_net(void);
 
 /* How response bytes are sent (--mode; see the top of the file). */
 enum send_mode { MODE_COPY, MODE_SYNC, MODE_ASYNC, MODE_ASYNC_REG };
@@ -125,6 +133,8 @@ static void warnx_(const char *fmt, ...)
  * reused at once), else the network's send. */
 static ssize_t send_call(int s, const void *p, size_t len, int flags)
 {
+    if (conn_kernel)
+        return kernel_ops.send(s, p, len, flags);
     if (opt_mode == MODE_ASYNC || opt_mode == MODE_ASYNC_REG)
         return tcps_send_async(s, p, len, flags);
     return net->send(s, p, len, flags);
@@ -160,7 +170,9 @@ static int send_registered_all(int s, const char *p, size_t len, int flags, tcps
 {
     while (len > 0) {
         ssize_t n;
-        if (opt_mode == MODE_ASYNC_REG)
+        if (conn_kernel)
+            n = kernel_ops.send(s, p, len, flags); /* a kernel socket copies */
+        else if (opt_mode == MODE_ASYNC_REG)
             n = tcps_send_async_registered(s, p, len, flags, mem, NULL);
         else
             n = tcps_send_registered(s, p, len, flags, mem);
@@ -718,7 +730,7 @@ static void serve_connection(struct worker *w, int s)
             }
             ssize_t n;
             do {
-                n = net->recv(s, buf + len, RECV_BUF_SIZE - len, 0);
+                n = conn_net()->recv(s, buf + len, RECV_BUF_SIZE - len, 0);
             } while (n < 0 && errno == EINTR && !atomic_load(&stopping));
             if (n <= 0)
                 break; /* closed by the peer, or an error */
@@ -741,9 +753,11 @@ static void serve_connection(struct worker *w, int s)
         skip = rq.content_length;
     }
     if (graceful)
-        net->shutdown(s, SHUT_WR);
-    net->close(s);
+        conn_net()->shutdown(s, SHUT_WR);
+    conn_net()->close(s);
 }
+
+static const struct net_ops *conn_net(void) { return conn_kernel ? &kernel_ops : net; }
 
 /* ------------------------------------------------------------------------ */
 /* Workers, listener, main.                                                  */
@@ -761,7 +775,12 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     while (!atomic_load(&stopping)) {
-        int s = net->accept(listen_fd, NULL, NULL);
+        int s;
+        conn_kernel = 0;
+        if (opt_take_direct)
+            s = tcps_accept_any(listen_fd, NULL, NULL, 0, &conn_kernel);
+        else
+            s = net->accept(listen_fd, NULL, NULL);
         if (s < 0) {
             int e = errno;
             if (atomic_load(&stopping))
@@ -922,6 +941,9 @@ static void usage(FILE *f)
             "                      from a registered buffer (sync) or with tcps_send_async\n"
             "                      (async modes). --net kernel takes only copy.\n"
             "  --cache-max BYTES   most bytes the registered cache holds (default 512 MiB)\n"
+            "  --take-direct       (--net tcps) take the connections the TCP server's\n"
+            "                      balancing hands over as kernel sockets and serve them\n"
+            "                      with system calls (tcps_accept_any)\n"
             "  --addr A            address to listen on, IPv4 or IPv6 (default 0.0.0.0)\n"
             "  --port P            port to listen on (default 8080; 0 picks a free one)\n"
             "  --threads N         worker threads; each accepts and serves one\n"
@@ -959,7 +981,7 @@ static long parse_num(const char *opt, const char *s, long min, long max)
 static void parse_args(int argc, char **argv)
 {
     enum { O_NET = 256, O_ADDR, O_PORT, O_THREADS, O_ROOT, O_SEND, O_BACKLOG, O_QUIET, O_MODE,
-           O_CACHE_MAX };
+           O_CACHE_MAX, O_TAKE_DIRECT };
     static const struct option longopts[] = {
         {"net", required_argument, NULL, O_NET},
         {"addr", required_argument, NULL, O_ADDR},
@@ -971,6 +993,7 @@ static void parse_args(int argc, char **argv)
         {"quiet", no_argument, NULL, O_QUIET},
         {"mode", required_argument, NULL, O_MODE},
         {"cache-max", required_argument, NULL, O_CACHE_MAX},
+        {"take-direct", no_argument, NULL, O_TAKE_DIRECT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -993,6 +1016,7 @@ static void parse_args(int argc, char **argv)
             break;
         case O_BACKLOG: opt_backlog = (int)parse_num("--backlog", optarg, 1, 65535); break;
         case O_QUIET: opt_quiet = 1; break;
+        case O_TAKE_DIRECT: opt_take_direct = 1; break;
         case O_MODE: {
             size_t i = 0;
             while (i < sizeof mode_names / sizeof mode_names[0] && strcmp(optarg, mode_names[i]))
@@ -1108,6 +1132,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "webserver: cannot attach to the tcps TCP server: %s%s%s\n", strerror(e),
                 why && *why ? ": " : "", why ? why : "");
         return 1;
+    }
+    if (opt_take_direct && (net != &tcps_ops || tcps_take_direct_connections() != 0)) {
+        fprintf(stderr, "webserver: --take-direct: %s\n",
+                net != &tcps_ops ? "needs --net tcps" : strerror(errno));
+        return 2;
     }
 
     if ((opt_mode == MODE_SYNC || opt_mode == MODE_ASYNC_REG) && cache_load() != 0)

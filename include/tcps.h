@@ -57,6 +57,16 @@ int tcps_listen(int s, int backlog);
 int tcps_accept(int s, struct sockaddr *addr, socklen_t *addrlen);
 /* flags: SOCK_NONBLOCK (SOCK_CLOEXEC is accepted and ignored). */
 int tcps_accept4(int s, struct sockaddr *addr, socklen_t *addrlen, int flags);
+/* Balancing (`tcps server --balance`): when the TCP server is the
+ * bottleneck and this process has idle CPU, the server may hand new
+ * connections over as kernel sockets ("direct"). A program that can serve
+ * a connection on a kernel socket with ordinary system calls asks for them
+ * once, then accepts with tcps_accept_any: it returns a tcps socket
+ * (*is_kernel = 0) or a kernel descriptor of this process (*is_kernel =
+ * 1; close it with close(2)). Without tcps_take_direct_connections, and
+ * with tcps_accept, every connection is a tcps socket. 0 or -1/errno. */
+int tcps_take_direct_connections(void);
+int tcps_accept_any(int s, struct sockaddr *addr, socklen_t *addrlen, int flags, int *is_kernel);
 int tcps_connect(int s, const struct sockaddr *addr, socklen_t addrlen);
 /* A blocking send sends everything (in chunks as large as the channel's
  * data arena); a non-blocking one may send less, or fail with EAGAIN. */

@@ -170,6 +170,25 @@ for set in "${ahead_sets[@]}"; do
   esac
   echo "   server ($flags): accepts_eager=$ea recvs_eager=$er"
 done
+# Balancing (issue 15): half of the connections forced direct; the web
+# server serves those on kernel sockets itself (--take-direct), same bytes.
+sock="$tmp/tcps-direct.sock"
+RUST_LOG=info "$tcps" server --socket "$sock" --balance-force-direct 50 2>"$tmp/server-direct.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || fail "tcps server (--balance-force-direct 50) did not start"
+for mode in sync async-registered; do
+  v="direct-$mode"
+  TCPS_SOCKET="$sock" run_variant "$v" examples/build/webserver --net tcps --mode "$mode" --take-direct
+  ahead_variants+=("$v")
+done
+for _ in $(seq 40); do [ "$(grep -c "host detached" "$tmp/server-direct.log")" -ge 2 ] && break; sleep 0.05; done
+direct=$(server_counter "$tmp/server-direct.log" accepts_direct)
+offl=$(server_counter "$tmp/server-direct.log" accepts_eager)
+[ "$direct" -gt 0 ] || fail "balancing: no connection was handed over directly"
+[ "$offl" -gt 0 ] || fail "balancing: no connection stayed offloaded"
+echo "   balancing (--balance-force-direct 50): accepts_direct=$direct accepts_eager=$offl"
+
 # With the defaults (everything on) the server processed ahead.
 for engine in uring epoll; do
   log="$tmp/server-$engine.log"

@@ -108,7 +108,7 @@ pub(crate) fn sock(s: c_int) -> io::Result<u32> {
 
 /// A new socket id as a C descriptor. Ids beyond `int` cannot be returned:
 /// close the socket and report EMFILE.
-fn new_fd(c: &Client, id: u32) -> io::Result<c_int> {
+pub(crate) fn new_fd(c: &Client, id: u32) -> io::Result<c_int> {
     c_int::try_from(id).map_err(|_| {
         let _ = c.close(id);
         errno(libc::EMFILE)
@@ -152,7 +152,7 @@ unsafe fn out_bytes<'a>(p: *mut libc::c_void, len: usize) -> io::Result<&'a mut 
 ///
 /// # Safety
 /// If non-NULL, `addrlen` must be valid and `addr` valid for `*addrlen` bytes.
-unsafe fn addr_out<'a>(
+pub(crate) unsafe fn addr_out<'a>(
     addr: *mut libc::sockaddr,
     addrlen: *mut libc::socklen_t,
 ) -> io::Result<&'a mut [u8]> {
@@ -169,7 +169,7 @@ unsafe fn addr_out<'a>(
 ///
 /// # Safety
 /// `addrlen` is NULL or valid for writes.
-unsafe fn set_len(addrlen: *mut libc::socklen_t, len: usize) {
+pub(crate) unsafe fn set_len(addrlen: *mut libc::socklen_t, len: usize) {
     if !addrlen.is_null() {
         // SAFETY: non-null, valid by the caller's contract.
         unsafe { *addrlen = len as libc::socklen_t };

@@ -23,6 +23,7 @@
 mod attach;
 pub mod capi;
 mod capi_async;
+mod capi_direct;
 mod capi_events;
 mod channel;
 mod client;

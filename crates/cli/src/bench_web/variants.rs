@@ -121,7 +121,12 @@ pub fn all(f: &Features) -> Vec<Variant> {
             label,
             net: Net::Tcps,
             host_cores_only: true,
-            web_args: vec!["--mode".into(), mode.into()],
+            web_args: if balanced && f.webserver_help.contains("--take-direct") {
+                // The web server serves handed-over connections itself.
+                vec!["--mode".into(), mode.into(), "--take-direct".into()]
+            } else {
+                vec!["--mode".into(), mode.into()]
+            },
             note: if !f.mode(mode) {
                 format!("webserver --mode {mode} not available")
             } else if balanced && !balance_ok {
