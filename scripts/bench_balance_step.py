@@ -5,7 +5,8 @@ The unmodified nginx (1 worker, sendfile on) runs through `tcps run` on
 CPU 0; `tcps server --cpus 1` (balancing on, its default) and the client
 (wrk, HTTP/1.0: a new connection per request, so each request is a new
 balancing decision) on CPU 1, where the server is the bottleneck once the
-load is high. Every 200 ms it samples `tcps stat --json`: the host's
+load is high; the light phases are two connections that wait 10 ms
+between requests (~200 requests/s), the overload 64 unpaced ones. Every 200 ms it samples `tcps stat --json`: the host's
 direct share, the reason, both loads, and the connections accepted so far
 (offloaded and direct). It prints the share over time, when it first moved
 up after the overload began and down after it ended, and how often it
@@ -19,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -34,8 +36,12 @@ def sample(b, host_pid):
     except ValueError:
         return None
     pids = set(bp.tree(host_pid))
-    for h in j.get("hosts", []):
-        if h.get("pid") in pids:
+    # nginx's master and worker are two hosts: the one that accepts.
+    hosts = [h for h in j.get("hosts", []) if h.get("pid") in pids]
+    accepts = lambda h: sum(h.get("counters", {}).get(k, 0) for k in  # noqa: E731
+                            ("accepts_eager", "accepts_on_demand", "accepts_direct"))
+    for h in sorted(hosts, key=lambda h: (accepts(h), h.get("pid")), reverse=True)[:1]:
+        if True:
             c, bal = h.get("counters", {}), h.get("balance", {})
             accepted = c.get("accepts_eager", 0) + c.get("accepts_on_demand", 0)
             return {
@@ -47,11 +53,19 @@ def sample(b, host_pid):
     return None
 
 
-def wrk(port, secs, conns, threads):
-    return subprocess.run(
-        ["taskset", "-c", bp.SRV_CPU, "wrk", f"-t{threads}", f"-c{conns}", f"-d{secs}s",
-         "-H", "Connection: close", f"http://127.0.0.1:{port}/16k.bin"],
-        capture_output=True, text=True).stdout
+def wrk(port, secs, conns, threads, pace_ms=0):
+    """wrk for `secs`, HTTP/1.0-style (a connection per request); with
+    `pace_ms` each connection waits that long between requests (a light,
+    open load; wrk's Lua `delay`)."""
+    cmd = ["taskset", "-c", bp.SRV_CPU, "wrk", f"-t{threads}", f"-c{conns}", f"-d{secs}s",
+           "-H", "Connection: close"]
+    if pace_ms:
+        script = os.path.join(tempfile.gettempdir(), f"tcps-step-{os.getpid()}.lua")
+        with open(script, "w") as f:
+            f.write(f"function delay() return {pace_ms} end\n")
+        cmd += ["-s", script]
+    cmd.append(f"http://127.0.0.1:{port}/16k.bin")
+    return subprocess.run(cmd, capture_output=True, text=True).stdout
 
 
 def flips(shares):
@@ -62,8 +76,8 @@ def flips(shares):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--light", type=float, default=6, help="seconds of light load, before and after")
-    ap.add_argument("--heavy", type=float, default=8, help="seconds of overload")
+    ap.add_argument("--light", type=int, default=6, help="seconds of light load, before and after")
+    ap.add_argument("--heavy", type=int, default=8, help="seconds of overload")
     ap.add_argument("--out", default="docs/results/balance",
                     help="directory for step.csv and step.png")
     args = ap.parse_args()
@@ -86,13 +100,13 @@ def main():
                 time.sleep(0.2)
         th = threading.Thread(target=sampler)
         th.start()
-        wrk(port, args.light, 1, 1)
+        wrk(port, args.light, 2, 1, pace_ms=10)
         phase[0] = "overload"
         t_heavy = time.time() - t0
         wrk(port, args.heavy, 64, 2)
         phase[0] = "light again"
         t_light = time.time() - t0
-        wrk(port, args.light, 1, 1)
+        wrk(port, args.light, 2, 1, pace_ms=10)
         stop.set()
         th.join()
         quit_app()
