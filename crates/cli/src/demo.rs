@@ -3,7 +3,9 @@
 //!
 //! 1. a temp dir with a few static files (a 16 KiB `index.html`);
 //! 2. `tcps server --socket <tmp>/tcps.sock --poll <poll>`;
-//! 3. `webserver --net tcps`, driven by `wrk --latency` for --duration seconds,
+//! 3. `webserver --net tcps --mode async-registered --take-direct` (the
+//!    recommended configuration: every mechanism, balancing included),
+//!    driven by `wrk --latency` for --duration seconds,
 //!    measuring the CPU time of the web server and of the TCP server
 //!    (/proc/<pid>/stat utime+stime, before and after);
 //! 4. the same with `webserver --net kernel` (no TCP server involved);
@@ -166,7 +168,11 @@ fn start_webserver(
         .stdout(logf.try_clone()?)
         .stderr(logf);
     if variant == "tcps" {
-        cmd.env("TCPS_SOCKET", ctx.tmp.join("tcps.sock"));
+        // The recommended configuration (`tcps bench web`'s `all`):
+        // zero-copy asynchronous sends from the registered file cache, and
+        // the connections balancing hands over served on kernel sockets.
+        cmd.args(["--mode", "async-registered", "--take-direct"])
+            .env("TCPS_SOCKET", ctx.tmp.join("tcps.sock"));
     }
     eprintln!(
         "starting the web server (--net {variant}, {threads} threads) on port {}…",
