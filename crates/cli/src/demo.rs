@@ -174,8 +174,16 @@ fn start_webserver(
         cmd.args(["--mode", "async-registered", "--take-direct"])
             .env("TCPS_SOCKET", ctx.tmp.join("tcps.sock"));
     }
+    let how: Vec<String> = cmd
+        .get_args()
+        .skip_while(|a| *a != "--net")
+        .take(2)
+        .chain(cmd.get_args().skip_while(|a| *a != "--mode"))
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     eprintln!(
-        "starting the web server (--net {variant}, {threads} threads) on port {}…",
+        "starting the web server ({}, {threads} threads) on port {}…",
+        how.join(" "),
         a.port
     );
     let child = cmd

@@ -1,0 +1,51 @@
+//! `tcps demo` (what `scripts/demo.sh` runs): the example web server in the
+//! recommended configuration through tcps and on kernel sockets, side by
+//! side. A short run must serve requests both ways (the demo itself checks
+//! the served index byte for byte before driving it) and print both rows.
+
+mod common;
+
+use common::TCPS;
+use std::process::Command;
+
+#[test]
+fn demo_serves_through_tcps_and_the_kernel() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(TCPS)
+        .args(["demo", "--duration", "1", "--connections", "8", "--port"])
+        .arg(port.to_string())
+        .output()
+        .expect("run tcps demo");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "tcps demo failed:\n{text}");
+    // The table: one row per variant, requests/s first.
+    for variant in ["tcps", "kernel"] {
+        let row = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(variant))
+            .unwrap_or_else(|| panic!("no {variant} row:\n{text}"));
+        let rps: f64 = row
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(rps > 0.0, "{variant}: no requests served:\n{text}");
+    }
+    // Through tcps, the recommended configuration.
+    assert!(
+        text.contains("--net tcps --mode async-registered --take-direct"),
+        "the web server did not run in the recommended configuration:\n{text}"
+    );
+    assert!(
+        text.contains("tcps / kernel requests/s"),
+        "no ratio line:\n{text}"
+    );
+}
