@@ -38,19 +38,21 @@ def sample(b, host_pid):
     pids = set(bp.tree(host_pid))
     # nginx's master and worker are two hosts: the one that accepts.
     hosts = [h for h in j.get("hosts", []) if h.get("pid") in pids]
-    accepts = lambda h: sum(h.get("counters", {}).get(k, 0) for k in  # noqa: E731
-                            ("accepts_eager", "accepts_on_demand", "accepts_direct"))
-    for h in sorted(hosts, key=lambda h: (accepts(h), h.get("pid")), reverse=True)[:1]:
-        if True:
-            c, bal = h.get("counters", {}), h.get("balance", {})
-            accepted = c.get("accepts_eager", 0) + c.get("accepts_on_demand", 0)
-            return {
-                "share": bal.get("share_pct", 0), "reason": bal.get("reason", "?"),
-                "server_busy": bal.get("server_busy_pct", 0),
-                "host_busy": bal.get("host_busy_pct", 0),
-                "offloaded": accepted, "direct": c.get("accepts_direct", 0),
-            }
-    return None
+    if not hosts:
+        return None
+
+    def accepts(h):
+        c = h.get("counters", {})
+        return c.get("accepts_eager", 0) + c.get("accepts_on_demand", 0), c.get("accepts_direct", 0)
+    h = max(hosts, key=lambda h: (sum(accepts(h)), h.get("pid")))
+    bal = h.get("balance", {})
+    offloaded, direct = accepts(h)
+    return {
+        "share": bal.get("share_pct", 0), "reason": bal.get("reason", "?"),
+        "server_busy": bal.get("server_busy_pct", 0),
+        "host_busy": bal.get("host_busy_pct", 0),
+        "offloaded": offloaded, "direct": direct,
+    }
 
 
 def wrk(port, secs, conns, threads, pace_ms=0):

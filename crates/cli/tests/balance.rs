@@ -334,26 +334,8 @@ fn nginx_serves_direct_and_offloaded() {
         std::fs::write(www.join(name), rng.bytes(len)).unwrap();
     }
     let port = free_port();
-    let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, nginx_conf(dir.path(), &www, port, true)).unwrap();
-    let stats = dir.path().join("nginx.stats");
-    // Workers run as nobody: they must be able to append.
-    std::fs::write(&stats, b"").unwrap();
-    std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
-    let log = dir.path().join("nginx.log");
-    let argv = [
-        "nginx",
-        "-c",
-        conf.to_str().unwrap(),
-        "-p",
-        dir.path().to_str().unwrap(),
-    ];
-    let mut nginx = Daemon(
-        command(Net::Tcps, &srv, &stats, &log, &argv)
-            .spawn()
-            .expect("nginx"),
-    );
-    wait_port(port, &mut nginx.0, "nginx", &log);
+    let (mut nginx, stats, log) =
+        start_nginx(Net::Tcps, &srv, dir.path(), &www, port, true, "nginx");
     for round in 0..4 {
         for (name, len) in files {
             let out = Command::new("curl")

@@ -297,27 +297,8 @@ fn nginx_workers_sendfile_on_off() {
         for net in [Net::Kernel, Net::Tcps] {
             let tag = format!("{net:?}-{sendfile}");
             let port = free_port();
-            let conf = dir.path().join(format!("{tag}.conf"));
-            std::fs::write(&conf, nginx_conf(dir.path(), &www, port, sendfile)).unwrap();
-            let stats = dir.path().join(format!("{tag}.stats"));
-            // Workers run as nobody: they must be able to append.
-            std::fs::write(&stats, b"").unwrap();
-            std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-                .unwrap();
-            let log = dir.path().join(format!("{tag}.log"));
-            let argv = [
-                "nginx",
-                "-c",
-                conf.to_str().unwrap(),
-                "-p",
-                dir.path().to_str().unwrap(),
-            ];
-            let mut nginx = Daemon(
-                command(net, &srv, &stats, &log, &argv)
-                    .spawn()
-                    .expect("spawn nginx"),
-            );
-            wait_port(port, &mut nginx.0, "nginx", &log);
+            let (mut nginx, stats, log) =
+                start_nginx(net, &srv, dir.path(), &www, port, sendfile, &tag);
             let mut got = Vec::new();
             for (name, _) in files.iter().chain([("missing", 0)].iter()) {
                 let out = Command::new("curl")

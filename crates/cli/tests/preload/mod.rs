@@ -336,6 +336,41 @@ pub fn nginx_conf(
     )
 }
 
+/// nginx (`nginx_conf`: master + 2 workers serving `www` on `port`) on
+/// `net`, its summaries in `DIR/TAG.stats` (writable by the workers, which
+/// run as nobody) and its output in `DIR/TAG.log`; listening when this
+/// returns. Returns the daemon and those two paths.
+pub fn start_nginx(
+    net: Net,
+    srv: &Server,
+    dir: &Path,
+    www: &Path,
+    port: u16,
+    sendfile: bool,
+    tag: &str,
+) -> (Daemon, PathBuf, PathBuf) {
+    let conf = dir.join(format!("{tag}.conf"));
+    std::fs::write(&conf, nginx_conf(dir, www, port, sendfile)).unwrap();
+    let stats = dir.join(format!("{tag}.stats"));
+    std::fs::write(&stats, b"").unwrap();
+    std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let log = dir.join(format!("{tag}.log"));
+    let argv = [
+        "nginx",
+        "-c",
+        conf.to_str().unwrap(),
+        "-p",
+        dir.to_str().unwrap(),
+    ];
+    let mut nginx = Daemon(
+        command(net, srv, &stats, &log, &argv)
+            .spawn()
+            .expect("spawn nginx"),
+    );
+    wait_port(port, &mut nginx.0, "nginx", &log);
+    (nginx, stats, log)
+}
+
 /// wrk's request count, failing on non-2xx answers or errors other than
 /// the connections it tears down at the end.
 pub fn wrk_requests(port: u16, path: &str) -> u64 {

@@ -228,6 +228,14 @@ impl Worker {
         self.stats_dirty = false;
     }
 
+    /// Runs `f` on host `hkey` (if still attached) in its call context,
+    /// `guarded` as `what`.
+    fn for_host(&mut self, hkey: usize, what: &str, f: impl FnOnce(&mut Ctx<'_>, &mut Host)) {
+        if let Some((host, mut cx)) = self.host_and_cx(hkey) {
+            guarded(host, what, |h| f(&mut cx, h));
+        }
+    }
+
     /// A host and the context its calls run in, borrowed apart.
     fn host_and_cx(&mut self, hkey: usize) -> Option<(&mut Host, Ctx<'_>)> {
         let Worker {
@@ -416,11 +424,9 @@ impl Worker {
                 gen,
                 seq,
             }) => {
-                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
-                    guarded(host, "socket event", |h| {
-                        calls::on_socket_ready(&mut cx, h, sock, gen, seq)
-                    });
-                }
+                self.for_host(hkey, "socket event", |cx, h| {
+                    calls::on_socket_ready(cx, h, sock, gen, seq)
+                });
             }
             Some(Token::Sent {
                 host: hkey,
@@ -428,11 +434,9 @@ impl Worker {
                 gen,
                 seq,
             }) => {
-                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
-                    guarded(host, "send completion", |h| {
-                        calls::on_sent(&mut cx, h, sock, gen, seq, ev.res)
-                    });
-                }
+                self.for_host(hkey, "send completion", |cx, h| {
+                    calls::on_sent(cx, h, sock, gen, seq, ev.res)
+                });
             }
             Some(Token::Received {
                 host: hkey,
@@ -440,11 +444,9 @@ impl Worker {
                 gen,
                 seq,
             }) => {
-                if let Some((host, mut cx)) = self.host_and_cx(hkey) {
-                    guarded(host, "receive completion", |h| {
-                        calls::on_received(&mut cx, h, sock, gen, seq, ev.res)
-                    });
-                }
+                self.for_host(hkey, "receive completion", |cx, h| {
+                    calls::on_received(cx, h, sock, gen, seq, ev.res)
+                });
             }
             Some(Token::Control { host: hkey }) => self.on_control(hkey),
             Some(Token::HostBell { host: hkey }) => {
