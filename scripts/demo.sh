@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tcps demo, from a fresh Debian 12 machine (as root):
-#   installs what is missing (wrk, curl, a C compiler), builds everything
-#   (`make`), then runs `tcps demo`: the example web server through tcps and on
-#   kernel sockets, driven by wrk, side by side.
+#   installs what is missing (wrk, curl, nginx, a C compiler), builds
+#   everything (`make`), then runs `tcps demo`: the example web server and the
+#   unmodified nginx (under `tcps run`), each through tcps and on kernel
+#   sockets, driven by wrk, side by side.
 #
 #   ./scripts/demo.sh [--duration SECS] [--connections N] [--threads-wrk N]
 #                     [--port P] [--poll busy|adaptive|block] ...
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=0
-for tool in wrk curl gcc make; do
+for tool in wrk curl nginx gcc make; do
     command -v "$tool" >/dev/null 2>&1 || need_apt=1
 done
 if [ "$need_apt" = 1 ]; then
@@ -21,13 +22,13 @@ if [ "$need_apt" = 1 ]; then
         SUDO=sudo
     else
         echo "demo.sh: wrk, curl or a C compiler is missing and I am not root: run" >&2
-        echo "  apt-get install -y wrk curl build-essential" >&2
+        echo "  apt-get install -y wrk curl nginx-light build-essential" >&2
         exit 1
     fi
-    echo "demo.sh: installing wrk curl build-essential…" >&2
+    echo "demo.sh: installing wrk curl nginx-light build-essential…" >&2
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq wrk curl build-essential
+    $SUDO apt-get install -y -qq wrk curl nginx-light build-essential
 fi
 
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then

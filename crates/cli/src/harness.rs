@@ -262,6 +262,61 @@ pub(crate) fn parse_wrk(out: &str) -> Result<WrkResult, Error> {
     Ok(r)
 }
 
+/// Writes `<dir>/nginx.conf` (and `<dir>/tmp`): one worker, in the
+/// foreground, `sendfile on`, no access log, serving `root` on `listen`
+/// (`ADDR:PORT`); its pid file is `<dir>/nginx.pid`. Returns the
+/// configuration's path. `tcps demo` and `tcps bench web` run nginx with it,
+/// through `tcps run` and on kernel sockets alike.
+pub(crate) fn write_nginx_conf(dir: &Path, listen: &str, root: &Path) -> Result<PathBuf, Error> {
+    fs::create_dir_all(dir.join("tmp"))?;
+    let d = dir.display();
+    let conf = dir.join("nginx.conf");
+    fs::write(
+        &conf,
+        format!(
+            "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
+             http {{\n access_log off;\n sendfile on;\n tcp_nodelay on;\n keepalive_requests 100000;\n\
+             client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
+             uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
+             server {{ listen {listen} reuseport backlog=4096; root {}; }}\n}}\n",
+            root.display()
+        ),
+    )?;
+    Ok(conf)
+}
+
+/// The direct children of `pid` (/proc/PID/task/*/children).
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// CPU time (µs) of `pid` and its descendants alive now: the example web
+/// server is one process, nginx a master and its workers.
+pub(crate) fn tree_cpu_us(pid: u32) -> Result<f64, Error> {
+    let mut total = cpu_us(pid)?;
+    let mut todo = children_of(pid);
+    while let Some(p) = todo.pop() {
+        // A child that exited meanwhile is not counted (nor was it before).
+        if let Ok(t) = cpu_us(p) {
+            total += t;
+        }
+        todo.extend(children_of(p));
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,9 @@
 //! `tcps demo` (what `scripts/demo.sh` runs): the example web server in the
-//! recommended configuration through tcps and on kernel sockets, side by
-//! side. A short run must serve requests both ways (the demo itself checks
-//! the served index byte for byte before driving it) and print both rows.
+//! recommended configuration and the unmodified nginx (under `tcps run`),
+//! each through tcps and on kernel sockets, side by side. A short run must
+//! serve requests all four ways (the demo itself checks the served index
+//! byte for byte before driving each) and print the four rows and the
+//! ratios. nginx is installed by the test setup (scripts/test.sh).
 
 mod common;
 
@@ -27,7 +29,7 @@ fn demo_serves_through_tcps_and_the_kernel() {
     );
     assert!(out.status.success(), "tcps demo failed:\n{text}");
     // The table: one row per variant, requests/s first.
-    for variant in ["tcps", "kernel"] {
+    for variant in ["web/tcps", "nginx/tcps", "web/kernel", "nginx/kernel"] {
         let row = text
             .lines()
             .find(|l| l.split_whitespace().next() == Some(variant))
@@ -44,8 +46,30 @@ fn demo_serves_through_tcps_and_the_kernel() {
         text.contains("--net tcps --mode async-registered --take-direct"),
         "the web server did not run in the recommended configuration:\n{text}"
     );
+    // nginx really ran under `tcps run`, through the TCP server.
     assert!(
-        text.contains("tcps / kernel requests/s"),
-        "no ratio line:\n{text}"
+        text.contains("starting nginx through `tcps run`"),
+        "nginx did not run through tcps:\n{text}"
     );
+    let server_cpu = |variant: &str| -> f64 {
+        let row = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(variant))
+            .unwrap();
+        row.split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .unwrap_or(0.0)
+    };
+    assert!(
+        server_cpu("nginx/tcps") > 0.0,
+        "the TCP server did no work for nginx:\n{text}"
+    );
+    for program in ["web", "nginx"] {
+        assert!(
+            text.contains(&format!("{program}: tcps / kernel requests/s")),
+            "no {program} ratio line:\n{text}"
+        );
+    }
 }

@@ -122,37 +122,6 @@ impl Drop for SyscallCounter {
     }
 }
 
-/// The direct children of `pid` (/proc/PID/task/*/children).
-pub fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect()
-}
-
-/// CPU time (µs) of `pid` and its descendants alive now: the example web
-/// server is one process, nginx a master and its workers.
-pub fn tree_cpu_us(pid: u32) -> Result<f64, Error> {
-    let mut total = crate::harness::cpu_us(pid)?;
-    let mut todo = children_of(pid);
-    while let Some(p) = todo.pop() {
-        // A child that exited meanwhile is not counted (nor was it before).
-        if let Ok(t) = crate::harness::cpu_us(p) {
-            total += t;
-        }
-        todo.extend(children_of(p));
-    }
-    Ok(total)
-}
-
 /// `478204,,raw_syscalls:sys_enter,…` → 478204 (`<not counted>` → None).
 fn parse_perf_count(text: &str) -> Option<u64> {
     text.lines()

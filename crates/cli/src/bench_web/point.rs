@@ -29,7 +29,7 @@ impl CpuReading {
     fn take(s: &Servers) -> Result<CpuReading, Error> {
         Ok(CpuReading {
             cores: measure::cpu_snapshot()?,
-            host_us: measure::tree_cpu_us(s.web.pid())?,
+            host_us: crate::harness::tree_cpu_us(s.web.pid())?,
             server_us: s
                 .tcps
                 .as_ref()

@@ -8,7 +8,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use super::env::{Env, PORT};
-use super::measure;
 use super::netns::{Netns, SERVER_ADDR};
 use super::types::{cpu_list, Error, WebArgs};
 use super::variants::{Net, Variant};
@@ -143,20 +142,10 @@ fn start_nginx(
     log: &Path,
 ) -> Result<Proc, Error> {
     let dir = env.tmp.join(format!("nginx-{}", w.id));
-    fs::create_dir_all(dir.join("tmp"))?;
-    let d = dir.display();
-    let conf = dir.join("nginx.conf");
-    fs::write(
-        &conf,
-        format!(
-            "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
-             error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
-             http {{\n access_log off;\n sendfile on;\n tcp_nodelay on;\n keepalive_requests 100000;\n\
-             client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\
-             uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-             server {{ listen {SERVER_ADDR}:{PORT} reuseport backlog=4096; root {}; }}\n}}\n",
-            workload::root_of(env.tmp, w).display()
-        ),
+    let conf = harness::write_nginx_conf(
+        &dir,
+        &format!("{SERVER_ADDR}:{PORT}"),
+        &workload::root_of(env.tmp, w),
     )?;
     let f = fs::File::create(log)?;
     let child = Netns::exec(&env.ns.server)
@@ -180,7 +169,7 @@ fn start_nginx(
     let pid_file = dir.join("nginx.pid");
     harness::wait_for("nginx to start", Duration::from_secs(10), || {
         web.check_alive()?;
-        Ok(pid_file.exists() && !measure::children_of(web.pid()).is_empty())
+        Ok(pid_file.exists() && !harness::children_of(web.pid()).is_empty())
     })?;
     // The worker attaches and listens on its first accept.
     std::thread::sleep(Duration::from_millis(300));
