@@ -398,15 +398,6 @@ engine_tests!(
     socket_level_policy,
 );
 
-/// The server's resident memory (kB), shared pages it touched included.
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS")
-}
-
 /// The server's count of bytes read ahead (`tcps stat --json`).
 fn bytes_eager(srv: &Server) -> u64 {
     srv.stat_json()["total"]["counters"]["bytes_eager"]

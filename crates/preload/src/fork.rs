@@ -10,7 +10,11 @@
 //! 2. the child forgets the parent's attachment (closing its copy of the
 //!    parent's control socket, so the server still sees the parent hang up
 //!    when it exits) and keeps the nonce;
-//! 3. the child attaches anew at once and presents the nonce
+//! 3. the parent names the child (`ControlMsg::Forked` with its pid, or 0
+//!    if fork(2) failed), so the server drops the snapshot as soon as that
+//!    child is gone without claiming it (killed before it attached), as the
+//!    kernel would close its sockets, instead of holding the connections;
+//! 4. the child attaches anew at once and presents the nonce
 //!    (`ControlMsg::Inherit`): it gets the snapshot under the same socket
 //!    ids, so its fd table (copied by fork) stays valid. Claiming at once
 //!    (not on first use) ties the snapshot's life to the child's, as with
@@ -22,7 +26,7 @@
 //! exits with status 1 (`attach.rs`), rather than run on with dead sockets.
 
 use crate::log::{debug, warning};
-use crate::{attach, control, fdtable, real, state};
+use crate::{attach, control, errno, fdtable, real, state};
 use tcps_proto::handshake::ControlMsg;
 
 fn nonce() -> u32 {
@@ -58,6 +62,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     let ctl = control::lock_for_fork();
     let sets = crate::epoll::lock_for_fork();
     let pid = real::fork()();
+    let fork_errno = errno::last_errno();
     drop((sets, ctl, files));
     if pid == 0 {
         state::new_generation();
@@ -84,11 +89,20 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                 }
             }
         }
-    } else if pid > 0 {
-        debug!("fork: child {pid}");
-        if token.is_some() {
-            share_inherited_sockets();
+    } else {
+        if let Some(n) = token {
+            let child = u32::try_from(pid).unwrap_or(0);
+            if let Err(e) = control::call(ControlMsg::Forked { handle: n, child }, n) {
+                debug!("fork: naming child {pid} to the server failed (errno {e})");
+            }
         }
+        if pid > 0 {
+            debug!("fork: child {pid}");
+            if token.is_some() {
+                share_inherited_sockets();
+            }
+        }
+        errno::set_errno(fork_errno);
     }
     pid
 }

@@ -16,6 +16,8 @@
 //! host   → server  Register   { handle, len } + SCM_RIGHTS [memfd]
 //! host   → server  Deregister { handle }
 //! host   → server  Fork       { handle }  snapshot my sockets for a child
+//! host   → server  Forked     { handle, child }  after fork(2): snapshot
+//!                  `handle` is for process `child` (0: fork failed, drop it)
 //! host   → server  Inherit    { handle }  (a forked child) adopt that snapshot
 //! host   → server  Export     { handle: sock }  hand the kernel socket back (exec)
 //! host   → server  FileOpen   { handle } + SCM_RIGHTS [file]  for `Op::SendFile`
@@ -163,6 +165,11 @@ pub enum ControlMsg {
     /// fork(): duplicate every socket of this host into a snapshot named by
     /// `handle` (a random nonce) for a child to inherit.
     Fork { handle: u32 },
+    /// Sent by the parent right after fork(2): snapshot `handle` is for
+    /// process `child`, or (`child` 0) the fork failed and nobody will
+    /// claim it. The server then drops the snapshot as soon as that child
+    /// is gone, and lets it claim even after the parent died.
+    Forked { handle: u32, child: u32 },
     /// Sent by a forked child right after it attached: adopt snapshot
     /// `handle` of the parent, under the same socket ids.
     Inherit { handle: u32 },
@@ -217,6 +224,7 @@ const CTL_SOCKET_DUP: u32 = 10;
 const CTL_ADOPTED: u32 = 11;
 const CTL_HOST_DOORBELL: u32 = 12;
 const CTL_DIRECT: u32 = 13;
+const CTL_FORKED: u32 = 14;
 
 impl ControlMsg {
     /// The handle the message names; an answer (`Reply`, `Adopted`) names
@@ -242,6 +250,7 @@ impl ControlMsg {
             ControlMsg::Deregister { handle } => (CTL_DEREGISTER, handle, 0),
             ControlMsg::Reply { handle, errno } => (CTL_REPLY, handle, errno as u32 as u64),
             ControlMsg::Fork { handle } => (CTL_FORK, handle, 0),
+            ControlMsg::Forked { handle, child } => (CTL_FORKED, handle, u64::from(child)),
             ControlMsg::Inherit { handle } => (CTL_INHERIT, handle, 0),
             ControlMsg::Export { handle } => (CTL_EXPORT, handle, 0),
             ControlMsg::FileOpen { handle } => (CTL_FILE_OPEN, handle, 0),
@@ -270,6 +279,10 @@ impl ControlMsg {
             CTL_DEREGISTER => Some(ControlMsg::Deregister { handle }),
             CTL_FORK => Some(ControlMsg::Fork { handle }),
             CTL_INHERIT => Some(ControlMsg::Inherit { handle }),
+            CTL_FORKED => Some(ControlMsg::Forked {
+                handle,
+                child: u32::try_from(arg).ok()?,
+            }),
             CTL_EXPORT => Some(ControlMsg::Export { handle }),
             CTL_FILE_OPEN => Some(ControlMsg::FileOpen { handle }),
             CTL_FILE_CLOSE => Some(ControlMsg::FileClose { handle }),
@@ -393,6 +406,10 @@ mod tests {
                 handle: 0xdead_beef,
             },
             ControlMsg::Inherit { handle: 1 },
+            ControlMsg::Forked {
+                handle: 9,
+                child: 4242,
+            },
             ControlMsg::Export { handle: 9 },
             ControlMsg::FileOpen { handle: 10 },
             ControlMsg::FileClose { handle: 11 },

@@ -30,13 +30,19 @@
 //! itself to the host, which puts it where its placeholder fd was, so the
 //! new program image gets a plain kernel socket ([`export`]).
 //!
-//! A snapshot is claimed once, with its nonce, only by a child of the parent
-//! (its `PPid`, read from /proc by the server; any uid, since a child that
-//! dropped privileges — an nginx worker — keeps its fds under the kernel
-//! too) or by the parent itself after exec(2) (same uid). It expires
-//! unclaimed after [`TTL`] (its descriptors are closed); expired snapshots
-//! are dropped on every snapshot and claim and by the workers' periodic
-//! sweep ([`sweep`]), not only when someone looks.
+//! Right after fork(2) the parent names the child (`ControlMsg::Forked`,
+//! [`forked`]; child 0: the fork failed, the snapshot is dropped at once).
+//! A snapshot is claimed once, with its nonce, only by that child (or,
+//! before the parent named it, by a child of the parent: its `PPid`, read
+//! from /proc by the server; any uid, since a child that dropped privileges
+//! — an nginx worker — keeps its fds under the kernel too) or by the parent
+//! itself after exec(2) (same uid). It is dropped (its descriptors closed)
+//! as soon as nobody can claim it any more: its child is gone (exited, a
+//! zombie), or, with no child named, its parent is gone — as the kernel
+//! closes a dead process's sockets, so a peer sees the connection end.
+//! Otherwise it expires unclaimed after [`TTL`]. Snapshots are checked on
+//! every snapshot and claim and by the workers' periodic sweep ([`sweep`]),
+//! not only when someone looks.
 //!
 //! Each snapshot holds a dup() of every socket of its host, so snapshots
 //! are budgeted per user (the parent's uid, [`Budget`]): at most
@@ -81,30 +87,86 @@ struct Inherited {
 struct Snapshot {
     nonce: u32,
     parent_pid: u32,
+    /// The child the parent named after fork(2) (`ControlMsg::Forked`).
+    child_pid: Option<u32>,
     uid: u32,
     made: Instant,
     sockets: Vec<Inherited>,
+}
+
+impl Snapshot {
+    /// Whether someone may still claim it: young enough, and its child (or,
+    /// none named yet, its parent) still running.
+    fn claimable(&self) -> bool {
+        self.made.elapsed() < TTL && running(self.child_pid.unwrap_or(self.parent_pid))
+    }
+}
+
+impl Snapshot {
+    /// Whether `host` (whose parent is `parent`) may take it: its child (the
+    /// one the parent named, or before that any child of the parent), or
+    /// the parent itself after exec(2), as the same user.
+    fn may_claim(&self, host: &Host, parent: Option<u32>) -> bool {
+        let child = match self.child_pid {
+            Some(child) => child == host.pid,
+            None => Some(self.parent_pid) == parent,
+        };
+        child || (self.parent_pid == host.pid && self.uid == host.uid)
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie (/proc/PID/stat).
+fn running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Snapshots waiting for their child, server-wide (the parent and the child
 /// may be served by different workers).
 static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
 
-/// The pending snapshots, expired ones dropped (their descriptors closed).
+/// The pending snapshots, those nobody can claim dropped (their
+/// descriptors closed).
 fn pending() -> std::sync::MutexGuard<'static, Vec<Snapshot>> {
     let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    p.retain(|s| s.made.elapsed() < TTL);
+    p.retain(Snapshot::claimable);
     p
 }
 
-/// Drops expired snapshots (from a worker's periodic sweep), so their
-/// descriptors are closed even if no host forks or inherits again.
+/// Drops snapshots nobody can claim (from a worker's periodic sweep), so
+/// their descriptors are closed even if no host forks or inherits again.
 pub fn sweep() {
     // Never wait for the lock from a worker's loop: another worker holding
-    // it is purging already, or will on its own next sweep.
+    // it is purging already, or will on its own next sweep. Nothing to
+    // read from /proc when nothing is pending (the common case).
     if let Ok(mut p) = PENDING.try_lock() {
-        p.retain(|s| s.made.elapsed() < TTL);
+        if !p.is_empty() {
+            p.retain(Snapshot::claimable);
+        }
     }
+}
+
+/// `ControlMsg::Forked`: the parent's fork(2) of snapshot `nonce` made
+/// process `child` (0: it failed; the snapshot is dropped). A snapshot
+/// already claimed (the child was quick) or dropped is no error.
+pub fn forked(host: &Host, nonce: u32, child: u32) -> Result<(), i32> {
+    let mut p = pending();
+    if let Some(pos) = p
+        .iter()
+        .position(|s| s.parent_pid == host.pid && s.nonce == nonce)
+    {
+        if child == 0 {
+            p.swap_remove(pos);
+        } else {
+            p[pos].child_pid = Some(child);
+        }
+    }
+    Ok(())
 }
 
 /// What one user's pending snapshots may hold.
@@ -208,6 +270,7 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     p.push(Snapshot {
         nonce,
         parent_pid: host.pid,
+        child_pid: None,
         uid: host.uid,
         made: Instant::now(),
         sockets,
@@ -249,11 +312,7 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
         let mut p = pending();
         let pos = p
             .iter()
-            .position(|s| {
-                s.nonce == nonce
-                    && (Some(s.parent_pid) == parent
-                        || (s.parent_pid == host.pid && s.uid == host.uid))
-            })
+            .position(|s| s.nonce == nonce && s.may_claim(host, parent))
             .ok_or(libc::ENOENT)?;
         p.swap_remove(pos)
     };
@@ -354,10 +413,40 @@ mod tests {
         Snapshot {
             nonce,
             parent_pid,
+            child_pid: None,
             uid,
             made: Instant::now(),
             sockets,
         }
+    }
+
+    #[test]
+    fn a_snapshot_nobody_can_claim_is_dropped() {
+        let me = std::process::id();
+        // Its parent runs (this process): kept.
+        assert!(snap(0, me, 1, 1).claimable());
+        // Its parent is gone and named no child: nobody can claim it.
+        let gone = 0x3fff_fff0;
+        assert!(!running(gone));
+        assert!(!snap(0, gone, 1, 1).claimable());
+        // The named child decides, not the parent.
+        let mut s = snap(0, me, 1, 1);
+        s.child_pid = Some(gone);
+        assert!(!s.claimable());
+        // A child that exited and was not reaped yet (a zombie) cannot
+        // claim either.
+        let mut kid = std::process::Command::new("true").spawn().unwrap();
+        let t = Instant::now();
+        while running(kid.id()) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        s.child_pid = Some(kid.id());
+        assert!(!s.claimable(), "a zombie child");
+        kid.wait().unwrap();
+        // Too old: expired whoever runs.
+        let mut old = snap(0, me, 1, 1);
+        old.made = Instant::now() - TTL;
+        assert!(!old.claimable());
     }
 
     #[test]

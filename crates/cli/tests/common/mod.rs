@@ -915,6 +915,16 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     utime + stime
 }
 
+/// Resident memory of a process, KiB (VmRSS; 0 if it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn clock_ticks_per_sec() -> u64 {
     // SAFETY: sysconf has no memory effects.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as u64

@@ -51,6 +51,7 @@ fn on_control_msg(
             }
             r
         }
+        ControlMsg::Forked { handle, child } => crate::inherit::forked(host, handle, child),
         ControlMsg::Inherit { handle } => crate::inherit::claim(host, handle),
         ControlMsg::Reply { .. } | ControlMsg::Adopted { .. } => Err(libc::EINVAL),
         // Answered above.
