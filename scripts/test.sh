@@ -5,7 +5,9 @@
 #                            C examples, `cargo test --release --workspace`
 #                            (unit + integration tests, both engines), loom
 #                            models, a 3 s smoke pass of every fuzz target
-#                            (scripts/fuzz.sh), then every end-to-end script
+#                            (scripts/fuzz.sh), a type-check for aarch64
+#                            (installs the target with rustup), then every
+#                            end-to-end script
 #                            tests/*.sh
 #   scripts/test.sh --quick  unit tests only (`--lib`), the proto crate's tests
 #                            and its loom models of the ring handshakes
@@ -104,6 +106,18 @@ structure || failed+=("scripts/structure.py")
 # A smoke pass of every fuzz target (the long runs: docs/SECURITY.md).
 step "scripts/fuzz.sh 3"
 scripts/fuzz.sh 3 || failed+=("scripts/fuzz.sh (fuzz smoke pass)")
+
+# The deployment on a smart NIC's Arm cores (docs/DEPLOYMENT.md) needs the
+# same code to build for aarch64: type-check it (no linker needed).
+aarch64_check() {
+    step "cargo check --target aarch64-unknown-linux-gnu"
+    if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+        rustup target add aarch64-unknown-linux-gnu
+    fi
+    CARGO_TARGET_DIR=target/aarch64 cargo check --release --workspace --all-targets \
+        --target aarch64-unknown-linux-gnu
+}
+aarch64_check || failed+=("cargo check for aarch64")
 
 shopt -s nullglob
 scripts=(tests/*.sh)

@@ -470,6 +470,44 @@ unsafe fn any_offloaded(nfds: c_int, sets: [*mut libc::fd_set; 3]) -> bool {
     })
 }
 
+/// select(2) itself, straight to the kernel (the time left written back
+/// to `tv`, as Linux does).
+#[cfg(target_arch = "x86_64")]
+unsafe fn kernel_select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    libc::syscall(libc::SYS_select, nfds, r, w, x, tv) as c_int
+}
+
+/// select(2) where the kernel has only pselect6 (aarch64): the timeval as
+/// a timespec, the time left written back.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn kernel_select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    x: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let mut ts = tv.as_ref().map(|t| libc::timespec {
+        tv_sec: t.tv_sec,
+        tv_nsec: t.tv_usec * 1000,
+    });
+    let tsp = ts
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
+    let n = libc::syscall(libc::SYS_pselect6, nfds, r, w, x, tsp, std::ptr::null::<u8>()) as c_int;
+    if let (Some(t), Some(left)) = (tv.as_mut(), ts) {
+        t.tv_sec = left.tv_sec;
+        t.tv_usec = left.tv_nsec / 1000;
+    }
+    n
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn select(
     nfds: c_int,
@@ -479,7 +517,7 @@ pub unsafe extern "C" fn select(
     tv: *mut libc::timeval,
 ) -> c_int {
     if !any_offloaded(nfds, [r, w, x]) {
-        return libc::syscall(libc::SYS_select, nfds, r, w, x, tv) as c_int;
+        return kernel_select(nfds, r, w, x, tv);
     }
     let ms = match tv.as_ref() {
         None => -1,
