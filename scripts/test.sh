@@ -7,8 +7,7 @@
 #                            models, a 3 s smoke pass of every fuzz target
 #                            (scripts/fuzz.sh), a type-check for aarch64
 #                            (installs the target with rustup), then every
-#                            end-to-end script
-#                            tests/*.sh
+#                            end-to-end script tests/*.sh
 #   scripts/test.sh --quick  unit tests only (`--lib`), the proto crate's tests
 #                            and its loom models of the ring handshakes
 #   Both tiers also check the tree's shape (scripts/structure.py: file and
@@ -22,7 +21,7 @@ quick=0
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=1 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
