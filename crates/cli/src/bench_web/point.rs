@@ -121,7 +121,7 @@ pub fn measure(
         workload::wrk_script(&paths, w.http, offered, env.args.wrk_threads),
     )?;
     // perf -p counts one process: nginx's work is in its worker.
-    let sys = if count_syscalls && !v.nginx {
+    let mut sys = if count_syscalls && !v.nginx {
         env.perf.as_ref().and_then(|p| {
             measure::SyscallCounter::start(
                 p,
@@ -134,19 +134,34 @@ pub fn measure(
     };
     let (host_cores, server_cores) = core_groups(env.args, v);
     let out_path: PathBuf = env.tmp.join(format!("{tag}.wrk"));
-    let before = CpuReading::take(servers)?;
-    let status = run_wrk(env, &script, &out_path)?;
-    let after = CpuReading::take(servers)?;
-    let syscalls = sys.and_then(|s| s.finish());
-    let text = fs::read_to_string(&out_path).unwrap_or_default();
-    if !status.success() {
-        return Err(format!("wrk failed ({status}):\n{text}").into());
-    }
-    servers.web.check_alive()?;
-    let r = harness::parse_wrk(&text)?;
-    if r.requests == 0 {
-        return Err(format!("no request completed:\n{text}").into());
-    }
+    // A point in which not one request completed is retried once: on a
+    // machine shared with builds wrk can lose a whole short point to a
+    // scheduling stall (seen with kernel sockets too); twice is an error.
+    let mut attempt = 0;
+    let (before, after, syscalls, text, r) = loop {
+        attempt += 1;
+        let before = CpuReading::take(servers)?;
+        let status = run_wrk(env, &script, &out_path)?;
+        let after = CpuReading::take(servers)?;
+        let text = fs::read_to_string(&out_path).unwrap_or_default();
+        if !status.success() {
+            return Err(format!("wrk failed ({status}):\n{text}").into());
+        }
+        servers.web.check_alive()?;
+        let r = harness::parse_wrk(&text)?;
+        if r.requests > 0 {
+            break (before, after, sys.take().and_then(|s| s.finish()), text, r);
+        }
+        // Its count would span both attempts: none for this point.
+        sys = None;
+        if attempt == 2 {
+            return Err(format!("no request completed, twice:\n{text}").into());
+        }
+        eprintln!(
+            "      no request completed in {} s; measuring the point again",
+            env.duration
+        );
+    };
     let n = r.requests as f64;
     let host_us = (after.host_us - before.host_us) / n;
     let srv_us = match (before.server_us, after.server_us) {
