@@ -104,8 +104,9 @@ pub(crate) fn append(log: &ReadyLogCtl, id: u32) {
     log.tail.store(t.wrapping_add(1), Ordering::Release);
 }
 
-/// Whom of the log's doorbell sleepers to ring (after the caller's fence).
-pub(crate) fn bell_waiting(log: &ReadyLogCtl) -> Woke {
+/// The log's sleepers to wake: threads on its futex, doorbell slots (read
+/// after the caller's fence).
+pub(crate) fn sleepers(log: &ReadyLogCtl) -> Woke {
     Woke::read(&log.host_waiting, &log.bell_slots)
 }
 

@@ -85,7 +85,7 @@ pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> W
     fence(Ordering::SeqCst);
     let mut woke = Woke::read(&ctl.host_waiting, &ctl.bell_slots);
     if let Some(l) = log {
-        woke.join(ready_log::bell_waiting(l.log));
+        woke.join(ready_log::sleepers(l.log));
     }
     if woke.thread {
         sync::wake_all(&ctl.tail);
