@@ -179,7 +179,7 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         Call::SendFile { .. } => {
             super::sendq::file::attempt(host, sid, p).map_or(Step::Again, Step::Done)
         }
-        Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
+        Call::Shutdown { how, .. } => try_shutdown(cx, host, sid, fd, how),
         Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
             Ok(0) => Step::Again,
@@ -187,6 +187,33 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         },
         _ => Step::Done(Err(libc::EINVAL)),
     }
+}
+
+/// A shutdown at the front of the socket's writers (the bytes queued
+/// before it have gone): handed to the engine (io_uring's
+/// `IORING_OP_SHUTDOWN`, in the pass's batch; it stays at the front, and
+/// the calls behind it wait, until its completion, `sendq::sent`), or a
+/// system call now.
+fn try_shutdown(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, fd: i32, how: i32) -> Step {
+    let hkey = cx.hkey;
+    if let Some(s) = host.sockets.get_mut(sid as usize) {
+        if s.send_op.is_some() {
+            return Step::Again; // its own, submitted by an earlier try
+        }
+        let seq = s.op_seq.wrapping_add(1);
+        let token = crate::token::Token::Sent {
+            host: hkey,
+            sock: sid as usize,
+            gen: s.gen,
+            seq,
+        };
+        if cx.engine.submit_shutdown(fd, how, token.encode()) {
+            s.op_seq = seq;
+            s.send_op = Some(seq);
+            return Step::Again;
+        }
+    }
+    Step::Done(sys::shutdown(fd, how).map(|_| (0, 0)))
 }
 
 /// An accept (`flags`: accept4's, the peer's address into `addr`): the
