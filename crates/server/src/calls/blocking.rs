@@ -97,7 +97,7 @@ pub(crate) fn start(
             Step::Again
         }
     } else if let Call::Connect { addr, .. } = call {
-        start_connect(host, sid, &mut p, addr)
+        start_connect(cx, host, sid, &mut p, addr)
     } else {
         attempt(cx, host, sid, &mut p)
     };

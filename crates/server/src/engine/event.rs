@@ -58,6 +58,12 @@ unsafe impl Sync for AcceptSlot {}
 // SAFETY: as above; the cells hold plain data.
 unsafe impl Send for AcceptSlot {}
 
+impl std::fmt::Debug for AcceptSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcceptSlot").finish_non_exhaustive()
+    }
+}
+
 impl AcceptSlot {
     pub fn new() -> Arc<AcceptSlot> {
         Arc::new(AcceptSlot {
@@ -165,6 +171,13 @@ pub trait Engine: Send {
     fn ops_in_flight(&self) -> usize {
         0
     }
+    /// Submits what is queued and hands back, without waiting, the
+    /// completions already there of operations `tokens` (those that
+    /// completed at submission: an accept that found a connection
+    /// waiting); other completions stay for `wait`.
+    fn complete_now(&mut self, _tokens: &[u64]) -> Vec<Event> {
+        Vec::new()
+    }
     /// Closes socket `fd`, dropping its armed wait and cancelling its
     /// operations first (as `forget`). io_uring: an `IORING_OP_CLOSE`
     /// queued behind the cancels, submitted with the pass's batch (no
@@ -191,6 +204,23 @@ pub trait Engine: Send {
         _slot: Arc<AcceptSlot>,
         _personality: Option<u16>,
         _token: u64,
+    ) -> bool {
+        false
+    }
+    /// Queues a connect of socket `fd` to the address `addr..addr+len`
+    /// (`IORING_OP_CONNECT`: the kernel waits for the handshake), completed
+    /// as `submit_send`'s (`res`: 0 or `-errno`). `false` where
+    /// `submits_ops` is false.
+    ///
+    /// # Safety
+    /// The address must stay valid while `keep` lives.
+    unsafe fn submit_connect(
+        &mut self,
+        _fd: RawFd,
+        _addr: *const libc::sockaddr,
+        _len: libc::socklen_t,
+        _token: u64,
+        _keep: Keep,
     ) -> bool {
         false
     }

@@ -23,7 +23,7 @@ mod event;
 mod uring;
 
 pub use epoll::EpollEngine;
-pub use event::{Engine, EngineKind, Event, Keep, SendOp};
+pub use event::{AcceptSlot, Engine, EngineKind, Event, Keep, SendOp};
 pub use uring::UringEngine;
 
 use std::io;

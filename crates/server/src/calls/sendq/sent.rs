@@ -2,9 +2,10 @@
 //! jobs at the front of the socket's write queue move on by what the kernel
 //! sent, in order; finished (all sent, or failed: `finish_job` as for a
 //! system call's error) they leave the queue and the next send is
-//! submitted; short, the rest is submitted at once. A shutdown the engine
-//! executed (`attempt::try_shutdown`) completes here too: it was the
-//! front of the same queue.
+//! submitted; short, the rest is submitted at once. A shutdown or a
+//! blocking connect the engine executed (`attempt::try_shutdown`,
+//! `attempt::connect_op`) completes here too: it was the front of the same
+//! queue.
 
 use super::super::blocking::drive_writers;
 use super::super::common::{rearm, Ctx};
@@ -24,8 +25,9 @@ pub fn on_sent(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8,
     }
     s.send_op = None;
     match s.writers.front().map(|p| p.call) {
-        Some(Call::Shutdown { .. }) => {
-            // A shutdown's (`attempt::try_shutdown`): 0 or -errno.
+        Some(Call::Shutdown { .. } | Call::Connect { .. }) => {
+            // A shutdown's or a connect's (`attempt::try_shutdown`,
+            // `attempt::connect_op`): 0 or -errno.
             if let Some(p) = s.writers.pop_front() {
                 finish(host, &p, if res < 0 { Err(-res) } else { Ok((0, 0)) });
             }

@@ -372,6 +372,19 @@ impl Engine for UringEngine {
         unsafe { self.push_op(fd, sqe, token, Box::new(slot)) }
     }
 
+    unsafe fn submit_connect(
+        &mut self,
+        fd: RawFd,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+        token: u64,
+        keep: Keep,
+    ) -> bool {
+        let sqe = opcode::Connect::new(types::Fd(fd), addr, len).build();
+        // SAFETY: the caller keeps the address valid while `keep` lives.
+        self.data_path && unsafe { self.push_op(fd, sqe, token, keep) }
+    }
+
     fn personality(&self, uid: u32) -> Option<u16> {
         self.personalities.get(&uid).copied()
     }
@@ -537,6 +550,17 @@ impl Engine for UringEngine {
         self.stash.append(&mut got);
         self.polls = polls;
         res
+    }
+
+    fn complete_now(&mut self, tokens: &[u64]) -> Vec<Event> {
+        let _ = self.enter(0);
+        let mut got = std::mem::take(&mut self.stash);
+        let mut polls = std::mem::take(&mut self.polls);
+        self.reap_apart(&mut got, &mut polls);
+        self.polls = polls;
+        let (mine, rest) = got.into_iter().partition(|e| tokens.contains(&e.token));
+        self.stash = rest;
+        mine
     }
 
     fn ops_in_flight(&self) -> usize {
