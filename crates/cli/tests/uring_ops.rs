@@ -150,19 +150,15 @@ fn many_short_connections(engine: &str) {
     assert_eq!(settle_fds(&srv, fds), fds, "descriptors left open");
 }
 
-/// A 16 MiB registered send, then shutdown(SHUT_WR) on a connection the
-/// host made (the shutdown waits for its answer): the shutdown waits
-/// behind the bytes queued before it, so the peer reads all of them
-/// (SHA-256) and then the end of the stream, while the socket stays open
-/// for reading: the peer's reply after its end still arrives.
-fn shutdown_behind_a_large_send(engine: &str) {
+/// A 16 MiB registered send on socket `s` (its peer `k`), then
+/// shutdown(SHUT_WR): on a connection the host accepted twice (the first
+/// goes unanswered, the second waits for its answer), else once (waited
+/// for). The shutdowns wait behind the bytes queued before them, so the
+/// peer reads all of them (SHA-256) and then the end of the stream, while
+/// the socket stays open for reading: the peer's reply after its end
+/// still arrives.
+fn send_then_shutdown(c: &Client, s: u32, mut k: TcpStream, accepted: bool) {
     const LEN: usize = 16 << 20;
-    let srv = start_server(engine);
-    let c = srv.attach();
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    set_rcvbuf(&l, 64 * 1024);
-    let s = c.tcp_connect(l.local_addr().unwrap()).expect("connect");
-    let (mut k, _) = l.accept().unwrap();
     k.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let (p, mem) = c.alloc_registered(LEN).expect("alloc_registered");
     // SAFETY: fresh registered memory, ours alone, unchanged while sent.
@@ -191,6 +187,9 @@ fn shutdown_behind_a_large_send(engine: &str) {
         k.write_all(b"reply after the end").unwrap();
         (total, <[u8; 32]>::from(h.finalize()), k)
     });
+    if accepted {
+        c.shutdown(s, libc::SHUT_WR).expect("unanswered shutdown");
+    }
     c.shutdown(s, libc::SHUT_WR)
         .expect("shutdown behind the sends");
     let (got, digest, _k) = reader.join().unwrap();
@@ -199,10 +198,33 @@ fn shutdown_behind_a_large_send(engine: &str) {
     let mut buf = [0u8; 64];
     let n = c.recv(s, &mut buf, 0).expect("recv after shutdown");
     assert_eq!(&buf[..n], b"reply after the end");
-    // A second shutdown of the same direction is fine; the socket then
-    // closes normally.
-    c.shutdown(s, libc::SHUT_RDWR).expect("second shutdown");
+    // A shutdown of both directions is fine; the socket then closes.
+    c.shutdown(s, libc::SHUT_RDWR).expect("last shutdown");
     c.close(s).unwrap();
+}
+
+/// `send_then_shutdown` on a connection the host made (its close may
+/// linger, so its shutdown is a system call on both engines).
+fn shutdown_behind_a_large_send(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    set_rcvbuf(&l, 64 * 1024);
+    let s = c.tcp_connect(l.local_addr().unwrap()).expect("connect");
+    let (k, _) = l.accept().unwrap();
+    send_then_shutdown(&c, s, k, false);
+}
+
+/// `send_then_shutdown` on a connection the host accepted (io_uring: the
+/// shutdowns are operations, the second answered from its completion).
+fn accepted_shutdown_behind_a_large_send(engine: &str) {
+    let srv = start_server(engine);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let k = TcpStream::connect(addr).unwrap();
+    set_rcvbuf(&k, 64 * 1024);
+    let (s, _) = c.accept(l, 0).expect("accept");
+    send_then_shutdown(&c, s, k, true);
 }
 
 /// Asks for connections on listener `l` without taking one (a
@@ -376,6 +398,7 @@ engine_tests!(
     blocking_connects,
     many_short_connections,
     shutdown_behind_a_large_send,
+    accepted_shutdown_behind_a_large_send,
     accept_ring_full_then_drained,
     listener_closed_with_accepts_armed,
     host_killed_with_accepts_armed,

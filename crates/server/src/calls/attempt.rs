@@ -256,7 +256,10 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
 /// system call now.
 fn try_shutdown(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, fd: i32, how: i32) -> Step {
     let hkey = cx.hkey;
-    if let Some(s) = host.sockets.get_mut(sid as usize) {
+    // Not on a socket whose close may linger: that close runs on a
+    // closer thread (`closer`), which cannot wait for the shutdown's
+    // completion as the engine's close does.
+    if let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.may_linger) {
         if s.send_op.is_some() {
             return Step::Again; // its own, submitted by an earlier try
         }
