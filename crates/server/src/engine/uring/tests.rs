@@ -1,5 +1,5 @@
 //! The io_uring engine's own tests: operations hold their memory, settle,
-//! urgent data, and the operations of `ops.rs`.
+//! urgent data, accepts into their slots, shutdown and close.
 
 use super::super::{Engine, EpollEngine, SendOp};
 use super::UringEngine;
@@ -147,4 +147,60 @@ fn urgent_data_wakes_as_documented() {
         };
         eng.forget(a.as_raw_fd(), 7);
     }
+}
+
+/// An accept waits in the kernel until a client connects; its completion
+/// puts the connection and the client's address in the slot. One whose
+/// listener closes is cancelled, and a slot nobody takes closes its
+/// connection.
+#[test]
+fn accepts_fill_their_slots() {
+    use super::super::AcceptSlot;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut eng = UringEngine::new().unwrap();
+    let slot = AcceptSlot::new();
+    assert!(eng.submit_accept(l.as_raw_fd(), slot.clone(), None, 5));
+    eng.flush();
+    assert!(slot.take().is_none(), "nothing accepted yet");
+    let k = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    assert!(completion(&mut eng, 5) >= 0);
+    let (fd, addr, len) = slot.take().expect("the connection");
+    let mut peer = [0u8; 16];
+    // SAFETY: copying the 16 bytes of an IPv4 address out of the storage.
+    unsafe { std::ptr::copy_nonoverlapping(&addr as *const _ as *const u8, peer.as_mut_ptr(), 16) };
+    assert_eq!(len, 16);
+    let port = u16::from_be_bytes([peer[2], peer[3]]);
+    assert_eq!(port, k.local_addr().unwrap().port(), "the client's address");
+    drop(fd);
+    // Cancelled with its listener's close; the listener's port is free.
+    let slot = AcceptSlot::new();
+    assert!(eng.submit_accept(l.as_raw_fd(), slot.clone(), None, 6));
+    let at = l.local_addr().unwrap();
+    eng.close(std::os::fd::OwnedFd::from(l));
+    assert_eq!(completion(&mut eng, 6), -libc::ECANCELED);
+    assert!(slot.take().is_none());
+    drop(std::net::TcpListener::bind(at).expect("the port is free"));
+}
+
+/// A close goes out with the next batch; a shutdown completes with its
+/// result, and the close of its socket queued meanwhile waits for it.
+#[test]
+fn shutdown_then_close() {
+    let (a, b) = pair();
+    let mut eng = UringEngine::new().unwrap();
+    assert!(eng.submit_shutdown(a.as_raw_fd(), libc::SHUT_WR, 7));
+    eng.close(std::os::fd::OwnedFd::from(a));
+    assert_eq!(completion(&mut eng, 7), 0);
+    // Its close follows at the next submission: the peer sees the end.
+    eng.flush();
+    let mut x = [0u8; 1];
+    b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(std::io::Read::read(&mut &b, &mut x).unwrap(), 0);
+    // A plain close: the socket is closed after the flush (the peer sees
+    // the end).
+    let (c, d) = pair();
+    eng.close(std::os::fd::OwnedFd::from(c));
+    eng.flush();
+    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(std::io::Read::read(&mut &d, &mut x).unwrap(), 0);
 }
