@@ -16,6 +16,10 @@ use std::os::fd::AsRawFd;
 use tcps_proto::addr;
 use tcps_proto::msg::{ArenaRange, Call};
 
+/// `Parked::progress` of a shutdown or connect whose engine operation is
+/// in flight (`sendq::sent` completes only such a call with it).
+pub(crate) const OP_IN_FLIGHT: usize = usize::MAX;
+
 pub(crate) enum Step {
     Done(Res),
     /// Would block: park (or stay parked) and wait for readiness.
@@ -123,7 +127,7 @@ pub(crate) fn start_connect(
     }
     let fd = s.fd.as_raw_fd();
     if !p.nonblocking && connect_op(cx, host, sid, fd, &bytes) {
-        p.progress = 1;
+        p.progress = OP_IN_FLIGHT;
         return Step::Again;
     }
     let Some(s) = host.socket(sid) else {
@@ -236,7 +240,7 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         Call::SendFile { .. } => {
             super::sendq::file::attempt(host, sid, p).map_or(Step::Again, Step::Done)
         }
-        Call::Shutdown { how, .. } => try_shutdown(cx, host, sid, fd, how),
+        Call::Shutdown { how, .. } => try_shutdown(cx, host, sid, fd, p, how),
         Call::Connect { .. } if host.socket(sid).is_some_and(|s| s.send_op.is_some()) => {
             Step::Again // the engine's connect (`connect_op`) completes it
         }
@@ -254,17 +258,27 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
 /// `IORING_OP_SHUTDOWN`, in the pass's batch; it stays at the front, and
 /// the calls behind it wait, until its completion, `sendq::sent`), or a
 /// system call now.
-fn try_shutdown(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, fd: i32, how: i32) -> Step {
+fn try_shutdown(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &mut Parked,
+    how: i32,
+) -> Step {
     let hkey = cx.hkey;
     // Not on a socket whose close may linger: that close runs on a
     // closer thread (`closer`), which cannot wait for the shutdown's
     // completion as the engine's close does.
     if let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.may_linger) {
         if s.send_op.is_some() {
-            return Step::Again; // its own, submitted by an earlier try
+            // Its own, submitted by an earlier try, or one of a call that
+            // left (a connect that timed out): its completion drives on.
+            return Step::Again;
         }
         let (seq, token) = writer_op(hkey, sid, s);
         if cx.engine.submit_shutdown(fd, how, token) {
+            p.progress = OP_IN_FLIGHT;
             s.op_seq = seq;
             s.send_op = Some(seq);
             return Step::Again;
