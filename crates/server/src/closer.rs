@@ -10,6 +10,7 @@
 //! thread can be started) the socket's linger is turned off and it is
 //! closed at once: the data still goes out, nobody waits for it.
 
+use crate::engine::Engine;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,15 +23,18 @@ static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 /// Closes `fd`, a kernel socket whose SO_LINGER may be on (`may_linger`:
 /// the server did not see all its options, or the host set SO_LINGER):
-/// off the calling thread if its close could block. An ordinary close
-/// (`may_linger` false) is a plain close with no extra system call.
-pub fn close_socket(fd: OwnedFd, may_linger: bool) {
-    crate::sys::count(1); // the close, here or on a closer thread
+/// off the calling thread if its close could block. Its waits and
+/// operations in `engine` end first. An ordinary close (`may_linger`
+/// false) is the engine's (io_uring: an operation in the pass's batch;
+/// epoll: close(2)), with no extra system call.
+pub fn close_socket(engine: &mut dyn Engine, fd: OwnedFd, may_linger: bool) {
     if !may_linger || !crate::sys::lingers(fd.as_raw_fd()) {
-        return drop(fd);
+        return engine.close(fd);
     }
-    // A listener's close never waits (and its port must be free when its
-    // close returns).
+    engine.forget(fd.as_raw_fd(), 0);
+    crate::sys::count(1); // the close, here or on a closer thread
+                          // A listener's close never waits (and its port must be free when its
+                          // close returns).
     if crate::sys::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Ok(1) {
         return drop(fd);
     }

@@ -366,9 +366,10 @@ pub fn export(
         return (reply(libc::EBUSY), None);
     }
     // A ring or pull buffer holding bytes (connections) the host has not
-    // taken: those would be lost. (A receive in flight into the ring is
-    // settled first: what it got counts.)
-    let settled = crate::calls::eager::ringop::settle(cx, host, id);
+    // taken: those would be lost. (A receive or accepts in flight into the
+    // ring are settled first: what they got counts.)
+    let settled = crate::calls::eager::ringop::settle(cx, host, id)
+        | crate::calls::eager::acceptop::settle(cx, host, id);
     if !handover::release_for_export(host, id) {
         if settled {
             crate::calls::eager::sweep::advance(cx, host, id);

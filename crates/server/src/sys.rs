@@ -60,6 +60,12 @@ pub struct RawAddr {
     pub len: libc::socklen_t,
 }
 
+impl std::fmt::Debug for RawAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawAddr({:?})", self.as_bytes())
+    }
+}
+
 impl RawAddr {
     pub fn empty() -> RawAddr {
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid.

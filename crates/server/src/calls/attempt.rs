@@ -16,6 +16,10 @@ use std::os::fd::AsRawFd;
 use tcps_proto::addr;
 use tcps_proto::msg::{ArenaRange, Call};
 
+/// `Parked::progress` of a shutdown or connect whose engine operation is
+/// in flight (`sendq::sent` completes only such a call with it).
+pub(crate) const OP_IN_FLIGHT: usize = usize::MAX;
+
 pub(crate) enum Step {
     Done(Res),
     /// Would block: park (or stay parked) and wait for readiness.
@@ -104,7 +108,13 @@ pub(crate) fn would_block_after(p: &Parked) -> Step {
     }
 }
 
-pub(crate) fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaRange) -> Step {
+pub(crate) fn start_connect(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    p: &mut Parked,
+    a: ArenaRange,
+) -> Step {
     let Some(s) = host.socket(sid) else {
         return Step::Done(Err(libc::EBADF));
     };
@@ -116,6 +126,13 @@ pub(crate) fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaR
         }));
     }
     let fd = s.fd.as_raw_fd();
+    if !p.nonblocking && connect_op(cx, host, sid, fd, &bytes) {
+        p.progress = OP_IN_FLIGHT;
+        return Step::Again;
+    }
+    let Some(s) = host.socket(sid) else {
+        return Step::Done(Err(libc::EBADF));
+    };
     let guard = guard::Guard::call(s.host_held);
     let r = sys::connect(fd, &RawAddr::from_bytes(&bytes));
     drop(guard);
@@ -133,6 +150,50 @@ pub(crate) fn start_connect(host: &mut Host, sid: u32, p: &mut Parked, a: ArenaR
         }
         Err(e) => Step::Done(Err(e)),
     }
+}
+
+/// The number and token of the next operation for the front of socket
+/// `sid`'s writers (completed by `sendq::sent`, as a send's).
+fn writer_op(hkey: usize, sid: u32, s: &crate::host::Sock) -> (u8, u64) {
+    let seq = s.op_seq.wrapping_add(1);
+    let token = crate::token::Token::Sent {
+        host: hkey,
+        sock: sid as usize,
+        gen: s.gen,
+        seq,
+    };
+    (seq, token.encode())
+}
+
+/// A blocking connect handed to the engine (io_uring's
+/// `IORING_OP_CONNECT`, in the pass's batch; the kernel waits for the
+/// handshake): it waits on the writers for its completion
+/// (`sendq::sent`). False where the engine executes no connects.
+fn connect_op(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, fd: i32, addr: &[u8]) -> bool {
+    let hkey = cx.hkey;
+    let Some(s) = host.sockets.get_mut(sid as usize) else {
+        return false;
+    };
+    if s.send_op.is_some() || !cx.engine.submits_ops() {
+        return false;
+    }
+    let addr = Box::new(RawAddr::from_bytes(addr));
+    let (ptr, len) = (
+        &addr.storage as *const libc::sockaddr_storage as *const libc::sockaddr,
+        addr.len,
+    );
+    let (seq, token) = writer_op(hkey, sid, s);
+    // SAFETY: the address lives in its box, held as the `Keep` until the
+    // completion is reaped (moving the box does not move it).
+    if !unsafe {
+        cx.engine
+            .submit_connect(fd, ptr, len, token, Box::new(addr))
+    } {
+        return false;
+    }
+    s.op_seq = seq;
+    s.send_op = Some(seq);
+    true
 }
 
 /// Tries a parked (or new) accept, recv, send or connect once more.
@@ -179,7 +240,10 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         Call::SendFile { .. } => {
             super::sendq::file::attempt(host, sid, p).map_or(Step::Again, Step::Done)
         }
-        Call::Shutdown { how, .. } => Step::Done(sys::shutdown(fd, how).map(|_| (0, 0))),
+        Call::Shutdown { how, .. } => try_shutdown(cx, host, sid, fd, p, how),
+        Call::Connect { .. } if host.socket(sid).is_some_and(|s| s.send_op.is_some()) => {
+            Step::Again // the engine's connect (`connect_op`) completes it
+        }
         Call::Connect { .. } => match sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
             Ok(0) if sys::getpeername(fd).is_ok() => Step::Done(Ok((0, 0))),
             Ok(0) => Step::Again,
@@ -187,6 +251,40 @@ pub(crate) fn attempt(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, p: &mut Parke
         },
         _ => Step::Done(Err(libc::EINVAL)),
     }
+}
+
+/// A shutdown at the front of the socket's writers (the bytes queued
+/// before it have gone): handed to the engine (io_uring's
+/// `IORING_OP_SHUTDOWN`, in the pass's batch; it stays at the front, and
+/// the calls behind it wait, until its completion, `sendq::sent`), or a
+/// system call now.
+fn try_shutdown(
+    cx: &mut Ctx<'_>,
+    host: &mut Host,
+    sid: u32,
+    fd: i32,
+    p: &mut Parked,
+    how: i32,
+) -> Step {
+    let hkey = cx.hkey;
+    // Not on a socket whose close may linger: that close runs on a
+    // closer thread (`closer`), which cannot wait for the shutdown's
+    // completion as the engine's close does.
+    if let Some(s) = host.sockets.get_mut(sid as usize).filter(|s| !s.may_linger) {
+        if s.send_op.is_some() {
+            // Its own, submitted by an earlier try, or one of a call that
+            // left (a connect that timed out): its completion drives on.
+            return Step::Again;
+        }
+        let (seq, token) = writer_op(hkey, sid, s);
+        if cx.engine.submit_shutdown(fd, how, token) {
+            p.progress = OP_IN_FLIGHT;
+            s.op_seq = seq;
+            s.send_op = Some(seq);
+            return Step::Again;
+        }
+    }
+    Step::Done(sys::shutdown(fd, how).map(|_| (0, 0)))
 }
 
 /// An accept (`flags`: accept4's, the peer's address into `addr`): the

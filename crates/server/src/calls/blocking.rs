@@ -97,7 +97,7 @@ pub(crate) fn start(
             Step::Again
         }
     } else if let Call::Connect { addr, .. } = call {
-        start_connect(host, sid, &mut p, addr)
+        start_connect(cx, host, sid, &mut p, addr)
     } else {
         attempt(cx, host, sid, &mut p)
     };
@@ -142,8 +142,15 @@ pub(crate) fn start_shutdown(
         park(cx, host, sid, p, false);
     } else {
         let mut p = p;
-        if let Step::Done(res) = attempt(cx, host, sid, &mut p) {
-            finish(host, &p, res);
+        match attempt(cx, host, sid, &mut p) {
+            Step::Done(res) => finish(host, &p, res),
+            // Submitted to the engine: it waits at the front of the
+            // writers for its completion (`sendq::sent`).
+            Step::Again => {
+                if let Some(s) = host.any_socket_mut(sid) {
+                    s.writers.push_back(p);
+                }
+            }
         }
     }
 }

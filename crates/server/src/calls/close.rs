@@ -46,12 +46,12 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     let Some(s) = host.sockets.remove(sock as usize) else {
         return;
     };
-    cx.engine.forget(s.fd.as_raw_fd(), 0);
     crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
     for p in s.readers.iter().chain(s.writers.iter()) {
         finish(host, p, Err(libc::EBADF));
     }
-    crate::closer::close_socket(s.fd, s.may_linger);
+    // Its waits and operations end with it (`Engine::close`).
+    crate::closer::close_socket(cx.engine, s.fd, s.may_linger);
     if let Some(q) = s.queue {
         queue::unbind(host, q);
     }
@@ -83,9 +83,8 @@ pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> O
 pub fn close_all(engine: &mut dyn Engine, shared: &crate::shared::Shared, host: &mut Host) {
     for k in host.sockets.keys() {
         if let Some(s) = host.sockets.remove(k) {
-            engine.forget(s.fd.as_raw_fd(), 0);
             crate::admission::release(host, &shared.conns_per_addr, &s.admitted);
-            crate::closer::close_socket(s.fd, s.may_linger);
+            crate::closer::close_socket(engine, s.fd, s.may_linger);
         }
     }
 }

@@ -2,8 +2,10 @@
 //! and its [`Event`] (in a file of their own, so `epoll` and `uring` need
 //! not import the module that chooses between them).
 
+use std::cell::UnsafeCell;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Which engine to run.
@@ -36,6 +38,63 @@ pub struct SendOp {
     pub fd: RawFd,
     pub msg: *const libc::msghdr,
     pub flags: i32,
+}
+
+/// Where an accept operation (`Engine::submit_accept`) puts the peer's
+/// address and, once its completion is reaped, the connection: shared by
+/// the engine (until the completion) and the accept ring that waits for
+/// it, so neither the kernel's write nor the new descriptor outlives it
+/// (a slot nobody takes closes its connection when the last holder drops it).
+pub struct AcceptSlot {
+    addr: UnsafeCell<libc::sockaddr_storage>,
+    len: UnsafeCell<libc::socklen_t>,
+    conn: Mutex<Option<OwnedFd>>,
+}
+
+// SAFETY: the kernel writes `addr` and `len` between the submission and the
+// completion; they are read only after the completion was reaped (`take`),
+// on the worker thread that owns the engine, and never written by it.
+unsafe impl Sync for AcceptSlot {}
+// SAFETY: as above; the cells hold plain data.
+unsafe impl Send for AcceptSlot {}
+
+impl std::fmt::Debug for AcceptSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcceptSlot").finish_non_exhaustive()
+    }
+}
+
+impl AcceptSlot {
+    pub fn new() -> Arc<AcceptSlot> {
+        Arc::new(AcceptSlot {
+            // SAFETY: a zeroed sockaddr_storage is valid.
+            addr: UnsafeCell::new(unsafe { std::mem::zeroed() }),
+            len: UnsafeCell::new(std::mem::size_of::<libc::sockaddr_storage>() as _),
+            conn: Mutex::new(None),
+        })
+    }
+
+    /// The kernel's pointers for an accept.
+    pub(super) fn ptrs(&self) -> (*mut libc::sockaddr, *mut libc::socklen_t) {
+        (self.addr.get() as *mut libc::sockaddr, self.len.get())
+    }
+
+    /// The engine reaped the accept: it returned descriptor `fd`.
+    pub(super) fn set_conn(&self, fd: OwnedFd) {
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd);
+    }
+
+    /// The connection and the peer's address (its bytes, at most the
+    /// storage), once the completion was reaped; `None` before or if it
+    /// failed.
+    pub fn take(&self) -> Option<(OwnedFd, libc::sockaddr_storage, libc::socklen_t)> {
+        let fd = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        // SAFETY: the completion was reaped (`conn` is set only then): the
+        // kernel no longer writes the cells.
+        let (addr, len) = unsafe { (*self.addr.get(), *self.len.get()) };
+        let max = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        Some((fd, addr, len.min(max)))
+    }
 }
 
 pub trait Engine: Send {
@@ -111,5 +170,74 @@ pub trait Engine: Send {
     /// Operations submitted and not yet completed.
     fn ops_in_flight(&self) -> usize {
         0
+    }
+    /// Submits what is queued and hands back, without waiting, the
+    /// completions already there of operations `tokens` (those that
+    /// completed at submission: an accept that found a connection
+    /// waiting); other completions stay for `wait`.
+    fn complete_now(&mut self, _tokens: &[u64]) -> Vec<Event> {
+        Vec::new()
+    }
+    /// Closes socket `fd`, dropping its armed wait and cancelling its
+    /// operations first (as `forget`). io_uring: an `IORING_OP_CLOSE`
+    /// queued behind the cancels, submitted with the pass's batch (no
+    /// system call of its own); elsewhere forget, then close(2).
+    fn close(&mut self, fd: OwnedFd) {
+        self.forget(fd.as_raw_fd(), 0);
+        crate::sys::count(1);
+        drop(fd);
+    }
+    /// Queues a shutdown(2) of socket `fd` (`IORING_OP_SHUTDOWN`),
+    /// completed as `submit_send`'s (`res`: 0 or `-errno`). `false` where
+    /// `submits_ops` is false: shut down with a system call.
+    fn submit_shutdown(&mut self, _fd: RawFd, _how: i32, _token: u64) -> bool {
+        false
+    }
+    /// Queues an accept on listener `fd` (`IORING_OP_ACCEPT`, the new
+    /// descriptor `SOCK_NONBLOCK | SOCK_CLOEXEC`) into `slot`, run with
+    /// the credentials of `personality` (`register_personality`) if any;
+    /// completed as `submit_send`'s (`res`: the descriptor, also in the
+    /// slot, or `-errno`). `false` where `submits_ops` is false.
+    fn submit_accept(
+        &mut self,
+        _fd: RawFd,
+        _slot: Arc<AcceptSlot>,
+        _personality: Option<u16>,
+        _token: u64,
+    ) -> bool {
+        false
+    }
+    /// Queues a connect of socket `fd` to the address `addr..addr+len`
+    /// (`IORING_OP_CONNECT`: the kernel waits for the handshake), completed
+    /// as `submit_send`'s (`res`: 0 or `-errno`). `false` where
+    /// `submits_ops` is false.
+    ///
+    /// # Safety
+    /// The address must stay valid while `keep` lives.
+    unsafe fn submit_connect(
+        &mut self,
+        _fd: RawFd,
+        _addr: *const libc::sockaddr,
+        _len: libc::socklen_t,
+        _token: u64,
+        _keep: Keep,
+    ) -> bool {
+        false
+    }
+    /// The personality registered for `uid` (`register_personality`).
+    fn personality(&self, _uid: u32) -> Option<u16> {
+        None
+    }
+    /// Registers the calling thread's credentials now (its fsuid: what a
+    /// socket accepted under them is owned by) as `uid`'s personality.
+    fn register_personality(&mut self, _uid: u32) -> Option<u16> {
+        None
+    }
+    /// Sets an int socket option without waiting for it
+    /// (`SOCKET_URING_OP_SETSOCKOPT`, queued with the batch; SOL_SOCKET
+    /// options only). `false` where the engine cannot: set it with a
+    /// system call.
+    fn set_option_int(&mut self, _fd: RawFd, _level: i32, _name: i32, _value: i32) -> bool {
+        false
     }
 }

@@ -13,17 +13,19 @@
 //! * Events may be spurious; the worker always re-checks with a syscall.
 //!
 //! An engine may also execute the hot data path itself ([`Engine::submits_ops`]:
-//! io_uring): sends and receives submitted as operations, completed later
-//! as events carrying the result, holding what they name ([`Keep`]) until
-//! then; [`Engine::forget`] cancels them too. Where it does not (epoll),
-//! the worker does the same work with a system call on readiness.
+//! io_uring): sends, receives, accepts, shutdowns and blocking connects
+//! submitted as operations, completed later as events carrying the result,
+//! holding what they name ([`Keep`], [`AcceptSlot`]) until then;
+//! [`Engine::forget`] and [`Engine::close`] (itself an operation there)
+//! cancel them too. Where it does not (epoll), the worker does the same
+//! work with a system call on readiness.
 
 mod epoll;
 mod event;
 mod uring;
 
 pub use epoll::EpollEngine;
-pub use event::{Engine, EngineKind, Event, Keep, SendOp};
+pub use event::{AcceptSlot, Engine, EngineKind, Event, Keep, SendOp};
 pub use uring::UringEngine;
 
 use std::io;

@@ -120,13 +120,7 @@ pub(crate) fn accept_loop(
             }
             Err(libc::EAGAIN) => break,
             Err(e) => {
-                debug!(
-                    host = host.id,
-                    listener = lid,
-                    errno = e,
-                    "accept ahead failed"
-                );
-                publish_error(host, lid, st, e);
+                accept_failed(host, lid, st, e);
                 break;
             }
         };
@@ -136,6 +130,18 @@ pub(crate) fn accept_loop(
             Taken::Stop => break,
         }
     }
+    publish_moved(host, lid, st, start, was_empty)
+}
+
+/// Publishes the records written since `start` (`tail` once), stamping
+/// the ring's arrival if it `was_empty`; whether there were any.
+pub(crate) fn publish_moved(
+    host: &mut Host,
+    lid: u32,
+    st: &mut AcceptRing,
+    start: u32,
+    was_empty: bool,
+) -> bool {
     let moved = st.tail != start;
     if moved {
         if let Some(ring) = host.region.recv_ring(lid) {
@@ -153,7 +159,7 @@ pub(crate) fn accept_loop(
 }
 
 /// What became of one connection accepted ahead.
-enum Taken {
+pub(crate) enum Taken {
     /// Published in the ring.
     One,
     /// Reset by admission (or gone at once): the next one.
@@ -165,7 +171,7 @@ enum Taken {
 /// Admits connection `nfd` from `peer` (accepted on listener `lid`),
 /// inserts it, sets it up with `policy` and publishes its record at
 /// `st.tail` (not yet `tail` itself: `accept_loop` publishes once).
-fn take_connection(
+pub(crate) fn take_connection(
     cx: &mut Ctx<'_>,
     host: &mut Host,
     lid: u32,
@@ -241,6 +247,13 @@ fn publish_record(
         AcceptRingProducer::new(ring).write(st.tail, &rec);
     }
     st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
+}
+
+/// An accept ahead on listener `lid` failed with `errno`: logged and
+/// published (`publish_error`).
+pub(crate) fn accept_failed(host: &mut Host, lid: u32, st: &mut AcceptRing, errno: i32) {
+    debug!(host = host.id, listener = lid, errno, "accept ahead failed");
+    publish_error(host, lid, st, errno);
 }
 
 /// Writes an error record (`ACCEPT_ERROR`, the errno in `reserved`) and

@@ -75,8 +75,10 @@ pub fn release_for_export(host: &mut Host, sid: u32) -> bool {
         Eager::None => return true,
         Eager::Pull(p) => p.len() == 0,
         Eager::Recv(b) => ring.is_some_and(|r| r.look(b.tail, b.consumed, 1).0 == 0),
+        // Connections held back at the quota (`acceptop`) count as unread.
         Eager::Accept(a) => {
-            ring.is_some_and(|r| r.look(a.tail, a.consumed, ACCEPT_RECORD_SIZE).0 == 0)
+            a.held.is_empty()
+                && ring.is_some_and(|r| r.look(a.tail, a.consumed, ACCEPT_RECORD_SIZE).0 == 0)
         }
     };
     if !idle {

@@ -7,7 +7,8 @@
 //! eagerly stays armed for POLLIN in the engine; when it is readable the
 //! worker `recv(2)`s straight into the free span of the ring (no
 //! intermediate buffer; with io_uring a receive ring instead always has a
-//! receive into its free span in flight, `ringop`) or `accept4`s and writes one `AcceptRecord` per
+//! receive into its free span in flight, `ringop`) or `accept4`s (with
+//! io_uring: accepts in flight, `acceptop`) and writes one `AcceptRecord` per
 //! connection, then publishes `tail` once. A full ring pauses (`paused = 1`,
 //! disarmed) until the host kicks (`Op::RecvKick`) or the periodic sweep
 //! sees room.
@@ -22,12 +23,14 @@
 //! state: what a socket does eagerly, the server's ring cursors), `recv`
 //! (receive rings), `ringop` (receive rings filled by io_uring receives,
 //! settled before they stop), `pull` (pull sockets), `setup` (setup-with-accept and
-//! the `SOL_TCPS` policy), `accept` (accept rings), this file ([`fill`]),
+//! the `SOL_TCPS` policy), `accept` (accept rings), `acceptop` (accept
+//! rings filled by io_uring accepts, settled before they stop), this file ([`fill`]),
 //! `handover` (unbinding for close, exec and fork), `sweep` (kicks,
 //! resumes, the periodic sweep: above `blocking` and `poll`, which it
 //! drives).
 
 pub(crate) mod accept;
+pub(crate) mod acceptop;
 pub(crate) mod handover;
 pub(crate) mod pull;
 pub(crate) mod pullbuf;
@@ -54,6 +57,8 @@ pub(crate) fn fill(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
         Eager::None => false,
         Eager::Recv(_) => fill_ring(cx, host, sid),
         Eager::Pull(_) => fill_pull(host, sid),
-        Eager::Accept(_) => fill_accept(cx, host, sid),
+        Eager::Accept(_) => {
+            acceptop::fill(cx, host, sid).unwrap_or_else(|| fill_accept(cx, host, sid))
+        }
     }
 }

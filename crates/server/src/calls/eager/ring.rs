@@ -5,7 +5,11 @@
 
 use super::pullbuf::{PullBuf, PullEnd};
 use crate::arrival::Arrival;
+use crate::engine::AcceptSlot;
+use crate::sys::RawAddr;
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use tcps_proto::eager::{ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING};
 
 /// What a socket does eagerly, before its host asks.
@@ -39,7 +43,8 @@ impl Eager {
         match self {
             Eager::None => false,
             Eager::Recv(b) => !b.paused && !b.ended,
-            Eager::Accept(a) => a.demanded && !a.paused,
+            // Accepts in flight wait for connections by themselves.
+            Eager::Accept(a) => a.demanded && !a.paused && a.inflight.is_empty(),
             Eager::Pull(p) => p.end.is_none() && !p.full() && !p.throttled,
         }
     }
@@ -85,6 +90,13 @@ pub struct AcceptRing {
     pub(crate) published: VecDeque<(u32, u32, u16)>,
     /// When the ring last became non-empty (as the server saw it).
     pub(crate) since: Arrival,
+    /// Accepts in flight at the engine (io_uring: `acceptop`), by their
+    /// number: each has one record's room kept for it.
+    pub(crate) inflight: Vec<(u8, Arc<AcceptSlot>)>,
+    /// Connections accepted by the engine while their host was at its
+    /// socket quota: kept, as the kernel's backlog would keep them, and
+    /// published first when the host asks again.
+    pub(crate) held: VecDeque<(OwnedFd, RawAddr)>,
 }
 
 /// With less free room than this a ring pauses (the host kicks after

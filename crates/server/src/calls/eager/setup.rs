@@ -40,7 +40,14 @@ pub(crate) fn setup_accepted(
     // harvest, `poll::arrival_ranks`): stamped from the start. Only
     // connections the server accepted (their description is the server's;
     // one handed back at exec is unstamped, `close::take_for_export`).
-    crate::sys::stamp_arrivals(std::os::fd::AsRawFd::as_raw_fd(&s.fd), true);
+    // Set by an operation in the pass's batch where the engine can.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&s.fd);
+    if !cx
+        .engine
+        .set_option_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+    {
+        crate::sys::stamp_arrivals(fd, true);
+    }
     if !policy.setup_with_accept {
         // Nothing is bound, but a mode that needs no ring is settled now:
         // pull reads ahead from the start, off never does.

@@ -37,12 +37,24 @@ pub(crate) fn advance(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
 
 /// `Token::Received`: receive `seq` into socket `sid`'s ring (generation
 /// `gen`) completed with `res` (bytes, 0 at EOF, or `-errno`): published,
-/// polls look again, and the next receive is submitted (`advance`).
+/// polls look again, and the next receive is submitted (`advance`). On a
+/// listener: an accept into its accept ring (`acceptop::on_accepted`).
 pub fn on_received(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8, res: i32) {
     let sid = sid as u32;
     let Some(s) = host.any_socket_mut(sid) else {
         return; // closed: the receive was cancelled
     };
+    if matches!(s.eager, Eager::Accept(_)) {
+        // An accept into the listener's accept ring (`acceptop`).
+        if super::acceptop::on_accepted(cx, host, sid, gen, seq, res) {
+            recheck_pollers(host, sid);
+        }
+        let hkey = cx.hkey;
+        if let Some(s) = host.any_socket_mut(sid) {
+            rearm(cx.engine, hkey, sid, s);
+        }
+        return;
+    }
     if s.gen != gen || s.recv_op != Some(seq) {
         return;
     }
@@ -74,6 +86,10 @@ pub(crate) fn recv_bind(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> Res {
         // host looks again (the kernel's accept would have found them).
         a.demanded = true;
         advance(cx, host, sid);
+        // Accepts the engine executes: those that found a connection.
+        if super::acceptop::accept_backlog(cx, host, sid) {
+            recheck_pollers(host, sid);
+        }
         return Ok((RECV_MODE_RING as i64, 0));
     }
     if !matches!(s.eager, Eager::None) {

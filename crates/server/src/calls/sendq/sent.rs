@@ -2,8 +2,12 @@
 //! jobs at the front of the socket's write queue move on by what the kernel
 //! sent, in order; finished (all sent, or failed: `finish_job` as for a
 //! system call's error) they leave the queue and the next send is
-//! submitted; short, the rest is submitted at once.
+//! submitted; short, the rest is submitted at once. A shutdown or a
+//! blocking connect the engine executed (`attempt::try_shutdown`,
+//! `attempt::connect_op`) completes here too: it was the front of the same
+//! queue.
 
+use super::super::attempt::OP_IN_FLIGHT;
 use super::super::blocking::drive_writers;
 use super::super::common::{rearm, Ctx};
 use super::super::finish::finish;
@@ -21,19 +25,33 @@ pub fn on_sent(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, seq: u8,
         return;
     }
     s.send_op = None;
-    if res > 0 {
-        advance_jobs(host, sid, res as usize);
-    } else if res == 0 || res == -libc::EAGAIN || res == -libc::EINTR {
-        // Not expected without MSG_DONTWAIT: wait for readiness, then
-        // submit again (never a loop of failing submissions).
-        if let Some(s) = host.any_socket_mut(sid) {
-            rearm(cx.engine, cx.hkey, sid, s);
+    match s.writers.front().map(|p| (p.call, p.progress)) {
+        Some((Call::Shutdown { .. } | Call::Connect { .. }, OP_IN_FLIGHT)) => {
+            // A shutdown's or a connect's (`attempt::try_shutdown`,
+            // `attempt::connect_op`): 0 or -errno.
+            if let Some(p) = s.writers.pop_front() {
+                finish(host, &p, if res < 0 { Err(-res) } else { Ok((0, 0)) });
+            }
         }
-        return;
-    } else if let Some(p) = host.any_socket_mut(sid).and_then(|s| s.writers.pop_front()) {
-        // The front job fails (as a system call's error would fail it);
-        // the jobs behind it fail with its queue's error when tried.
-        finish(host, &p, Err(-res));
+        Some((Call::SendReg { .. }, _)) if res > 0 => advance_jobs(host, sid, res as usize),
+        Some((Call::SendReg { .. }, _))
+            if res == 0 || res == -libc::EAGAIN || res == -libc::EINTR =>
+        {
+            // Not expected without MSG_DONTWAIT: wait for readiness, then
+            // submit again (never a loop of failing submissions).
+            rearm(cx.engine, cx.hkey, sid, s);
+            return;
+        }
+        Some((Call::SendReg { .. }, _)) => {
+            // The front job fails (as a system call's error would fail
+            // it); the jobs behind it fail with its queue's error when tried.
+            if let Some(p) = s.writers.pop_front() {
+                finish(host, &p, Err(-res));
+            }
+        }
+        // The call it was for left meanwhile (a close ended it, or a
+        // connect timed out).
+        _ => {}
     }
     // The next jobs (or the rest of these) go now; a closing socket whose
     // queue is empty closes.

@@ -17,15 +17,22 @@
 //! `Keep` until its completion has been reaped (also when `forget` cancelled
 //! it because its socket closes or its host went away).
 
-use super::event::{Engine, Event, Keep, SendOp};
+use super::event::{AcceptSlot, Engine, Event, Keep, SendOp};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// user_data of cancel requests; their completions are ignored.
+mod ops;
+
+/// user_data of cancel requests and closes; their completions are ignored.
 const CANCEL_TAG: u64 = u64::MAX;
+/// user_data of operations whose completion only lets their `Keep` go
+/// (options set without waiting, `ops.rs`): this bit pattern and a
+/// counter; no `Token` has kind 14.
+const QUIET_TAG: u64 = 0xe << 60;
 
 /// How long dropping the engine waits for cancelled sends to complete.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(1);
@@ -69,6 +76,17 @@ pub struct UringEngine {
     /// `TCPS_URING_DATA_PATH=off` in the server's environment (readiness
     /// only, the worker's system calls: for comparisons).
     data_path: bool,
+    /// Socket options can be set by operations (`set_option_int`; the
+    /// kernel has `SOCKET_URING_OP_SETSOCKOPT`, probed at start).
+    sockopt_ops: bool,
+    next_quiet: u64,
+    /// Registered personalities (credentials accepts run with), by uid.
+    personalities: HashMap<u32, u16>,
+    /// Shutdowns in flight (run by io_uring's worker threads, which look
+    /// their descriptor up only when they start), by token; and the
+    /// closes of their sockets, held back until they completed (`ops.rs`).
+    late_ops: HashMap<u64, RawFd>,
+    held_closes: HashMap<RawFd, OwnedFd>,
 }
 
 impl UringEngine {
@@ -85,7 +103,7 @@ impl UringEngine {
             // Kernels before 5.19.
             Err(_) => (IoUring::builder().build(SQ_ENTRIES)?, false),
         };
-        Ok(UringEngine {
+        let mut e = UringEngine {
             ring,
             armed: HashMap::new(),
             armed_fd: HashMap::new(),
@@ -98,7 +116,14 @@ impl UringEngine {
             polls: Vec::new(),
             taskrun_flag,
             data_path: std::env::var_os("TCPS_URING_DATA_PATH").is_none_or(|v| v != "off"),
-        })
+            sockopt_ops: false,
+            next_quiet: 0,
+            personalities: HashMap::new(),
+            late_ops: HashMap::new(),
+            held_closes: HashMap::new(),
+        };
+        e.sockopt_ops = e.data_path && e.probe_sockopt();
+        Ok(e)
     }
 
     /// `io_uring_enter`: submits what is queued, waits for `want`
@@ -140,6 +165,29 @@ impl UringEngine {
         true
     }
 
+    /// Queues the removal of `fd`'s armed wait and the cancellation of its
+    /// operations (not submitted); whether there was any.
+    fn drop_waits(&mut self, fd: RawFd) -> bool {
+        let mut cancelled = false;
+        if let Some(old) = self.armed.remove(&fd) {
+            self.armed_fd.remove(&old);
+            let _ = self.cancel(old);
+            cancelled = true;
+        }
+        if self.ops_on.contains_key(&fd) {
+            // Every operation on the descriptor; queued after them, so
+            // they were issued on this socket first.
+            let what = types::CancelBuilder::fd(types::Fd(fd)).all();
+            let sqe = opcode::AsyncCancel2::new(what)
+                .build()
+                .user_data(CANCEL_TAG);
+            // SAFETY: a cancel names no memory.
+            let _ = unsafe { self.push(sqe) };
+            cancelled = true;
+        }
+        cancelled
+    }
+
     fn cancel(&mut self, token: u64) -> io::Result<()> {
         // SAFETY: a poll removal names no memory.
         unsafe { self.push(opcode::PollRemove::new(token).build().user_data(CANCEL_TAG)) }
@@ -163,6 +211,7 @@ impl UringEngine {
         self.reap_apart(out, &mut polls);
         out.append(&mut polls);
         self.polls = polls;
+        self.release_held_closes();
     }
 
     /// Reaps operations' completions into `ops`, fired polls into `polls`.
@@ -190,6 +239,12 @@ impl UringEngine {
                         }
                     }
                 }
+                if let (Some(slot), true) = (keep.downcast_ref::<Arc<AcceptSlot>>(), res >= 0) {
+                    // An accept's connection: the slot owns it from now
+                    // (closed with it if nobody takes it).
+                    // SAFETY: the kernel just returned this new descriptor.
+                    slot.set_conn(unsafe { OwnedFd::from_raw_fd(res) });
+                }
                 // The kernel is done with the memory: the `Keep` may go.
                 drop(keep);
                 if let Some(n) = self.ops_on.get_mut(&fd) {
@@ -197,6 +252,9 @@ impl UringEngine {
                     if *n == 0 {
                         self.ops_on.remove(&fd);
                     }
+                }
+                if token >> 60 == QUIET_TAG >> 60 {
+                    continue; // nobody waits for it
                 }
                 ops.push(Event {
                     token,
@@ -236,6 +294,8 @@ impl Drop for UringEngine {
     /// does not complete by then is leaked rather than unmapped.
     fn drop(&mut self) {
         if self.ops.is_empty() {
+            // Closes still queued go now.
+            let _ = self.ring.submit();
             return;
         }
         let tokens: Vec<u64> = self.ops.keys().copied().collect();
@@ -275,28 +335,66 @@ impl Engine for UringEngine {
     }
 
     fn forget(&mut self, fd: RawFd, _token: u64) {
-        let mut cancelled = false;
-        if let Some(old) = self.armed.remove(&fd) {
-            self.armed_fd.remove(&old);
-            let _ = self.cancel(old);
-            cancelled = true;
-        }
-        if self.ops_on.contains_key(&fd) {
-            // Every operation on the descriptor; queued after them, so
-            // they were issued on this socket first.
-            let what = types::CancelBuilder::fd(types::Fd(fd)).all();
-            let sqe = opcode::AsyncCancel2::new(what)
-                .build()
-                .user_data(CANCEL_TAG);
-            // SAFETY: a cancel names no memory.
-            let _ = unsafe { self.push(sqe) };
-            cancelled = true;
-        }
-        if cancelled {
+        if self.drop_waits(fd) {
             // Submit now (while `fd` is still open) so the file reference
             // is dropped promptly.
             let _ = self.enter(0);
         }
+    }
+
+    fn close(&mut self, fd: OwnedFd) {
+        self.close_op(fd);
+    }
+
+    fn submit_shutdown(&mut self, fd: RawFd, how: i32, token: u64) -> bool {
+        self.data_path && self.shutdown_op(fd, how, token)
+    }
+
+    fn submit_accept(
+        &mut self,
+        fd: RawFd,
+        slot: Arc<AcceptSlot>,
+        personality: Option<u16>,
+        token: u64,
+    ) -> bool {
+        if !self.data_path {
+            return false;
+        }
+        let (addr, len) = slot.ptrs();
+        let mut sqe = opcode::Accept::new(types::Fd(fd), addr, len)
+            .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            .build();
+        if let Some(p) = personality {
+            sqe = sqe.personality(p);
+        }
+        // SAFETY: the slot's cells stay allocated while the `Keep` (a
+        // clone of the slot) lives, until the completion is reaped.
+        unsafe { self.push_op(fd, sqe, token, Box::new(slot)) }
+    }
+
+    unsafe fn submit_connect(
+        &mut self,
+        fd: RawFd,
+        addr: *const libc::sockaddr,
+        len: libc::socklen_t,
+        token: u64,
+        keep: Keep,
+    ) -> bool {
+        let sqe = opcode::Connect::new(types::Fd(fd), addr, len).build();
+        // SAFETY: the caller keeps the address valid while `keep` lives.
+        self.data_path && unsafe { self.push_op(fd, sqe, token, keep) }
+    }
+
+    fn personality(&self, uid: u32) -> Option<u16> {
+        self.personalities.get(&uid).copied()
+    }
+
+    fn register_personality(&mut self, uid: u32) -> Option<u16> {
+        self.add_personality(uid)
+    }
+
+    fn set_option_int(&mut self, fd: RawFd, level: i32, name: i32, value: i32) -> bool {
+        self.sockopt_ops && self.sockopt_op(fd, level, name, value)
     }
 
     fn wait(&mut self, timeout: Option<Duration>, out: &mut Vec<Event>) -> io::Result<()> {
@@ -454,158 +552,21 @@ impl Engine for UringEngine {
         res
     }
 
+    fn complete_now(&mut self, tokens: &[u64]) -> Vec<Event> {
+        let _ = self.enter(0);
+        let mut got = std::mem::take(&mut self.stash);
+        let mut polls = std::mem::take(&mut self.polls);
+        self.reap_apart(&mut got, &mut polls);
+        self.polls = polls;
+        let (mine, rest) = got.into_iter().partition(|e| tokens.contains(&e.token));
+        self.stash = rest;
+        mine
+    }
+
     fn ops_in_flight(&self) -> usize {
         self.ops.len() + self.stash.len() + self.polls.len()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::{Engine, EpollEngine, SendOp};
-    use super::UringEngine;
-    use std::os::fd::AsRawFd;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        (a, b)
-    }
-
-    /// Reaps until `token`'s completion (bounded).
-    fn completion(eng: &mut UringEngine, token: u64) -> i32 {
-        let mut out = Vec::new();
-        for _ in 0..100 {
-            eng.wait(Some(Duration::from_millis(10)), &mut out).unwrap();
-            if let Some(e) = out.iter().find(|e| e.token == token) {
-                return e.res;
-            }
-        }
-        panic!("no completion for {token}");
-    }
-
-    /// A receive waiting for data holds its `Keep` until `forget` cancelled
-    /// it and the cancellation was reaped; a send's completion reports the
-    /// bytes and lets its `Keep` go.
-    #[test]
-    fn operations_hold_their_memory_until_reaped() {
-        let (a, b) = pair();
-        let mut eng = UringEngine::new().unwrap();
-        let mut buf = vec![0u8; 64];
-        let keep = Arc::new(());
-        // SAFETY: `buf` outlives the operation (reaped below).
-        let ok = unsafe {
-            eng.submit_recv(
-                a.as_raw_fd(),
-                buf.as_mut_ptr(),
-                64,
-                1,
-                Box::new(keep.clone()),
-            )
-        };
-        assert!(ok);
-        eng.flush();
-        assert_eq!(Arc::strong_count(&keep), 2, "held while in flight");
-        eng.forget(a.as_raw_fd(), 0);
-        assert_eq!(completion(&mut eng, 1), -libc::ECANCELED);
-        assert_eq!(Arc::strong_count(&keep), 1, "released once reaped");
-        assert_eq!(eng.ops_in_flight(), 0);
-        // A send of two buffers (SENDMSG).
-        let (x, y) = (b"hello ".to_vec(), b"world".to_vec());
-        let mut iov = [x.as_slice(), y.as_slice()].map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        });
-        // SAFETY: zeroed msghdr, then its iovecs.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = 2;
-        let op = SendOp {
-            fd: b.as_raw_fd(),
-            msg: &msg,
-            flags: libc::MSG_NOSIGNAL | libc::MSG_WAITALL,
-        };
-        // SAFETY: msg, iov and the buffers outlive the operation.
-        assert!(unsafe { eng.submit_send(op, 2, Box::new(keep.clone())) });
-        eng.flush();
-        assert_eq!(completion(&mut eng, 2), 11);
-        assert_eq!(Arc::strong_count(&keep), 1);
-        let mut got = [0u8; 11];
-        std::io::Read::read_exact(&mut &a, &mut got).unwrap();
-        assert_eq!(&got, b"hello world");
-    }
-
-    /// `settle` hands back what a receive got before it was cancelled, and
-    /// `wait` never reports it again.
-    #[test]
-    fn settle_returns_what_arrived() {
-        let (a, b) = pair();
-        let mut eng = UringEngine::new().unwrap();
-        let mut buf = vec![0u8; 64];
-        // SAFETY: `buf` outlives the operation (settled below).
-        assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 9, Box::new(())) });
-        eng.flush();
-        std::io::Write::write_all(&mut &b, b"abc").unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(eng.settle(9), Some(3));
-        assert_eq!(&buf[..3], b"abc");
-        let mut out = Vec::new();
-        eng.wait(Some(Duration::from_millis(10)), &mut out).unwrap();
-        assert!(out.iter().all(|e| e.token != 9), "{out:?}");
-        assert_eq!(eng.settle(9), None, "nothing in flight");
-        // Settling a receive that got nothing cancels it.
-        // SAFETY: as above.
-        assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 10, Box::new(())) });
-        eng.flush();
-        assert_eq!(eng.settle(10), Some(-libc::ECANCELED));
-    }
-
-    /// What `Engine::urgent_needs_pollin` says: urgent (MSG_OOB) data wakes
-    /// an io_uring poll for POLLIN|POLLPRI but not one for POLLPRI alone;
-    /// epoll reports POLLPRI alone.
-    #[test]
-    fn urgent_data_wakes_as_documented() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        let engines: [Box<dyn Engine>; 2] = [
-            Box::new(UringEngine::new().unwrap()),
-            Box::new(EpollEngine::new().unwrap()),
-        ];
-        for mut eng in engines {
-            let mut mask = libc::POLLPRI as u32;
-            if eng.urgent_needs_pollin() {
-                mask |= libc::POLLIN as u32;
-            }
-            eng.arm(a.as_raw_fd(), 7, mask).unwrap();
-            let mut out = Vec::new();
-            eng.wait(Some(Duration::from_millis(20)), &mut out).unwrap();
-            assert!(out.is_empty(), "{}: {out:?}", eng.name());
-            // SAFETY: one byte from a valid buffer.
-            unsafe {
-                libc::send(
-                    b.as_raw_fd(),
-                    b"!".as_ptr() as *const libc::c_void,
-                    1,
-                    libc::MSG_OOB,
-                )
-            };
-            eng.wait(Some(Duration::from_millis(1000)), &mut out)
-                .unwrap();
-            assert_eq!(out.len(), 1, "{}: urgent data not reported", eng.name());
-            let mut x = [0u8; 1];
-            // SAFETY: one byte into a valid buffer.
-            unsafe {
-                libc::recv(
-                    a.as_raw_fd(),
-                    x.as_mut_ptr() as *mut libc::c_void,
-                    1,
-                    libc::MSG_OOB,
-                )
-            };
-            eng.forget(a.as_raw_fd(), 7);
-        }
-    }
-}
+mod tests;
