@@ -189,6 +189,7 @@ impl Client {
         timeout_ms: i32,
         ready: &mut dyn FnMut() -> io::Result<bool>,
     ) -> io::Result<bool> {
+        let mark = crate::interrupt::Mark::new();
         let Some(slot) = take_slot(&self.conn.bells_held) else {
             return Ok(false);
         };
@@ -209,6 +210,10 @@ impl Client {
         // or queue that moves from here on rings the bell.
         if ready()? {
             return Ok(true);
+        }
+        if mark.seen() {
+            // A handler ran before the poll(2), which would have said EINTR.
+            return Err(crate::interrupt::eintr());
         }
         let mut all: Vec<libc::pollfd> = kernel
             .iter()

@@ -64,7 +64,10 @@ impl Waiter {
         let s2 = shared.clone();
         std::thread::Builder::new()
             .name("tcps-poll-helper".into())
-            .spawn(move || helper(c, s2, cancel, tx))
+            .spawn(move || {
+                crate::signals::block_all_here();
+                helper(c, s2, cancel, tx)
+            })
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
         debug!("poll helper thread started (wake pair {tx}->{rx})");
         Ok(Waiter {
@@ -364,17 +367,24 @@ fn ts_ms(ts: *const libc::timespec) -> c_int {
 }
 
 /// Runs `f` with `mask` as the signal mask (when given), as the p-variants
-/// do (not atomically: a signal arriving just before the wait is seen when
-/// the wait ends).
-pub fn with_sigmask<T>(mask: *const libc::sigset_t, f: impl FnOnce() -> T) -> T {
+/// do (not atomically, but a handler that runs as the mask changes makes
+/// the call return EINTR, as the kernel's would).
+pub fn with_sigmask(mask: *const libc::sigset_t, f: impl FnOnce() -> c_int) -> c_int {
     if mask.is_null() {
         return f();
     }
     // SAFETY: a zeroed sigset_t is a valid buffer for the old mask.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let before = crate::signals::generation();
     // SAFETY: `mask` is the caller's sigset; `old` is ours.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, &mut old) };
-    let r = f();
+    // A signal the new mask let in ran its handler already: the wait is
+    // interrupted before it began (the kernel's p-variants see it so).
+    let r = if crate::signals::generation() != before {
+        fail(libc::EINTR)
+    } else {
+        f()
+    };
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r

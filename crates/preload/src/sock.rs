@@ -190,7 +190,10 @@ pub unsafe extern "C" fn accept4(
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        match c.accept_any(id, flags, &mut buf[..want]) {
+        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
+            c.accept_any(id, flags, &mut buf[..want])
+        });
+        match got {
             Ok((tcps::Accepted::Direct(kfd), full)) => {
                 // Balancing: a kernel socket of this process, which the
                 // program uses as it is (not in the fd table).
