@@ -60,7 +60,8 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     }
     if SIGINFO[i].load(Ordering::Acquire) {
         // SAFETY: the program installed `h` as an SA_SIGINFO handler.
-        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) = unsafe { std::mem::transmute(h) };
+        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
         f(sig, info, ctx);
     } else {
         // SAFETY: the program installed `h` as a plain handler.
@@ -134,7 +135,8 @@ unsafe fn install_simple(sig: c_int, h: sighandler_t, flags: c_int) -> sighandle
 /// BSD semantics (glibc's `signal`): `SA_RESTART` unless `siginterrupt`
 /// said otherwise.
 unsafe fn bsd(sig: c_int, h: sighandler_t) -> sighandler_t {
-    let interrupting = index(sig).is_some_and(|i| INTERRUPTING.load(Ordering::Relaxed) >> i & 1 == 1);
+    let interrupting =
+        index(sig).is_some_and(|i| INTERRUPTING.load(Ordering::Relaxed) >> i & 1 == 1);
     install_simple(sig, h, if interrupting { 0 } else { libc::SA_RESTART })
 }
 

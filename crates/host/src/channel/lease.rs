@@ -7,9 +7,9 @@ use crate::interrupt::{self, Mark};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+use tcps_proto::msg::Call;
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::{self, HostCursor, RingFull};
-use tcps_proto::msg::Call;
 use tcps_proto::{Completion, Request};
 
 /// A call's watch for signals while it waits (see `crate::interrupt`):
@@ -526,9 +526,8 @@ impl<'a> Lease<'a> {
                 // Everything up to `tail` was drained under the lock, so our
                 // completion changes `cq_tail` from `tail`: the wait returns
                 // at once, or the server's wake (host_waiting is set) ends it.
-                let hit = interrupt::futex_interrupted(|| {
-                    HostCursor::sleep(&self.ch, tail, SLEEP_SLICE)
-                });
+                let hit =
+                    interrupt::futex_interrupted(|| HostCursor::sleep(&self.ch, tail, SLEEP_SLICE));
                 unregister(&mut slot.lock(), &self.ch);
                 self.cancel_if_interrupted(&mut intr, hit);
             }

@@ -341,9 +341,9 @@ pub(crate) fn cancel(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, sid: u32, targe
     };
     let mut found = None;
     for (readers, q) in [(true, &mut sock.readers), (false, &mut sock.writers)] {
-        let at = q.iter().position(|p| {
-            mine(p.ch, p.user_data) && p.job.is_none() && p.op != Op::Shutdown
-        });
+        let at = q
+            .iter()
+            .position(|p| mine(p.ch, p.user_data) && p.job.is_none() && p.op != Op::Shutdown);
         if let Some(p) = at.and_then(|i| q.remove(i)) {
             found = Some((readers, p));
             break;

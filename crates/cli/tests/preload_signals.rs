@@ -1,0 +1,183 @@
+//! Signals interrupt blocking calls as the kernel's do (issue 18 item 1).
+//!
+//! `tests/preload/signals.c` runs each case on kernel sockets and through
+//! `tcps run`, and the outputs must be equal: SIGALRM breaking a blocking
+//! accept and recv with EINTR (handlers without `SA_RESTART`, installed
+//! with `sigaction`, `SA_SIGINFO` or not, or with `signal` +
+//! `siginterrupt`), restarting them with `SA_RESTART`, EINTR despite
+//! `SA_RESTART` with `SO_RCVTIMEO` and for poll, epoll_wait, select and
+//! ppoll, `pthread_kill` interrupting one thread's recv and not another's,
+//! a `signalfd` program's recv not interrupted, an interrupted
+//! `MSG_WAITALL` recv returning the bytes it got, and 8 MiB received under
+//! a 2 ms timer with and without `SA_RESTART` (checksums). Through tcps it
+//! runs twice: with receive and accept rings (waits in host memory) and
+//! with eager receive and accept off (calls parked at the server, which
+//! the library cancels: `Cancel` requests counted).
+//!
+//! The native API (`tcps::Client`, no trampolines) returns EINTR when a
+//! handler interrupts its wait, on both paths.
+
+mod common;
+mod preload;
+
+use common::{Server, TempDir};
+use preload::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/signals.c");
+
+fn build(dir: &Path) -> PathBuf {
+    let exe = dir.join("signals");
+    let out = std::process::Command::new("cc")
+        .args(["-O1", "-pthread", "-Wno-deprecated-declarations", "-o"])
+        .arg(&exe)
+        .arg(SRC)
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// The probe's output on `net` (through `srv` for tcps).
+fn run(net: Net, srv: &Server, dir: &Path, tag: &str, exe: &Path) -> String {
+    let log = dir.join(format!("{tag}.out"));
+    let stats = dir.join(format!("{tag}.stats"));
+    let cmd = command(net, srv, &stats, &log, &[exe.to_str().unwrap()]);
+    assert!(
+        run_to_end(cmd, &log, Duration::from_secs(90)),
+        "{tag}: the probe failed:\n{}",
+        read(&log)
+    );
+    if net == Net::Tcps {
+        let s = summaries(&stats);
+        assert!(
+            s.iter().any(|s| s.offloaded >= 20 && s.kernel_tcp == 0),
+            "{tag}: not offloaded: {s:?}"
+        );
+    }
+    read(&log)
+}
+
+fn cancels(srv: &Server) -> u64 {
+    srv.stat_json()["total"]["counters"]["calls"]["Cancel"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn signals_interrupt_as_on_kernel_sockets() {
+    let dir = TempDir::new("preload-signals");
+    let exe = build(dir.path());
+    let rings = Server::start("uring", &[]);
+    let kernel = run(Net::Kernel, &rings, dir.path(), "kernel", &exe);
+    // The probe itself says what the kernel does.
+    for line in [
+        "accept restart=0 siginfo=0: -1 EINTR handled=1",
+        "accept restart=1 siginfo=0: ok  handled=1",
+        "recv restart=1 rcvtimeo=1 -> -1: -1 EINTR handled=1",
+        "epoll_wait SA_RESTART: -1 EINTR handled=1",
+        "pthread_kill: t1 -1 EINTR, t2 2 ok, handled=1",
+        "signalfd: recv 5 ok, signalfd read SIGUSR2, handled=0",
+        "waitall: first 50000 ok, total 1048576, intact 1, handled=1",
+        "storm restart=1: total 8388608, intact 1, eintr seen no",
+        "done",
+    ] {
+        assert!(
+            kernel.contains(line),
+            "kernel run lacks {line:?}:\n{kernel}"
+        );
+    }
+    let tcps = run(Net::Tcps, &rings, dir.path(), "rings", &exe);
+    assert_eq!(tcps, kernel, "through tcps (rings) differs from the kernel");
+    let parked = Server::start("epoll", &["--eager-recv", "off", "--eager-accept", "off"]);
+    let tcps = run(Net::Tcps, &parked, dir.path(), "parked", &exe);
+    assert_eq!(
+        tcps, kernel,
+        "through tcps (calls parked at the server) differs from the kernel"
+    );
+    let n = cancels(&parked);
+    assert!(
+        n >= 8,
+        "only {n} Cancel requests: the parked calls were not cancelled"
+    );
+}
+
+extern "C" fn noop(_: libc::c_int) {}
+
+/// A SIGUSR1 handler without SA_RESTART for this test process.
+fn install_noop() {
+    // SAFETY: installing a handler that does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = noop as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Runs `f` on a thread and signals it with SIGUSR1 every 200 ms until it
+/// returns (a signal that comes before the wait began is missed, as by the
+/// kernel), at most 10 s; returns what `f` returned.
+fn interrupted<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::unix::thread::JoinHandleExt;
+    let t = std::thread::spawn(f);
+    let start = std::time::Instant::now();
+    while !t.is_finished() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the call was never interrupted"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signalling a thread of this process that has not been joined.
+        unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR1) };
+    }
+    t.join().expect("thread")
+}
+
+#[test]
+fn native_api_returns_eintr() {
+    use std::io::Write;
+    install_noop();
+    for (engine, extra) in [
+        ("uring", &[][..]),
+        (
+            "epoll",
+            &["--eager-recv", "off", "--eager-accept", "off"][..],
+        ),
+    ] {
+        let srv = Server::start(engine, extra);
+        let c = std::sync::Arc::new(srv.attach());
+        let l = c.tcp_listen("127.0.0.1:0".parse().unwrap(), 4).unwrap();
+        let c2 = c.clone();
+        let r = interrupted(move || c2.accept(l, 0).map(|_| ()));
+        let e = r.expect_err("accept returned without a connection");
+        assert_eq!(e.raw_os_error(), Some(libc::EINTR), "{engine} accept: {e}");
+        // The listener still works, and a recv is interrupted the same way.
+        let addr = c.getsockname(l).unwrap();
+        let mut peer = std::net::TcpStream::connect(addr).unwrap();
+        let (s, _) = c.accept(l, 0).unwrap();
+        let c2 = c.clone();
+        let r = interrupted(move || c2.recv(s, &mut [0u8; 64], 0));
+        let e = r.expect_err("recv returned without data");
+        assert_eq!(e.raw_os_error(), Some(libc::EINTR), "{engine} recv: {e}");
+        peer.write_all(b"after").unwrap();
+        let mut buf = [0u8; 64];
+        let n = c.recv(s, &mut buf, 0).unwrap();
+        assert_eq!(
+            &buf[..n],
+            b"after",
+            "{engine}: bytes after the interruption"
+        );
+        if engine == "epoll" {
+            assert!(
+                cancels(&srv) >= 2,
+                "{engine}: the parked calls were not cancelled"
+            );
+        }
+    }
+}
