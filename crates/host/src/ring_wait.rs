@@ -229,6 +229,14 @@ impl Client {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
+        if all
+            .last()
+            .is_some_and(|b| b.revents & (libc::POLLHUP | libc::POLLERR) != 0)
+        {
+            // The server's end of the doorbell closed: it died. Say so
+            // (the attachment is marked dead), or every sleep ends at once.
+            self.conn.server_alive();
+        }
         for (k, a) in kernel.iter_mut().zip(&all) {
             k.revents = a.revents;
         }

@@ -31,6 +31,9 @@ pub unsafe fn recv_id(
     flags: c_int,
 ) -> ssize_t {
     fdtable::note_read(id);
+    if crate::gone::gone(c) {
+        return fail(crate::gone::call_error(id, libc::ENOTCONN));
+    }
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {
         if buf.is_null() && len > 0 {
             null_recv(c, id, len, flags)
@@ -68,9 +71,13 @@ fn null_recv(c: &tcps::Client, id: u32, len: usize, flags: c_int) -> std::io::Re
 /// the send queue has room (`sendq.rs`), else synchronous.
 pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> ssize_t {
     fdtable::note_write(id);
-    let r = match crate::sendq::try_send(c, fd, id, data, flags) {
-        Some(r) => r,
-        None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
+    let r = if crate::gone::gone(c) {
+        Err(err(crate::gone::call_error(id, libc::EPIPE)))
+    } else {
+        match crate::sendq::try_send(c, fd, id, data, flags) {
+            Some(r) => r,
+            None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
+        }
     };
     match &r {
         Ok(n) if *n < data.len() => fdtable::note_full(id),

@@ -14,7 +14,8 @@
 //!    trampoline, restarting calls as the kernel does), `fdtable` (fd →
 //!    socket id);
 //! 2. `log` (TCPS_LOG, counters), then `state` (the attachment as held, its
-//!    mode, the fork generation);
+//!    mode, the fork generation), `gone` (the server died: each socket
+//!    reports a reset once);
 //! 3. `control` (messages on the control socket), then `attach` (making
 //!    the attachment, fallback, a forked child's claim of its parent's
 //!    sockets);
@@ -35,6 +36,7 @@ mod exec;
 mod fdops;
 mod fdtable;
 mod fork;
+mod gone;
 mod io;
 mod log;
 mod poll;

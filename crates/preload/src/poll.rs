@@ -292,6 +292,21 @@ fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
     }
 }
 
+/// A wait after the server died: each offloaded socket reports
+/// POLLERR|POLLHUP once (`gone.rs`), then only the kernel fds are watched
+/// (with none, the wait sleeps for `timeout`).
+fn gone_wait(tcps: &mut [PollFd], kernel: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
+    let mut n = 0;
+    for e in tcps.iter_mut() {
+        e.revents = 0;
+        if crate::gone::report_in_wait(e.sock) {
+            e.revents = libc::POLLERR | libc::POLLHUP;
+            n += 1;
+        }
+    }
+    Ok(n + kernel_poll(kernel, if n > 0 { 0 } else { timeout })?)
+}
+
 /// poll(2) over any mix of fds.
 unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     let all: &mut [pollfd] = if fds.is_null() || n == 0 {
@@ -326,7 +341,15 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
             }
         }
     }
-    match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
+    let r = if crate::gone::gone(c) {
+        gone_wait(&mut tcps, &mut kernel, timeout)
+    } else {
+        match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
+            Err(_) if crate::gone::gone(c) => gone_wait(&mut tcps, &mut kernel, timeout),
+            r => r,
+        }
+    };
+    match r {
         Ok(_) => {
             for (e, &i) in tcps.iter().zip(&tcps_at) {
                 all[i].revents = e.revents;
