@@ -379,6 +379,55 @@ static void case_waitall(void) {
     close(a); close(b);
 }
 
+/* A blocking send to a peer that does not read: interrupted after part of
+ * it went, it returns the count, and exactly those bytes arrive. */
+struct reader {
+    int fd;
+    size_t got;
+    uint64_t h;
+};
+
+static uint64_t fnv(uint64_t h, const unsigned char *p, size_t n);
+
+static void *reader_main(void *arg) {
+    struct reader *r = arg;
+    block_all();
+    unsigned char buf[65536];
+    r->h = 1;
+    for (;;) {
+        ssize_t n = recv(r->fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        r->h = fnv(r->h, buf, n);
+        r->got += n;
+    }
+    return NULL;
+}
+
+static void case_send(int restart) {
+    set_handler(SIGALRM, restart, 0);
+    enum { TOTAL = 64 << 20 };
+    unsigned char *src = malloc(TOTAL);
+    for (size_t i = 0; i < TOTAL; i++) src[i] = (unsigned char)(i * 5 + i / 1021);
+    int a, b;
+    pair(&a, &b);
+    alarm_ms(500);
+    ssize_t n = send(a, src, TOTAL, 0);
+    int e = errno;
+    shutdown(a, SHUT_WR);
+    struct reader r = {b};
+    pthread_t t;
+    pthread_create(&t, NULL, reader_main, &r);
+    pthread_join(t, NULL);
+    printf("send restart=%d: %s, arrived %s, handled=%d\n", restart,
+           n < 0 ? ename(e) : n == TOTAL ? "all" : n > 0 ? "partial" : "zero",
+           n > 0 && r.got == (size_t)n && r.h == fnv(1, src, n) ? "exactly those bytes" : "other",
+           (int)handled);
+    fflush(stdout);
+    free(src);
+    close(a); close(b);
+}
+
 /* A stream received while a timer fires every 2 ms: with SA_RESTART no
  * call sees EINTR; without, the program retries; no byte lost either way. */
 static void case_storm(int restart) {
@@ -427,6 +476,8 @@ int main(int argc, char **argv) {
     RUN("pthread_kill", case_pthread_kill());
     RUN("signalfd", case_signalfd());
     RUN("waitall", case_waitall());
+    RUN("send", case_send(0));
+    RUN("send", case_send(1));
     RUN("storm", case_storm(1));
     RUN("storm", case_storm(0));
     printf("done\n");
