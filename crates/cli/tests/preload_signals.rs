@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/signals.c");
+const ALARM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/alarm_accept.py");
 
 fn build(dir: &Path) -> PathBuf {
     let exe = dir.join("signals");
@@ -47,9 +48,15 @@ fn build(dir: &Path) -> PathBuf {
 
 /// The probe's output on `net` (through `srv` for tcps).
 fn run(net: Net, srv: &Server, dir: &Path, tag: &str, exe: &Path) -> String {
+    run_argv(net, srv, dir, tag, &[exe.to_str().unwrap()], 20)
+}
+
+/// `argv`'s output on `net`; through tcps, checks that it made at least
+/// `sockets` offloaded sockets and no kernel TCP socket.
+fn run_argv(net: Net, srv: &Server, dir: &Path, tag: &str, argv: &[&str], sockets: u64) -> String {
     let log = dir.join(format!("{tag}.out"));
     let stats = dir.join(format!("{tag}.stats"));
-    let cmd = command(net, srv, &stats, &log, &[exe.to_str().unwrap()]);
+    let cmd = command(net, srv, &stats, &log, argv);
     assert!(
         run_to_end(cmd, &log, Duration::from_secs(90)),
         "{tag}: the probe failed:\n{}",
@@ -58,7 +65,8 @@ fn run(net: Net, srv: &Server, dir: &Path, tag: &str, exe: &Path) -> String {
     if net == Net::Tcps {
         let s = summaries(&stats);
         assert!(
-            s.iter().any(|s| s.offloaded >= 20 && s.kernel_tcp == 0),
+            s.iter()
+                .any(|s| s.offloaded >= sockets && s.kernel_tcp == 0),
             "{tag}: not offloaded: {s:?}"
         );
     }
@@ -108,6 +116,23 @@ fn signals_interrupt_as_on_kernel_sockets() {
         n >= 8,
         "only {n} Cancel requests: the parked calls were not cancelled"
     );
+}
+
+/// Python's way (`signal.signal` + `signal.siginterrupt`), as the issue
+/// found it: SIGALRM after 0.5 s breaks a blocking accept.
+#[test]
+fn python_alarm_breaks_accept() {
+    let dir = TempDir::new("preload-alarm");
+    let srv = Server::start("uring", &[]);
+    let argv = ["python3", ALARM];
+    let kernel = run_argv(Net::Kernel, &srv, dir.path(), "kernel", &argv, 0);
+    assert!(
+        kernel.contains("alarm broke accept after 0.5 s")
+            && kernel.contains("accepted after the handler ran: True"),
+        "{kernel}"
+    );
+    let tcps = run_argv(Net::Tcps, &srv, dir.path(), "tcps", &argv, 2);
+    assert_eq!(tcps, kernel);
 }
 
 extern "C" fn noop(_: libc::c_int) {}
