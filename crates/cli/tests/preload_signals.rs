@@ -10,7 +10,7 @@
 //! a `signalfd` program's recv not interrupted, an interrupted
 //! `MSG_WAITALL` recv returning the bytes it got, a blocking send to a peer
 //! that does not read returning the count of what went (exactly those bytes
-//! arrive), and 8 MiB received under
+//! arrive; `sendfile` too), and 8 MiB received under
 //! a 2 ms timer with and without `SA_RESTART` (checksums). Through tcps it
 //! runs twice: with receive and accept rings (waits in host memory) and
 //! with eager receive and accept off (calls parked at the server, which
@@ -95,6 +95,7 @@ fn signals_interrupt_as_on_kernel_sockets() {
         "signalfd: recv 5 ok, signalfd read SIGUSR2, handled=0",
         "waitall: first 50000 ok, total 1048576, intact 1, handled=1",
         "send restart=0: partial, arrived exactly those bytes, handled=1",
+        "sendfile: partial, offset moved by the count, arrived exactly those bytes, handled=1",
         "storm restart=1: total 8388608, intact 1, eintr seen no",
         "done",
     ] {

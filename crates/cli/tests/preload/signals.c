@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/sendfile.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -414,10 +415,10 @@ static void case_send(int restart) {
     alarm_ms(500);
     ssize_t n = send(a, src, TOTAL, 0);
     int e = errno;
-    shutdown(a, SHUT_WR);
     struct reader r = {b};
     pthread_t t;
     pthread_create(&t, NULL, reader_main, &r);
+    shutdown(a, SHUT_WR);
     pthread_join(t, NULL);
     printf("send restart=%d: %s, arrived %s, handled=%d\n", restart,
            n < 0 ? ename(e) : n == TOTAL ? "all" : n > 0 ? "partial" : "zero",
@@ -426,6 +427,41 @@ static void case_send(int restart) {
     fflush(stdout);
     free(src);
     close(a); close(b);
+}
+
+/* sendfile to a peer that does not read, the same way. */
+static void case_sendfile(void) {
+    set_handler(SIGALRM, 0, 0);
+    enum { TOTAL = 64 << 20 };
+    unsigned char *src = malloc(TOTAL);
+    for (size_t i = 0; i < TOTAL; i++) src[i] = (unsigned char)(i * 3 + i / 4093);
+    char path[] = "/tmp/tcps-signals-XXXXXX";
+    int f = mkstemp(path);
+    unlink(path);
+    for (size_t off = 0; off < TOTAL;) {
+        ssize_t n = write(f, src + off, TOTAL - off);
+        if (n <= 0) { perror("write"); exit(1); }
+        off += n;
+    }
+    int a, b;
+    pair(&a, &b);
+    alarm_ms(500);
+    off_t pos = 0;
+    ssize_t n = sendfile(a, f, &pos, TOTAL);
+    int e = errno;
+    struct reader r = {b};
+    pthread_t t;
+    pthread_create(&t, NULL, reader_main, &r);
+    shutdown(a, SHUT_WR);
+    pthread_join(t, NULL);
+    printf("sendfile: %s, offset %s, arrived %s, handled=%d\n",
+           n < 0 ? ename(e) : n == TOTAL ? "all" : n > 0 ? "partial" : "zero",
+           n > 0 && pos == n ? "moved by the count" : "other",
+           n > 0 && r.got == (size_t)n && r.h == fnv(1, src, n) ? "exactly those bytes" : "other",
+           (int)handled);
+    fflush(stdout);
+    free(src);
+    close(f); close(a); close(b);
 }
 
 /* A stream received while a timer fires every 2 ms: with SA_RESTART no
@@ -478,6 +514,7 @@ int main(int argc, char **argv) {
     RUN("waitall", case_waitall());
     RUN("send", case_send(0));
     RUN("send", case_send(1));
+    RUN("sendfile", case_sendfile());
     RUN("storm", case_storm(1));
     RUN("storm", case_storm(0));
     printf("done\n");
