@@ -405,6 +405,22 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
+/* What a send of `total` bytes returned. */
+static const char *outcome(ssize_t n, int e, size_t total) {
+    return n < 0 ? ename(e) : (size_t)n == total ? "all" : n > 0 ? "partial" : "zero";
+}
+
+/* Ends the stream on `a` and reads it to the end on `b`: whether exactly
+ * the `n` first bytes of `src` arrived. */
+static const char *arrived(int a, int b, const unsigned char *src, ssize_t n) {
+    struct reader r = {b};
+    pthread_t t;
+    pthread_create(&t, NULL, reader_main, &r);
+    shutdown(a, SHUT_WR);
+    pthread_join(t, NULL);
+    return n > 0 && r.got == (size_t)n && r.h == fnv(1, src, n) ? "exactly those bytes" : "other";
+}
+
 static void case_send(int restart) {
     set_handler(SIGALRM, restart, 0);
     enum { TOTAL = 64 << 20 };
@@ -415,15 +431,8 @@ static void case_send(int restart) {
     alarm_ms(500);
     ssize_t n = send(a, src, TOTAL, 0);
     int e = errno;
-    struct reader r = {b};
-    pthread_t t;
-    pthread_create(&t, NULL, reader_main, &r);
-    shutdown(a, SHUT_WR);
-    pthread_join(t, NULL);
-    printf("send restart=%d: %s, arrived %s, handled=%d\n", restart,
-           n < 0 ? ename(e) : n == TOTAL ? "all" : n > 0 ? "partial" : "zero",
-           n > 0 && r.got == (size_t)n && r.h == fnv(1, src, n) ? "exactly those bytes" : "other",
-           (int)handled);
+    printf("send restart=%d: %s, arrived %s, handled=%d\n", restart, outcome(n, e, TOTAL),
+           arrived(a, b, src, n), (int)handled);
     fflush(stdout);
     free(src);
     close(a); close(b);
@@ -449,15 +458,8 @@ static void case_sendfile(void) {
     off_t pos = 0;
     ssize_t n = sendfile(a, f, &pos, TOTAL);
     int e = errno;
-    struct reader r = {b};
-    pthread_t t;
-    pthread_create(&t, NULL, reader_main, &r);
-    shutdown(a, SHUT_WR);
-    pthread_join(t, NULL);
-    printf("sendfile: %s, offset %s, arrived %s, handled=%d\n",
-           n < 0 ? ename(e) : n == TOTAL ? "all" : n > 0 ? "partial" : "zero",
-           n > 0 && pos == n ? "moved by the count" : "other",
-           n > 0 && r.got == (size_t)n && r.h == fnv(1, src, n) ? "exactly those bytes" : "other",
+    printf("sendfile: %s, offset %s, arrived %s, handled=%d\n", outcome(n, e, TOTAL),
+           n > 0 && pos == n ? "moved by the count" : "other", arrived(a, b, src, n),
            (int)handled);
     fflush(stdout);
     free(src);
