@@ -210,3 +210,104 @@ fn native_api_returns_eintr() {
         }
     }
 }
+
+/// The protocol itself (`Cancel`, by hand on channel 0): a parked
+/// `MSG_WAITALL` recv that got bytes completes with them, one that got
+/// nothing and a parked poll complete with EINTR, a cancel of a call
+/// answered already is answered by nothing, and the socket works on.
+#[test]
+fn cancel_completes_parked_calls() {
+    use common::{span, RawCalls, RawHost};
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use tcps_proto::Call;
+    for engine in ["uring", "epoll"] {
+        let srv = Server::start(engine, &["--eager-recv", "off", "--eager-accept", "off"]);
+        let raw = RawCalls::new(RawHost::attach(&srv.socket).unwrap());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mine = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        let sock = raw.h.adopt_socket(mine.as_raw_fd(), false).unwrap();
+        drop(mine); // the server holds its own copy
+        let cancel = |target: u64| raw.post(Call::Cancel { sock, target }.encode());
+        // A recv that got part of what it waits for.
+        let target = u64::from(raw.posted()) + 1;
+        raw.post(
+            Call::Recv {
+                sock,
+                data: span(0, 100_000),
+                flags: libc::MSG_WAITALL,
+            }
+            .encode(),
+        );
+        let sent: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        peer.write_all(&sent).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            raw.next_completion(Duration::ZERO).is_none(),
+            "{engine}: recv did not wait"
+        );
+        cancel(target);
+        let c = raw
+            .next_completion(Duration::from_secs(5))
+            .expect("recv answered");
+        assert_eq!(
+            (c.user_data, c.errno, c.result),
+            (target, 0, 1000),
+            "{engine}"
+        );
+        assert_eq!(raw.arena_out(0, 1000), sent, "{engine}: the bytes");
+        // One that got nothing, then a poll.
+        let target = u64::from(raw.posted()) + 1;
+        raw.post(
+            Call::Recv {
+                sock,
+                data: span(0, 100),
+                flags: 0,
+            }
+            .encode(),
+        );
+        cancel(target);
+        let c = raw
+            .next_completion(Duration::from_secs(5))
+            .expect("recv answered");
+        assert_eq!((c.user_data, c.errno), (target, libc::EINTR), "{engine}");
+        let mut bytes = sock.to_ne_bytes().to_vec();
+        bytes.extend(libc::POLLIN.to_ne_bytes());
+        bytes.extend(0i16.to_ne_bytes());
+        assert_eq!(
+            bytes.len(),
+            std::mem::size_of::<tcps_proto::msg::PollEntry>()
+        );
+        raw.arena(0, &bytes);
+        let target = u64::from(raw.posted()) + 1;
+        raw.post(
+            Call::Poll {
+                entries: span(0, 8),
+                n: 1,
+                timeout_ms: -1,
+            }
+            .encode(),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        cancel(target);
+        let c = raw
+            .next_completion(Duration::from_secs(5))
+            .expect("poll answered");
+        assert_eq!((c.user_data, c.errno), (target, libc::EINTR), "{engine}");
+        // Nothing to cancel: no answer; the socket still receives.
+        cancel(target);
+        assert!(
+            raw.next_completion(Duration::from_millis(200)).is_none(),
+            "{engine}"
+        );
+        peer.write_all(b"more").unwrap();
+        let c = raw.run(Call::Recv {
+            sock,
+            data: span(0, 100),
+            flags: 0,
+        });
+        assert_eq!(c.result, 4, "{engine}: recv after the cancels");
+        assert_eq!(raw.arena_out(0, 4), b"more", "{engine}");
+    }
+}
