@@ -19,7 +19,8 @@ use crate::log;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use tcps::Client;
 
-static GONE: AtomicBool = AtomicBool::new(false);
+/// The death was announced (one line per process).
+static ANNOUNCED: AtomicBool = AtomicBool::new(false);
 
 /// Per socket id: what it already reported of the death.
 static REPORTED: [AtomicU8; MAX_IDS] = [const { AtomicU8::new(0) }; MAX_IDS];
@@ -28,13 +29,10 @@ const ON_CALL: u8 = 2;
 
 /// Whether `c`'s server is gone (one load; the host library notices).
 pub fn gone(c: &Client) -> bool {
-    if GONE.load(Ordering::Relaxed) {
-        return true;
-    }
     if c.is_attached() {
         return false;
     }
-    if !GONE.swap(true, Ordering::Relaxed) {
+    if !ANNOUNCED.swap(true, Ordering::Relaxed) {
         log::emit(
             "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback",
         );
