@@ -68,6 +68,16 @@ pub fn call_error(id: u32, later: i32) -> i32 {
     }
 }
 
+/// A call on socket `id` failed with `errno` in the host library: if that
+/// was the death (the server went away while it waited: ECONNRESET), it
+/// was this socket's report, and later calls get the later error.
+pub fn seen_by_call(c: &Client, id: u32, errno: i32) -> i32 {
+    if errno == libc::ECONNRESET && gone(c) {
+        first(id, ON_CALL);
+    }
+    errno
+}
+
 /// `accept` on listener `id` (placeholder `fd`): ECONNABORTED once, then
 /// EAGAIN if non-blocking, else it blocks (until a signal: EINTR).
 pub fn accept_error(fd: libc::c_int, id: u32, flags_nonblock: bool) -> i32 {

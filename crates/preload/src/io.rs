@@ -48,7 +48,7 @@ pub unsafe fn recv_id(
     });
     match r {
         Ok(n) => n as ssize_t,
-        Err(e) => fail(errno_of(&e)),
+        Err(e) => fail(crate::gone::seen_by_call(c, id, errno_of(&e))),
     }
 }
 
@@ -87,7 +87,7 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {
-            let errno = errno_of(&e);
+            let errno = crate::gone::seen_by_call(c, id, errno_of(&e));
             // The kernel raises SIGPIPE on a broken connection unless told
             // not to; the server cannot do that for us. (An asynchronous
             // send's EPIPE surfaces here on the next call, as the kernel's
