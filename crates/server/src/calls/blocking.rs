@@ -362,7 +362,11 @@ pub(crate) fn cancel(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, sid: u32, targe
     };
     finish(host, &p, res);
     // The calls queued behind it may go now.
-    drive(cx, host, sid, readers);
+    if readers {
+        drive_readers(cx, host, sid);
+    } else {
+        drive_writers(cx, host, sid);
+    }
     let hkey = cx.hkey;
     if let Some(sock) = host.any_socket_mut(sid) {
         rearm(cx.engine, hkey, sid, sock);
