@@ -21,6 +21,12 @@
  * If the server dies, a call waiting on it fails within a second with
  * ECONNRESET, and later calls fail with ENOTCONN (EPIPE for send).
  *
+ * A signal handler that runs while a call waits (accept, recv, a blocking
+ * send, connect, tcps_poll, ...) ends the wait: the call fails with EINTR,
+ * or returns the bytes it already moved, whatever SA_RESTART says (retry
+ * it if you want it restarted). A signal that arrives before the wait
+ * began, or a blocked one, interrupts nothing.
+ *
  * All functions are thread-safe.
  *
  * Waiting for the server: a call spins briefly (no system call) when the

@@ -91,6 +91,13 @@ impl Client {
         self.conn.is_open()
     }
 
+    /// Asks whether the server is still there (a look at the region's
+    /// header and a poll of the control socket); false, and the client
+    /// detached, if it is gone.
+    pub fn check_server(&self) -> bool {
+        self.conn.server_alive()
+    }
+
     /// Bytes of data arena per channel. One send/recv request moves at most
     /// 15/16 of it (the rest is kept for calls that may share the channel
     /// while this one waits), and less when it shares a busy channel.

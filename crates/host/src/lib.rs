@@ -9,7 +9,8 @@
 //! * [`capi`] is the C ABI of `include/tcps.h` (`libtcps.so`).
 //!
 //! Modules, bottom up (each uses only those before it): `table`, `sys` and
-//! `settings` (building blocks; `settings` holds the `TCPS_*` variables), `socket` (the per-socket record), `control`,
+//! `settings` (building blocks; `settings` holds the `TCPS_*` variables), `interrupt` (signals
+//! that interrupt waits), `socket` (the per-socket record), `control`,
 //! `attach` and `memory` (the control socket, the handshake, registered
 //! memory), `sendq::shared` (the attachment's send-queue state),
 //! `channel` (the attachment: channel pool and the wait loop), `client`
@@ -31,6 +32,7 @@ mod control;
 mod direct;
 mod eager;
 mod events;
+pub mod interrupt;
 mod kernelfd;
 mod memory;
 mod optcache;

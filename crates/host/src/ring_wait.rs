@@ -189,6 +189,7 @@ impl Client {
         timeout_ms: i32,
         ready: &mut dyn FnMut() -> io::Result<bool>,
     ) -> io::Result<bool> {
+        let mark = crate::interrupt::Mark::new();
         let Some(slot) = take_slot(&self.conn.bells_held) else {
             return Ok(false);
         };
@@ -210,6 +211,10 @@ impl Client {
         if ready()? {
             return Ok(true);
         }
+        if mark.seen() {
+            // A handler ran before the poll(2), which would have said EINTR.
+            return Err(crate::interrupt::eintr());
+        }
         let mut all: Vec<libc::pollfd> = kernel
             .iter()
             .map(|p| libc::pollfd { revents: 0, ..*p })
@@ -223,6 +228,14 @@ impl Client {
         let n = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, timeout_ms) };
         if n < 0 {
             return Err(io::Error::last_os_error());
+        }
+        if all
+            .last()
+            .is_some_and(|b| b.revents & (libc::POLLHUP | libc::POLLERR) != 0)
+        {
+            // The server's end of the doorbell closed: it died. Say so
+            // (the attachment is marked dead), or every sleep ends at once.
+            self.conn.server_alive();
         }
         for (k, a) in kernel.iter_mut().zip(&all) {
             k.revents = a.revents;

@@ -17,7 +17,19 @@ use tcps_proto::handshake::ControlMsg;
 pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
     loop {
         match state::mode() {
-            Mode::Offload => return state::client().ok_or(None),
+            Mode::Offload => {
+                let c = state::client().ok_or(None)?;
+                if !crate::gone::check(c) {
+                    return Ok(c);
+                }
+                // The server died: new sockets fall back as told; the
+                // offloaded ones keep the dead attachment (`gone.rs`).
+                if fail_mode() {
+                    state::fail_tcp_sockets();
+                } else {
+                    state::fall_back_to_kernel();
+                }
+            }
             Mode::Kernel => return Err(None),
             Mode::Failed => return Err(Some(libc::ECONNREFUSED)),
             Mode::Attaching => std::thread::yield_now(),

@@ -8,6 +8,7 @@
 use crate::errno::{errno_of, fail};
 use crate::fdtable;
 use crate::real;
+use crate::signals::restarting;
 use crate::sock::on_socket;
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
@@ -30,19 +31,24 @@ pub unsafe fn recv_id(
     flags: c_int,
 ) -> ssize_t {
     fdtable::note_read(id);
-    let r = if buf.is_null() && len > 0 {
-        null_recv(c, id, len, flags)
-    } else {
-        let out: &mut [u8] = if len == 0 {
-            &mut []
+    if crate::gone::gone(c) {
+        return fail(crate::gone::call_error(id, libc::ENOTCONN));
+    }
+    let r = restarting(c, id, libc::SO_RCVTIMEO, || {
+        if buf.is_null() && len > 0 {
+            null_recv(c, id, len, flags)
         } else {
-            std::slice::from_raw_parts_mut(buf as *mut u8, len)
-        };
-        c.recv(id, out, flags)
-    };
+            let out: &mut [u8] = if len == 0 {
+                &mut []
+            } else {
+                std::slice::from_raw_parts_mut(buf as *mut u8, len)
+            };
+            c.recv(id, out, flags)
+        }
+    });
     match r {
         Ok(n) => n as ssize_t,
-        Err(e) => fail(errno_of(&e)),
+        Err(e) => fail(crate::gone::seen_by_call(c, id, errno_of(&e))),
     }
 }
 
@@ -65,9 +71,13 @@ fn null_recv(c: &tcps::Client, id: u32, len: usize, flags: c_int) -> std::io::Re
 /// the send queue has room (`sendq.rs`), else synchronous.
 pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> ssize_t {
     fdtable::note_write(id);
-    let r = match crate::sendq::try_send(c, fd, id, data, flags) {
-        Some(r) => r,
-        None => c.send(id, data, flags),
+    let r = if crate::gone::gone(c) {
+        Err(err(crate::gone::call_error(id, libc::EPIPE)))
+    } else {
+        match crate::sendq::try_send(c, fd, id, data, flags) {
+            Some(r) => r,
+            None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
+        }
     };
     match &r {
         Ok(n) if *n < data.len() => fdtable::note_full(id),
@@ -77,7 +87,7 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {
-            let errno = errno_of(&e);
+            let errno = crate::gone::seen_by_call(c, id, errno_of(&e));
             // The kernel raises SIGPIPE on a broken connection unless told
             // not to; the server cannot do that for us. (An asynchronous
             // send's EPIPE surfaces here on the next call, as the kernel's

@@ -10,9 +10,12 @@
 //!
 //! Modules, bottom up (each uses only those on its own or lower layers):
 //!
-//! 1. `real` (libc's functions), `errno`, `fdtable` (fd → socket id);
+//! 1. `real` (libc's functions), `errno`, `signals` (handlers behind a
+//!    trampoline, restarting calls as the kernel does), `fdtable` (fd →
+//!    socket id);
 //! 2. `log` (TCPS_LOG, counters), then `state` (the attachment as held, its
-//!    mode, the fork generation);
+//!    mode, the fork generation), `gone` (the server died: each socket
+//!    reports a reset once);
 //! 3. `control` (messages on the control socket), then `attach` (making
 //!    the attachment, fallback, a forked child's claim of its parent's
 //!    sockets);
@@ -33,6 +36,7 @@ mod exec;
 mod fdops;
 mod fdtable;
 mod fork;
+mod gone;
 mod io;
 mod log;
 mod poll;
@@ -40,6 +44,7 @@ mod real;
 mod ring_sleep;
 mod sendfile;
 mod sendq;
+mod signals;
 mod sock;
 mod state;
 
@@ -55,6 +60,7 @@ mod state;
 /// script add no lines.
 extern "C" fn on_load() {
     tcps::pin_settings();
+    tcps::interrupt::set_signal_generation(signals::generation);
     sendq::enabled();
     let started_by_run = tcps::setting_str("TCPS_RUN_PID")
         .is_some_and(|pid| pid.is_ok_and(|pid| pid.trim() == std::process::id().to_string()));

@@ -64,7 +64,10 @@ impl Waiter {
         let s2 = shared.clone();
         std::thread::Builder::new()
             .name("tcps-poll-helper".into())
-            .spawn(move || helper(c, s2, cancel, tx))
+            .spawn(move || {
+                crate::signals::block_all_here();
+                helper(c, s2, cancel, tx)
+            })
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
         debug!("poll helper thread started (wake pair {tx}->{rx})");
         Ok(Waiter {
@@ -289,6 +292,21 @@ fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
     }
 }
 
+/// A wait after the server died: each offloaded socket reports
+/// POLLERR|POLLHUP once (`gone.rs`), then only the kernel fds are watched
+/// (with none, the wait sleeps for `timeout`).
+fn gone_wait(tcps: &mut [PollFd], kernel: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
+    let mut n = 0;
+    for e in tcps.iter_mut() {
+        e.revents = 0;
+        if crate::gone::report_in_wait(e.sock) {
+            e.revents = libc::POLLERR | libc::POLLHUP;
+            n += 1;
+        }
+    }
+    Ok(n + kernel_poll(kernel, if n > 0 { 0 } else { timeout })?)
+}
+
 /// poll(2) over any mix of fds.
 unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     let all: &mut [pollfd] = if fds.is_null() || n == 0 {
@@ -323,7 +341,15 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
             }
         }
     }
-    match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
+    let r = if crate::gone::gone(c) {
+        gone_wait(&mut tcps, &mut kernel, timeout)
+    } else {
+        match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
+            Err(_) if crate::gone::gone(c) => gone_wait(&mut tcps, &mut kernel, timeout),
+            r => r,
+        }
+    };
+    match r {
         Ok(_) => {
             for (e, &i) in tcps.iter().zip(&tcps_at) {
                 all[i].revents = e.revents;
@@ -364,17 +390,24 @@ fn ts_ms(ts: *const libc::timespec) -> c_int {
 }
 
 /// Runs `f` with `mask` as the signal mask (when given), as the p-variants
-/// do (not atomically: a signal arriving just before the wait is seen when
-/// the wait ends).
-pub fn with_sigmask<T>(mask: *const libc::sigset_t, f: impl FnOnce() -> T) -> T {
+/// do (not atomically, but a handler that runs as the mask changes makes
+/// the call return EINTR, as the kernel's would).
+pub fn with_sigmask(mask: *const libc::sigset_t, f: impl FnOnce() -> c_int) -> c_int {
     if mask.is_null() {
         return f();
     }
     // SAFETY: a zeroed sigset_t is a valid buffer for the old mask.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let before = crate::signals::generation();
     // SAFETY: `mask` is the caller's sigset; `old` is ours.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, &mut old) };
-    let r = f();
+    // A signal the new mask let in ran its handler already: the wait is
+    // interrupted before it began (the kernel's p-variants see it so).
+    let r = if crate::signals::generation() != before {
+        fail(libc::EINTR)
+    } else {
+        f()
+    };
     // SAFETY: restoring the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r

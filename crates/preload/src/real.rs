@@ -82,6 +82,8 @@ real! {
     epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
     epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int;
     fork: fn() -> libc::pid_t;
+    sigaction: fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+    sigset: fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
     eventfd: fn(c_uint, c_int) -> c_int;
     execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
     execv: fn(*const c_char, *const *const c_char) -> c_int;

@@ -252,7 +252,17 @@ pub unsafe extern "C" fn sendfile64(
 ) -> ssize_t {
     on_socket!(
         out_fd,
-        |c, id| offloaded_sendfile(c, out_fd, id, in_fd, offset, count),
+        |c, id| {
+            let r = crate::signals::restarting(c, id, libc::SO_SNDTIMEO, || {
+                match offloaded_sendfile(c, out_fd, id, in_fd, offset, count) {
+                    n if n < 0 => Err(std::io::Error::from_raw_os_error(
+                        crate::errno::last_errno(),
+                    )),
+                    n => Ok(n),
+                }
+            });
+            r.unwrap_or_else(|e| fail(crate::errno::errno_of(&e)))
+        },
         else real::sendfile64()(out_fd, in_fd, offset, count)
     )
 }

@@ -337,7 +337,12 @@ pub fn flush_all(c: &Client) {
         if left.is_zero() {
             break;
         }
-        let _ = c.flush_async(id, Some(left));
+        // A signal ends a wait (EINTR); this one goes on to its bound.
+        while let Err(e) = c.flush_async(id, Some(end.saturating_duration_since(Instant::now()))) {
+            if e.raw_os_error() != Some(libc::EINTR) || Instant::now() >= end {
+                break;
+            }
+        }
     }
 }
 

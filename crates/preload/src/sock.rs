@@ -190,7 +190,15 @@ pub unsafe extern "C" fn accept4(
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        match c.accept_any(id, flags, &mut buf[..want]) {
+        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
+            if crate::gone::gone(c) {
+                let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+                let e = crate::gone::accept_error(fd, id, nonblock);
+                return Err(std::io::Error::from_raw_os_error(e));
+            }
+            c.accept_any(id, flags, &mut buf[..want])
+        });
+        match got {
             Ok((tcps::Accepted::Direct(kfd), full)) => {
                 // Balancing: a kernel socket of this process, which the
                 // program uses as it is (not in the fd table).

@@ -399,8 +399,13 @@ impl Conn {
     /// Publishes a request that gets no completion (`AsyncKick`) on some
     /// channel, ringing the doorbell if the server sleeps.
     pub(crate) fn post(&self, call: Call) -> io::Result<()> {
+        self.post_on(self.choose(), call)
+    }
+
+    /// Publishes a request that gets no completion on channel `index`
+    /// (behind the requests published there before it: `Cancel`).
+    pub(crate) fn post_on(&self, index: u32, call: Call) -> io::Result<()> {
         let req = call.encode();
-        let index = self.choose();
         let slot = &self.slots[index as usize];
         let ch = self.channel(index);
         let mut full_since = None;

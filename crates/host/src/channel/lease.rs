@@ -3,12 +3,22 @@
 
 use super::conn::{bump, Backoff, Conn, Slot, LAST_CHANNEL, MIN_SPIN_NS, SLEEP_SLICE, STAGE};
 use super::state::{round_up, ChanState, Use, UseState};
+use crate::interrupt::{self, Mark};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+use tcps_proto::msg::Call;
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::{self, HostCursor, RingFull};
 use tcps_proto::{Completion, Request};
+
+/// A call's watch for signals while it waits (see `crate::interrupt`):
+/// once a handler ran, the server is asked once to cancel the call.
+struct Interrupt {
+    mark: Mark,
+    sock: u32,
+    cancelled: bool,
+}
 
 /// A call's piece of a channel: an entry in its users table and an arena
 /// range of [`room`](Lease::room) bytes. Offsets given to
@@ -179,11 +189,16 @@ impl<'a> Lease<'a> {
         if on_socket && self.conn.socks.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
+        let intr = Interrupt {
+            mark: Mark::new(),
+            sock: req.sock,
+            cancelled: false,
+        };
         let (seen, must_ring) = self.submit(&mut req)?;
         if must_ring {
             self.conn.ring_doorbell();
         }
-        let c = self.wait(seen, must_ring)?;
+        let c = self.wait(seen, must_ring, intr)?;
         self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
         if c.op != req.op {
             return Err(errno(libc::EIO));
@@ -385,7 +400,7 @@ impl<'a> Lease<'a> {
     /// cannot pay off — the server was asleep (`rang`: it needs a wake-up and
     /// a CPU), or enough other threads already spin — then sleep on the
     /// futex.
-    fn wait(&mut self, seen: u32, rang: bool) -> io::Result<Completion> {
+    fn wait(&mut self, seen: u32, rang: bool, intr: Interrupt) -> io::Result<Completion> {
         if !rang && self.conn.spin_budget_ns.load(Ordering::Relaxed) > 0 {
             if self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners {
                 let r = self.spin_wait(seen);
@@ -397,7 +412,7 @@ impl<'a> Lease<'a> {
                 self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        self.sleep_wait()
+        self.sleep_wait(intr)
     }
 
     /// Spins until the completion arrives, the server says the call is
@@ -458,7 +473,25 @@ impl<'a> Lease<'a> {
         }
     }
 
-    fn sleep_wait(&mut self) -> io::Result<Completion> {
+    /// A signal handler ran during the wait (`hit`: the futex said so):
+    /// ask the server once to complete the call now (it answers with what
+    /// the call moved, else EINTR; a call it answered already is not
+    /// touched). The request follows ours on the same channel, so the
+    /// server has taken ours first.
+    fn cancel_if_interrupted(&self, intr: &mut Interrupt, hit: bool) {
+        if intr.cancelled || !(hit || intr.mark.seen()) {
+            return;
+        }
+        intr.cancelled = true;
+        let cancel = Call::Cancel {
+            sock: intr.sock,
+            target: self.tag,
+        };
+        // A server gone answers nothing anyway: the wait ends below.
+        let _ = self.conn.post_on(self.index, cancel);
+    }
+
+    fn sleep_wait(&mut self, mut intr: Interrupt) -> io::Result<Completion> {
         let slot = self.slot;
         let mut last_check = Instant::now();
         loop {
@@ -488,12 +521,15 @@ impl<'a> Lease<'a> {
             if !self.conn.is_open() {
                 return Err(errno(libc::ECONNRESET));
             }
+            self.cancel_if_interrupted(&mut intr, false);
             if let Some(tail) = sleep_on {
                 // Everything up to `tail` was drained under the lock, so our
                 // completion changes `cq_tail` from `tail`: the wait returns
                 // at once, or the server's wake (host_waiting is set) ends it.
-                HostCursor::sleep(&self.ch, tail, SLEEP_SLICE);
+                let hit =
+                    interrupt::futex_interrupted(|| HostCursor::sleep(&self.ch, tail, SLEEP_SLICE));
                 unregister(&mut slot.lock(), &self.ch);
+                self.cancel_if_interrupted(&mut intr, hit);
             }
             if last_check.elapsed() >= SLEEP_SLICE {
                 last_check = Instant::now();

@@ -5,6 +5,7 @@
 //! waiting on a ring.
 
 use crate::client::Client;
+use crate::interrupt::{self, Mark};
 use crate::socket::{Mode, RecvSide, Socket};
 use crate::sys::{self, errno};
 use std::io;
@@ -266,18 +267,23 @@ impl Client {
         }
         // Spin first (a reply on a server with cores of its own is
         // microseconds away), then sleep on the ring's futex.
+        // A signal handler that runs meanwhile ends the wait with EINTR
+        // (`crate::interrupt`), unless the ring moved.
         const MIN_RING_SPIN_NS: u64 = 1_000;
-        let mut moved = || Ok(!ring.is_quiet(seen));
-        if self
+        let mark = Mark::new();
+        let mut moved = || Ok(!ring.is_quiet(seen) || mark.seen());
+        let spun = self
             .conn
-            .spin_until(&self.conn.ring_spin_ns, MIN_RING_SPIN_NS, &mut moved)?
-        {
-            return Ok(true);
-        }
-        ring.wait(seen, slice);
-        // Nothing moved (a timeout, or a spurious wake): is the server there?
-        if ring.is_quiet(seen) && !self.conn.server_alive() {
-            return Err(errno(libc::ECONNRESET));
+            .spin_until(&self.conn.ring_spin_ns, MIN_RING_SPIN_NS, &mut moved)?;
+        let hit = !spun && interrupt::futex_interrupted(|| ring.wait(seen, slice));
+        if ring.is_quiet(seen) {
+            if hit || mark.seen() {
+                return Err(interrupt::eintr());
+            }
+            // Nothing moved (a timeout, or a spurious wake): is the server there?
+            if !self.conn.server_alive() {
+                return Err(errno(libc::ECONNRESET));
+            }
         }
         Ok(true)
     }

@@ -5,6 +5,7 @@
 
 use super::shared::IoHandle;
 use crate::client::Client;
+use crate::interrupt::{self, Mark};
 use crate::socket::{Pending, SendSide, Socket};
 use crate::sys::errno;
 use std::collections::VecDeque;
@@ -106,14 +107,19 @@ impl Client {
     }
 
     /// Sleeps until the queue's `done` moves from `seen` (or `max` passes,
-    /// at most a slice). ECONNRESET if the server died.
+    /// at most a slice). ECONNRESET if the server died; EINTR if a signal
+    /// handler ran meanwhile and nothing moved (`crate::interrupt`).
     pub(super) fn wait_queue(
         &self,
         sq: &SendQueueProducer<'_>,
         seen: u32,
         max: Duration,
     ) -> io::Result<()> {
-        sq.wait(seen, max.min(WAIT_SLICE));
+        let mark = Mark::new();
+        let hit = interrupt::futex_interrupted(|| sq.wait(seen, max.min(WAIT_SLICE)));
+        if (hit || mark.seen()) && sq.done() == seen {
+            return Err(interrupt::eintr());
+        }
         if !self.conn.server_alive() {
             return Err(errno(libc::ECONNRESET));
         }

@@ -752,7 +752,8 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         | Call::SendFile { .. } => fail(&mut c, libc::EOPNOTSUPP),
         // No eager receive either: every socket receives on demand.
         Call::RecvBind { .. } => done(&mut c, tcps_proto::eager::RECV_MODE_NONE as i64),
-        Call::AsyncKick { .. } | Call::RecvKick { .. } => None,
+        // Nothing parks here long enough to be cancelled.
+        Call::AsyncKick { .. } | Call::RecvKick { .. } | Call::Cancel { .. } => None,
     }
 }
 

@@ -376,7 +376,18 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
     let max = max as usize;
     let deadline = (timeout > 0)
         .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+    // The server died (now or during a wait that failed): `gone.rs`.
+    let gone_or = |e: i32| {
+        if crate::gone::gone(c) {
+            gone_wait(epfd, events, max, timeout)
+        } else {
+            fail(e)
+        }
+    };
     loop {
+        if crate::gone::gone(c) {
+            return gone_wait(epfd, events, max, timeout);
+        }
         let (offloaded, has_kernel) = candidates(c, epfd);
         let Some((cands, mut pfds)) = offloaded else {
             return real::epoll_wait()(epfd, events, max as c_int, timeout);
@@ -385,7 +396,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         let mut ranks = vec![0u16; pfds.len()];
         if !pfds.is_empty() {
             if let Err(e) = crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0) {
-                return fail(crate::errno::errno_of(&e));
+                return gone_or(crate::errno::errno_of(&e));
             }
         }
         let mut out = Vec::new();
@@ -428,7 +439,7 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         match edge_sleep(c, epfd, &mut kernel, remaining) {
             Ok(true) => continue,
             Ok(false) => {}
-            Err(e) => return fail(e),
+            Err(e) => return gone_or(e),
         }
         // The old way: every armed entry, not only the listed ones (an
         // arrival on any of them must end this wait).
@@ -439,8 +450,38 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             return real::epoll_wait()(epfd, events, max as c_int, remaining);
         }
         if let Err(e) = poll::wait_mixed(c, &mut pfds, &mut kernel, remaining) {
-            return fail(e);
+            return gone_or(e);
         }
+    }
+}
+
+/// `epoll_wait` after the server died: each offloaded entry reports
+/// EPOLLERR|EPOLLHUP once (per socket, `gone.rs`), then the set waits on
+/// its kernel fds alone (with nothing else, it sleeps for `timeout`).
+unsafe fn gone_wait(epfd: c_int, events: *mut epoll_event, max: usize, timeout: c_int) -> c_int {
+    let mut out = Vec::new();
+    if let Some(s) = sets().get_mut(&epfd) {
+        for e in s.entries.values_mut() {
+            if out.len() < max && !e.disabled && crate::gone::report_in_wait(e.id) {
+                out.push(epoll_event {
+                    events: EV_ERR | EV_HUP,
+                    u64: e.data,
+                });
+                e.disabled = e.events & EV_ONESHOT != 0;
+            }
+        }
+    }
+    let n = out.len();
+    std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
+    if n == max {
+        return n as c_int;
+    }
+    let wait = if n > 0 { 0 } else { timeout };
+    let k = real::epoll_wait()(epfd, events.add(n), (max - n) as c_int, wait);
+    match k {
+        k if k > 0 => (n + k as usize) as c_int,
+        k if k < 0 && n == 0 => -1,
+        _ => n as c_int,
     }
 }
 

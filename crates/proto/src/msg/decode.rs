@@ -105,7 +105,9 @@ impl Call {
             }
             Op::Send | Op::Recv | Op::SendReg | Op::RecvReg | Op::SendFile => decode_data(op, &f),
             Op::SetSockOpt | Op::GetSockOpt | Op::Poll => decode_option_poll(op, &f),
-            Op::AsyncBind | Op::AsyncKick | Op::RecvKick | Op::RecvBind => decode_rings(op, &f),
+            Op::AsyncBind | Op::AsyncKick | Op::RecvKick | Op::RecvBind | Op::Cancel => {
+                decode_rings(op, &f)
+            }
         }
     }
 }
@@ -231,6 +233,10 @@ fn decode_rings(op: Op, f: &Fields<'_>) -> Result<Call, Invalid> {
         Op::AsyncKick => Call::AsyncKick { sock },
         Op::RecvKick => Call::RecvKick { sock },
         Op::RecvBind => Call::RecvBind { sock },
+        Op::Cancel => Call::Cancel {
+            sock,
+            target: f.r.args[0],
+        },
         // Not this family (decode never sends it here): no panic path.
         _ => return Err(Invalid::UnknownOp(op as u16)),
     })

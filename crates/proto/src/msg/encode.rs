@@ -58,6 +58,7 @@ impl Call {
             Call::AsyncKick { .. } => Op::AsyncKick,
             Call::RecvKick { .. } => Op::RecvKick,
             Call::RecvBind { .. } => Op::RecvBind,
+            Call::Cancel { .. } => Op::Cancel,
         }
     }
 
@@ -84,7 +85,8 @@ impl Call {
             | Call::AsyncBind { sock, .. }
             | Call::AsyncKick { sock }
             | Call::RecvKick { sock }
-            | Call::RecvBind { sock } => sock,
+            | Call::RecvBind { sock }
+            | Call::Cancel { sock, .. } => sock,
         }
     }
 
@@ -136,6 +138,7 @@ impl Call {
                 ..
             } => [u64::from(file), offset, u64::from(count), 0, 0],
             Call::AsyncBind { queue, start, .. } => [u64::from(queue), u64::from(start), 0, 0, 0],
+            Call::Cancel { target, .. } => [target, 0, 0, 0, 0],
             Call::Nop
             | Call::Bind { .. }
             | Call::Connect { .. }
@@ -258,6 +261,7 @@ mod tests {
             s().prop_map(|sock| Call::AsyncKick { sock }),
             s().prop_map(|sock| Call::RecvKick { sock }),
             s().prop_map(|sock| Call::RecvBind { sock }),
+            (s(), any::<u64>()).prop_map(|(sock, target)| Call::Cancel { sock, target }),
         ]
     }
 

@@ -90,7 +90,7 @@ ops! {
     Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
     GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
     SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20, SendFile = 21,
-    RecvKick = 22, RecvBind = 23,
+    RecvKick = 22, RecvBind = 23, Cancel = 24,
 }
 
 /// A byte range of the channel arena, checked to lie inside it.
@@ -255,6 +255,15 @@ pub enum Call {
     RecvBind {
         sock: u32,
     },
+    /// "A signal interrupted my wait": the call with tag `target` on this
+    /// channel, if it is still parked at the server (on socket `sock`'s
+    /// queues, or a `Poll`), is completed now: with the bytes it already
+    /// moved, else `EINTR`. Answered by no completion (the cancelled call's
+    /// own completion is the answer).
+    Cancel {
+        sock: u32,
+        target: u64,
+    },
 }
 
 impl Call {
@@ -264,6 +273,7 @@ impl Call {
             self,
             Call::AsyncKick { .. }
                 | Call::RecvKick { .. }
+                | Call::Cancel { .. }
                 | Call::Close { reply: false, .. }
                 | Call::Shutdown { reply: false, .. }
         )

@@ -317,3 +317,65 @@ pub fn on_call_timeout(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, serial: u64)
         rearm(cx.engine, hkey, sid, sock);
     }
 }
+
+/// `Cancel`: a signal interrupted the host's wait for the call tagged
+/// `target` on channel `ch`. If that call is still parked (on socket
+/// `sid`'s queues, or a poll) it completes now, as the kernel's interrupted
+/// call returns: with the bytes it already moved, else EINTR. A call that
+/// completed meanwhile, an asynchronous send's job and a shutdown are left
+/// alone (requests of one channel run in order, so the call was taken
+/// before its cancel).
+pub(crate) fn cancel(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, sid: u32, target: u64) {
+    let mine = |c: u32, u: u64| c == ch && u == target;
+    if let Some(i) = host
+        .polls_to_start
+        .iter()
+        .position(|&(c, u, _, _)| mine(c, u))
+    {
+        host.polls_to_start.remove(i);
+        return complete(host, ch, target, Op::Poll, Err(libc::EINTR));
+    }
+    let parked_poll = host
+        .polls
+        .iter()
+        .find(|(_, p)| mine(p.ch, p.user_data))
+        .map(|(k, _)| k);
+    if let Some(pkey) = parked_poll {
+        return poll::finish_poll(host, pkey, Err(libc::EINTR));
+    }
+    let Some(sock) = host.any_socket_mut(sid) else {
+        return;
+    };
+    let mut found = None;
+    for (readers, q) in [(true, &mut sock.readers), (false, &mut sock.writers)] {
+        let at = q
+            .iter()
+            .position(|p| mine(p.ch, p.user_data) && p.job.is_none() && p.op != Op::Shutdown);
+        if let Some(p) = at.and_then(|i| q.remove(i)) {
+            found = Some((readers, p));
+            break;
+        }
+    }
+    let Some((readers, p)) = found else {
+        return; // answered already
+    };
+    let res = match p.call {
+        Call::Send { .. } | Call::Recv { .. } | Call::SendReg { .. } | Call::RecvReg { .. }
+            if p.progress > 0 =>
+        {
+            Ok((p.progress as i64, 0))
+        }
+        _ => Err(libc::EINTR),
+    };
+    finish(host, &p, res);
+    // The calls queued behind it may go now.
+    if readers {
+        drive_readers(cx, host, sid);
+    } else {
+        drive_writers(cx, host, sid);
+    }
+    let hkey = cx.hkey;
+    if let Some(sock) = host.any_socket_mut(sid) {
+        rearm(cx.engine, hkey, sid, sock);
+    }
+}

@@ -136,6 +136,10 @@ fn start(
             host.cursors[ch as usize].retire();
             eager::sweep::kick(cx, host, sock);
         }
+        Call::Cancel { sock, target } => {
+            host.cursors[ch as usize].retire();
+            blocking::cancel(cx, host, ch, sock, target);
+        }
         Call::Close { sock, reply: false } => {
             // The host did not wait: it closes only sockets it knows are
             // open, so there is no error to tell it (EBADF here means it
@@ -217,6 +221,7 @@ fn execute(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, call: Call) -> Res {
         | Call::Shutdown { .. }
         | Call::AsyncKick { .. }
         | Call::RecvKick { .. }
+        | Call::Cancel { .. }
         | Call::Poll { .. } => Err(libc::EINVAL),
     }
 }
