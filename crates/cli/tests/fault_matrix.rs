@@ -17,7 +17,8 @@
 //! streaming from registered memory through its send queue (killed
 //! mid-queue), a fork-per-connection Python server under `tcps run`
 //! (killed parent or child, mid-fork), redis under `tcps run`, and the
-//! server itself killed under the first workload. (Killing during a hot
+//! server itself killed under the first workload, with a native host and
+//! a program under `tcps run` blocked in recv. (Killing during a hot
 //! upgrade needs the upgrade, which does not exist yet.)
 //!
 //! The table is printed (and written to `$TCPS_FAULT_TABLE` if set);
@@ -213,6 +214,21 @@ fn start_server_for(engine: &str) -> Server {
     Server::start(engine, &["--poll", "adaptive", "--balance", balance])
 }
 
+/// Whether `line` appears in the file at `path` within `limit`.
+fn wait_for_line(path: &std::path::Path, line: &str, limit: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(|l| l.trim() == line) {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// 5–200 ms: a kill at some point of the workload's life.
 fn some_delay(rng: &mut Rng) -> Duration {
     Duration::from_millis(5 + rng.below(195))
@@ -359,6 +375,21 @@ fn point_server(m: &mut Matrix, rng: &mut Rng) -> Outcome {
     );
     let _held = accept_within(&l);
     block.read_mark("blocked", Duration::from_secs(20));
+    // An unmodified program (Python under `tcps run`) blocked in recv too.
+    let log = m.tmp.path().join("blocked-py.log");
+    let _ = std::fs::remove_file(&log);
+    let script = format!(
+        "import socket,sys\ns=socket.create_connection(('127.0.0.1',{}))\n\
+         print('blocked',flush=True)\ntry:\n s.recv(16)\nexcept OSError as e:\n pass\n\
+         print('returned',flush=True)\n",
+        l.local_addr().unwrap().port()
+    );
+    let stats = m.tmp.path().join("blocked-py.stats");
+    let mut py = preload::command(Net::Tcps, &m.srv, &stats, &log, &["python3", "-c", &script])
+        .spawn()
+        .expect("spawn python3 under tcps run");
+    let _held_py = accept_within(&l);
+    wait_for_line(&log, "blocked", Duration::from_secs(20));
     let clients = Clients::start(3, rng.next_u64(), move |seed, stop, tally| {
         fetch_files(p, seed, stop, tally)
     });
@@ -367,6 +398,12 @@ fn point_server(m: &mut Matrix, rng: &mut Rng) -> Outcome {
     m.srv.kill9();
     returns_promptly(&mut serve, "a host blocked in accept", &mut out);
     returns_promptly(&mut block, "a host blocked in recv", &mut out);
+    if !wait_for_line(&log, "returned", PROMPT) {
+        out.hang
+            .push("a program under tcps run: its blocked recv did not return".into());
+    }
+    let _ = py.kill();
+    let _ = py.wait();
     clients.finish(&mut out);
     // The successor: a fresh server, its own idle footprint.
     m.srv = start_server_for(m.engine);
