@@ -389,18 +389,26 @@ impl<'a> Lease<'a> {
         // A dormant host rings, but the server is awake (it polls other
         // hosts) and sees the bell within a pass: spinning still pays.
         let rang = rang && !HostCursor::server_polls(&self.ch);
+        let mut spun = None;
         if !rang && self.conn.spin_budget_ns.load(Ordering::Relaxed) > 0 {
             if self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners {
+                let start = Instant::now();
                 let r = self.spin_wait(seen);
                 self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
                 if let Some(c) = r {
                     return Ok(c);
                 }
+                spun = Some(start);
             } else {
                 self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        self.sleep_wait()
+        let r = self.sleep_wait();
+        if let Some(start) = spun {
+            let conn = self.conn;
+            conn.spin_would_have_paid(&conn.spin_budget_ns, start.elapsed());
+        }
+        r
     }
 
     /// Spins until the completion arrives, the server says the call is
