@@ -121,4 +121,24 @@ fn idle_hosts_are_not_scanned(engine: &str) {
     });
 }
 
-engine_tests!(idle_hosts_are_not_scanned);
+/// A dormant host that publishes a request without ringing (it breaks the
+/// protocol) is still served, by the look at dormant hosts every 100 ms,
+/// and counted (`dormant_backstop`).
+fn dormant_host_that_does_not_ring(engine: &str) {
+    let srv = Server::start(engine, &["--poll", "adaptive"]);
+    let raw = RawCalls::new(RawHost::attach(&srv.socket).unwrap());
+    assert_eq!(raw.run(tcps_proto::Call::Nop).errno, 0);
+    stat_when(&srv, "the host never went dormant", |v| {
+        counter(v, "hosts_dormant") >= 1
+    });
+    raw.publish(tcps_proto::Call::Nop.encode());
+    let c = raw
+        .next_completion(Duration::from_secs(3))
+        .expect("a dormant host's request was never served");
+    assert_eq!(c.errno, 0);
+    stat_when(&srv, "the backstop did not count it", |v| {
+        counter(v, "dormant_backstop") >= 1
+    });
+}
+
+engine_tests!(idle_hosts_are_not_scanned, dormant_host_that_does_not_ring);

@@ -38,6 +38,10 @@ pub struct ScanCounters {
     /// Times an idle host was made dormant, and woken by its doorbell.
     pub dormant_entered: u64,
     pub dormant_woken: u64,
+    /// Dormant hosts found with a request by the backstop look every
+    /// 100 ms rather than by their ring (a ring still on its way, or a host
+    /// that does not keep the protocol; about 0).
+    pub dormant_backstop: u64,
 }
 
 impl ScanCounters {
@@ -47,6 +51,7 @@ impl ScanCounters {
         self.channels_looked += o.channels_looked;
         self.dormant_entered += o.dormant_entered;
         self.dormant_woken += o.dormant_woken;
+        self.dormant_backstop += o.dormant_backstop;
     }
 
     fn to_json(self, dormant_now: u64) -> Value {
@@ -59,6 +64,7 @@ impl ScanCounters {
             "channels_per_pass": per_pass(self.channels_looked),
             "dormant_entered": self.dormant_entered,
             "dormant_woken": self.dormant_woken,
+            "dormant_backstop": self.dormant_backstop,
             "hosts_dormant": dormant_now,
         })
     }

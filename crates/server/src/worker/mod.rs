@@ -484,7 +484,7 @@ impl Worker {
             }
             let (id, pid) = (host.id, host.pid);
             let hkey = self.hosts.insert(host);
-            self.awake.keys.push(hkey);
+            self.awake.adopted(hkey);
             for (fd, token) in [
                 (control, Token::Control { host: hkey }),
                 (bell, Token::HostBell { host: hkey }),
@@ -529,6 +529,7 @@ impl Worker {
             let Some(mut host) = self.hosts.remove(hkey) else {
                 continue;
             };
+            self.awake.removed(hkey);
             let sockets = host.sockets.len();
             calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
             self.engine.forget(host.control.as_raw_fd(), 0);

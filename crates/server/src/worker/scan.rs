@@ -25,6 +25,8 @@ use tcps_proto::ring::ServerCursor;
 /// Its next request then costs a doorbell (an eventfd write at the host,
 /// an engine event here) once: as when the server sleeps.
 pub(super) const DORMANT_AFTER: Duration = Duration::from_millis(2);
+/// How often dormant hosts' channels are looked at regardless (`backstop`).
+const BACKSTOP_EVERY: Duration = Duration::from_millis(100);
 /// Requests taken from one channel per pass, so a chatty channel cannot starve others.
 const BATCH_PER_CHANNEL: u32 = 32;
 
@@ -92,6 +94,8 @@ pub(super) struct Awake {
     pub counters: ScanCounters,
     /// When idle hosts are next looked for.
     next_check: Option<Instant>,
+    /// When dormant hosts' channels are next looked at (`backstop`).
+    next_backstop: Option<Instant>,
 }
 
 impl Awake {
@@ -125,6 +129,38 @@ impl Awake {
             self.keys.swap_remove(i);
             self.counters.dormant_entered += 1;
         }
+        self.backstop(hosts, now);
+    }
+
+    /// Every `BACKSTOP_EVERY`, one look at each dormant host's channels: a
+    /// host that published without ringing (it breaks the protocol, or a
+    /// bug) is still served, late, and counted (`dormant_backstop`; a ring
+    /// on its way counts too, rarely).
+    fn backstop(&mut self, hosts: &mut Slab<Host>, now: Instant) {
+        if self.next_backstop.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_backstop = Some(now + BACKSTOP_EVERY);
+        for (hkey, h) in hosts.iter_mut() {
+            if h.dormant && has_published(h) {
+                h.dormant = false;
+                h.last_request = now;
+                ServerCursor::end_sleep(h.region.header());
+                self.keys.push(hkey);
+                self.counters.dormant_backstop += 1;
+            }
+        }
+    }
+
+    /// A host was adopted (`hkey` new) or removed: its key is on the awake
+    /// list once, or not at all.
+    pub fn adopted(&mut self, hkey: usize) {
+        self.removed(hkey);
+        self.keys.push(hkey);
+    }
+
+    pub fn removed(&mut self, hkey: usize) {
+        self.keys.retain(|&k| k != hkey);
     }
 
     /// Host `hkey` rang its doorbell: if it was dormant, its channels are
