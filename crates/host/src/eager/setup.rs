@@ -268,19 +268,13 @@ impl Client {
         // microseconds away), then sleep on the ring's futex.
         const MIN_RING_SPIN_NS: u64 = 1_000;
         let mut moved = || Ok(!ring.is_quiet(seen));
-        let start = Instant::now();
         if self
             .conn
             .spin_until(&self.conn.ring_spin_ns, MIN_RING_SPIN_NS, &mut moved)?
         {
             return Ok(true);
         }
-        let spun = self.conn.ring_spin_ns.load(Ordering::Relaxed) > 0;
         ring.wait(seen, slice);
-        if spun && !ring.is_quiet(seen) {
-            self.conn
-                .spin_would_have_paid(&self.conn.ring_spin_ns, start.elapsed());
-        }
         // Nothing moved (a timeout, or a spurious wake): is the server there?
         if ring.is_quiet(seen) && !self.conn.server_alive() {
             return Err(errno(libc::ECONNRESET));
