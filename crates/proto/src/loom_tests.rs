@@ -39,7 +39,9 @@
 //! (`layout::ChannelCtl`, std atomics) next to slots written through raw
 //! pointers; they are the same store/fence/load pattern as the ones above.
 //! The request ring's room handshake is: its cores (`ring::room_*`) take
-//! any [`crate::sync::Word`], so the model runs them on loom's atomics.
+//! any [`crate::sync::Word`], so the model runs them on loom's atomics;
+//! so is a host's dormancy (`ring::announce_dormant`, `published_since`,
+//! `publish_request`).
 
 use crate::eager::ctl::{RecvRingCtl, ACCEPT_RECORD_SIZE};
 use crate::eager::recv::{self, RecvCursor};
@@ -348,6 +350,33 @@ fn request_ring_room_never_misses_a_waiter() {
         assert!(
             !slept || woke,
             "lost wake-up: the poster sleeps on a full ring, unseen"
+        );
+    });
+}
+
+/// The worker makes an idle host dormant (raises `server_sleeping` to
+/// `HOST_DORMANT`, re-checks the channel's `req_tail`) while the host
+/// publishes a request (stores `req_tail`, looks at `server_sleeping`):
+/// either the server's re-check sees the request (the host stays awake) or
+/// the host sees the flag and rings its doorbell. Neither seeing the other
+/// would leave the request unread until the host's next call.
+#[test]
+fn dormant_host_never_misses_a_request() {
+    use crate::ring::{announce_dormant, publish_request, published_since};
+    use loom::sync::atomic::AtomicU32;
+    loom::model(|| {
+        let words = (AtomicU32::new(0), AtomicU32::new(0)); // (req_tail, server_sleeping)
+        let (rang, seen) = race(
+            words,
+            |(tail, flag)| publish_request(tail, 1, flag) != 0,
+            |(tail, flag)| {
+                announce_dormant(flag);
+                published_since(tail, 0)
+            },
+        );
+        assert!(
+            rang || seen,
+            "lost request: the host does not ring, the server does not look"
         );
     });
 }

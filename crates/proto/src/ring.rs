@@ -24,6 +24,12 @@
 //!   the completion stamp, then futex-wait on `cq_tail`; the server
 //!   publishing a completion stamps it, bumps `cq_tail`, fences, and
 //!   futex-wakes if it sees `host_waiting`.
+//! * server → stop looking at one host (it is idle; the worker polls
+//!   others): store `server_sleeping = HOST_DORMANT`, fence, re-check each
+//!   channel's `req_tail`; the host's publish (stamp, `req_tail`, fence,
+//!   load `server_sleeping`) then rings the doorbell, which makes the host
+//!   awake again (loom model:
+//!   `loom_tests::dormant_host_never_misses_a_request`).
 //! * host → wait for room (its request ring is full): `room_waiters += 1`,
 //!   fence, load `req_head`; still full: futex-wait on `req_head`. The
 //!   server, after taking requests from a channel (each pop stores
@@ -83,6 +89,37 @@ pub(crate) fn room_done<W: Word>(waiters: &W) {
 pub(crate) fn room_wanted<W: Word>(waiters: &W) -> bool {
     fence(Ordering::SeqCst);
     waiters.load(Ordering::Relaxed) != 0
+}
+
+/// `server_sleeping`: the server may be asleep (every host rings).
+pub const SERVER_ASLEEP: u32 = 1;
+/// `server_sleeping`: the server is awake but does not look at this host's
+/// channels until it rings (it was idle): ringing is needed, but the bell
+/// is seen within a pass, so waiting for the completion by spinning pays.
+pub const HOST_DORMANT: u32 = 2;
+
+/// The server side of making a host dormant: `server_sleeping =
+/// HOST_DORMANT`, then one fence (Dekker against the host's
+/// [`publish_request`]). Then each channel is re-checked with
+/// [`published_since`].
+pub(crate) fn announce_dormant<W: Word>(flag: &W) {
+    // Relaxed: the fence orders it before the re-checks.
+    flag.store(HOST_DORMANT, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
+/// Whether the host published requests past `req_head` (its `req_tail`).
+pub(crate) fn published_since<W: Word>(req_tail: &W, req_head: u32) -> bool {
+    req_tail.load(Ordering::Acquire) != req_head
+}
+
+/// The host side of publishing request `tail - 1` (its slot stamped
+/// already): stores `req_tail`, fences, and returns `server_sleeping`
+/// (non-zero: ring the doorbell).
+pub(crate) fn publish_request<W: Word>(req_tail: &W, tail: u32, flag: &W) -> u32 {
+    req_tail.store(tail, Ordering::Release);
+    fence(Ordering::SeqCst);
+    flag.load(Ordering::Relaxed)
 }
 
 /// The server's private view of one channel.
@@ -187,7 +224,7 @@ impl ServerCursor {
     pub fn announce_sleep<'h>(headers: impl IntoIterator<Item = &'h RegionHeader>) {
         for h in headers {
             // Relaxed: the fence below orders it before the re-check.
-            h.server_sleeping.store(1, Ordering::Relaxed);
+            h.server_sleeping.store(SERVER_ASLEEP, Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
     }
@@ -195,6 +232,31 @@ impl ServerCursor {
     /// The server is awake again (hosts need not ring the doorbell).
     pub fn end_sleep(header: &RegionHeader) {
         header.server_sleeping.store(0, Ordering::Relaxed);
+    }
+
+    /// The server stops looking at this host's channels (it was idle):
+    /// `server_sleeping = HOST_DORMANT`, one fence. Then re-check every
+    /// channel with [`has_published`](Self::has_published): a request
+    /// published before the fence is seen there, one published after it
+    /// finds the flag and rings the doorbell.
+    pub fn announce_dormant(header: &RegionHeader) {
+        announce_dormant(&header.server_sleeping);
+    }
+
+    /// After a sleep, a host that stays dormant: `server_sleeping` goes
+    /// back from `SERVER_ASLEEP` to `HOST_DORMANT` (non-zero throughout, so
+    /// no request goes unrung).
+    pub fn keep_dormant(header: &RegionHeader) {
+        header
+            .server_sleeping
+            .store(HOST_DORMANT, Ordering::Relaxed);
+    }
+
+    /// Whether the host published a request we have not taken, by its
+    /// `req_tail` (for [`announce_dormant`](Self::announce_dormant); the
+    /// scan itself reads slot stamps).
+    pub fn has_published(&self, ch: &ChannelRef<'_>) -> bool {
+        published_since(&ch.ctl().req_tail, self.req_head)
     }
 
     /// Publishes the completion of a request taken with [`pop`](Self::pop).
@@ -254,9 +316,15 @@ impl HostCursor {
         }
         ch.write_request(self.req_tail, r);
         self.req_tail = self.req_tail.wrapping_add(1);
-        ch.ctl().req_tail.store(self.req_tail, Ordering::Release);
-        fence(Ordering::SeqCst);
-        Ok(ch.header().server_sleeping.load(Ordering::Relaxed) != 0)
+        let flag = &ch.header().server_sleeping;
+        Ok(publish_request(&ch.ctl().req_tail, self.req_tail, flag) != 0)
+    }
+
+    /// After a [`submit`](Self::submit) that must ring: whether the server
+    /// is awake nonetheless (this host was dormant, `HOST_DORMANT`): it sees
+    /// the bell within a pass, so spinning for the completion pays.
+    pub fn server_polls(ch: &ChannelRef<'_>) -> bool {
+        ch.header().server_sleeping.load(Ordering::Relaxed) == HOST_DORMANT
     }
 
     /// The index the next request will take (free-running): after

@@ -40,6 +40,7 @@ pub fn wake_all(_word: &AtomicU32) {}
 /// loom model runs the very same functions on loom's atomics.
 pub trait Word {
     fn load(&self, o: Ordering) -> u32;
+    fn store(&self, v: u32, o: Ordering);
     fn fetch_add(&self, v: u32, o: Ordering) -> u32;
     fn fetch_sub(&self, v: u32, o: Ordering) -> u32;
 }
@@ -49,6 +50,9 @@ macro_rules! impl_word {
         impl Word for $t {
             fn load(&self, o: Ordering) -> u32 {
                 <$t>::load(self, o)
+            }
+            fn store(&self, v: u32, o: Ordering) {
+                <$t>::store(self, v, o)
             }
             fn fetch_add(&self, v: u32, o: Ordering) -> u32 {
                 <$t>::fetch_add(self, v, o)

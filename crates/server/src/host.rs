@@ -100,6 +100,12 @@ pub struct Host {
     /// Balancing: the share of new connections handed over directly, and
     /// those waiting to be taken (`crate::balance`).
     pub balance: crate::balance::HostBalance,
+    /// The worker no longer looks at this host's channels: they brought no
+    /// request for a while; its next request rings its doorbell, which
+    /// wakes it (`worker::scan`, `ServerCursor::announce_dormant`).
+    pub dormant: bool,
+    /// When a scan last took a request from this host.
+    pub last_request: std::time::Instant,
 }
 
 /// What the server keeps of one send queue; the shared control block is
@@ -160,6 +166,8 @@ impl Host {
             arrivals: 0,
             rearm_later: Vec::new(),
             balance: Default::default(),
+            dormant: false,
+            last_request: std::time::Instant::now(),
         }
     }
 

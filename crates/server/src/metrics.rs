@@ -330,6 +330,28 @@ fn server_families(out: &mut String, r: &Value) {
         "System calls the TCP server's workers made (io_uring_enter counted once per enter).",
         &[(String::new(), num(&r["server"]["syscalls"]))],
     );
+    let scan = &r["server"]["scan"];
+    family(
+        out,
+        "tcps_worker_passes_total",
+        "counter",
+        "Worker passes.",
+        &[(String::new(), num(&scan["passes"]))],
+    );
+    family(
+        out,
+        "tcps_worker_channels_looked_total",
+        "counter",
+        "Channels the worker passes read (only awake hosts'), summed over passes.",
+        &[(String::new(), num(&scan["channels_looked"]))],
+    );
+    family(
+        out,
+        "tcps_hosts_dormant",
+        "gauge",
+        "Hosts whose channels the workers do not read until they ring (idle).",
+        &[(String::new(), num(&scan["hosts_dormant"]))],
+    );
 }
 
 /// Balancing (`crate::balance`): hosts by the reason of their share (no
@@ -526,6 +548,8 @@ mod tests {
         assert!(text.contains("# TYPE tcps_recv_ring_bytes gauge\n"));
         assert!(text.contains("tcps_hosts_attached 0\n"));
         assert!(text.contains("# TYPE tcps_server_syscalls_total counter\n"));
+        assert!(text.contains("tcps_worker_channels_looked_total 0\n"));
+        assert!(text.contains("tcps_hosts_dormant 0\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = line.rsplit_once(' ').expect("name value");
             assert!(value.parse::<u64>().is_ok(), "{line}");

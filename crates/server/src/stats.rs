@@ -23,6 +23,53 @@ pub const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 /// Longest time the control thread spends sending one reply.
 const REPLY_BUDGET: Duration = Duration::from_secs(2);
 
+/// What the workers' passes read of the hosts' channels (issue 15 item 2).
+/// A pass reads only the channels of awake hosts: a host whose channels
+/// stayed idle is dormant until it rings (`worker::scan`), so these grow
+/// with the hosts at work, not with the hosts attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanCounters {
+    /// Worker passes.
+    pub passes: u64,
+    /// Hosts whose channels a pass read, summed over passes.
+    pub hosts_looked: u64,
+    /// Channels a pass read (the head slot of each), summed over passes.
+    pub channels_looked: u64,
+    /// Times an idle host was made dormant, and woken by its doorbell.
+    pub dormant_entered: u64,
+    pub dormant_woken: u64,
+    /// Dormant hosts found with a request by the backstop look every
+    /// 100 ms rather than by their ring (a ring still on its way, or a host
+    /// that does not keep the protocol; about 0).
+    pub dormant_backstop: u64,
+}
+
+impl ScanCounters {
+    fn add(&mut self, o: &ScanCounters) {
+        self.passes += o.passes;
+        self.hosts_looked += o.hosts_looked;
+        self.channels_looked += o.channels_looked;
+        self.dormant_entered += o.dormant_entered;
+        self.dormant_woken += o.dormant_woken;
+        self.dormant_backstop += o.dormant_backstop;
+    }
+
+    fn to_json(self, dormant_now: u64) -> Value {
+        let per_pass = |n: u64| n as f64 / self.passes.max(1) as f64;
+        json!({
+            "passes": self.passes,
+            "hosts_looked": self.hosts_looked,
+            "channels_looked": self.channels_looked,
+            "hosts_per_pass": per_pass(self.hosts_looked),
+            "channels_per_pass": per_pass(self.channels_looked),
+            "dormant_entered": self.dormant_entered,
+            "dormant_woken": self.dormant_woken,
+            "dormant_backstop": self.dormant_backstop,
+            "hosts_dormant": dormant_now,
+        })
+    }
+}
+
 /// A host's queues right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Depths {
@@ -150,6 +197,8 @@ pub struct HostSnapshot {
     pub stats: HostStats,
     pub depths: Depths,
     pub balance: crate::balance::View,
+    /// Dormant: the worker does not read its channels until it rings.
+    pub dormant: bool,
 }
 
 /// The server-wide registry of published snapshots.
@@ -167,6 +216,8 @@ struct BoardInner {
     /// System calls the workers made (`sys::count`; io_uring_enter once
     /// per enter), added at each publish.
     syscalls: u64,
+    /// What the workers' passes read, added at each publish.
+    scan: ScanCounters,
 }
 
 impl Board {
@@ -176,7 +227,7 @@ impl Board {
         // Compute outside the lock: depths walk every socket.
         let snaps: Vec<_> = hosts
             .map(|h| {
-                let who = (h.id, h.pid, h.uid);
+                let who = (h.id, h.pid, h.uid, h.dormant);
                 (who, h.stats.clone(), depths(h), h.balance.view())
             })
             .collect();
@@ -185,7 +236,7 @@ impl Board {
             return;
         };
         b.syscalls += syscalls;
-        for ((id, pid, uid), stats, depths, balance) in snaps {
+        for ((id, pid, uid, dormant), stats, depths, balance) in snaps {
             b.live
                 .entry(id)
                 .and_modify(|s| {
@@ -193,6 +244,7 @@ impl Board {
                     s.stats = stats.clone();
                     s.depths = depths;
                     s.balance = balance;
+                    s.dormant = dormant;
                 })
                 .or_insert_with(|| HostSnapshot {
                     id,
@@ -203,7 +255,15 @@ impl Board {
                     stats,
                     depths,
                     balance,
+                    dormant,
                 });
+        }
+    }
+
+    /// Adds what a worker's passes read since its last call.
+    pub fn add_scan(&self, c: &ScanCounters) {
+        if let Ok(mut b) = self.inner.lock() {
+            b.scan.add(c);
         }
     }
 
@@ -359,6 +419,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
                 "counters": counters_json(&s.stats),
                 "depths": s.depths.to_json(),
                 "balance": balance_json(&s.balance),
+                "dormant": s.dormant,
             }));
         } else {
             hidden += 1;
@@ -373,6 +434,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
             "hosts_refused": refused,
             "hosts_detached": b.detached_hosts,
             "syscalls": b.syscalls,
+            "scan": b.scan.to_json(live.iter().filter(|s| s.dormant).count() as u64),
         },
         "viewer": { "uid": uid, "sees_all_hosts": sees_all },
         "hosts": hosts,

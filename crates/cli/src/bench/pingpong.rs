@@ -1,7 +1,9 @@
 //! `tcps bench pingpong`: send/recv round trips between two tcps sockets
 //! in one host thread, with the host library's counters around them, and
 //! the same exchange on two kernel sockets in the same thread right before,
-//! side by side (p50, p99 and the tcps/kernel ratios).
+//! side by side (p50, p99 and the tcps/kernel ratios). `--repeat N` runs
+//! N such pairs (kernel, then tcps, alternating) and reports each and the
+//! medians of the ratios: timing on a shared machine is noisy.
 
 use clap::Args;
 use serde::Serialize;
@@ -28,6 +30,9 @@ pub struct PingpongArgs {
     /// Skip the kernel-socket run
     #[arg(long)]
     pub no_kernel: bool,
+    /// Runs (each: kernel, then tcps); the medians of the ratios are reported
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
 }
 
 /// Per round trip nanoseconds: mean, p50, p99.
@@ -93,7 +98,7 @@ fn kernel_pingpong(count: usize, size: usize) -> std::io::Result<Latency> {
     )
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct PingpongReport {
     round_trips: usize,
     size: usize,
@@ -115,11 +120,23 @@ struct PingpongReport {
     copies_per_network_byte: f64,
 }
 
-pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let client = match &a.socket {
-        Some(p) => Client::attach(p)?,
-        None => Client::attach_default()?,
-    };
+/// `--repeat`: every run, and the medians of their ratios.
+#[derive(Serialize)]
+struct Repeated {
+    runs: Vec<PingpongReport>,
+    p50_ratio_median: Option<f64>,
+    p99_ratio_median: Option<f64>,
+}
+
+/// The median of the present values (None if there are none).
+fn median(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let mut v: Vec<f64> = v.flatten().collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// Two connected tcps sockets (TCP_NODELAY) and their listener.
+fn tcps_pair(client: &Client) -> Result<(u32, u32, u32), Box<dyn std::error::Error>> {
     let listener = client.tcp_listen("127.0.0.1:0".parse()?, 16)?;
     let addr = client.getsockname(listener)?;
     let left = client.tcp_connect(addr)?;
@@ -127,6 +144,16 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
     for s in [left, right] {
         client.setsockopt_int(s, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
     }
+    Ok((listener, left, right))
+}
+
+/// One run: the kernel's exchange (unless `--no-kernel`), then tcps'.
+fn one_run(
+    a: &PingpongArgs,
+    client: &Client,
+    left: u32,
+    right: u32,
+) -> Result<PingpongReport, Box<dyn std::error::Error>> {
     let msg: Vec<u8> = (0..a.size).map(|i| i as u8).collect();
     let mut buf = vec![0u8; a.size];
     let recv_exact = |s: u32, buf: &mut [u8]| -> std::io::Result<()> {
@@ -160,10 +187,7 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
     if buf != msg {
         return Err("pingpong payload corrupted".into());
     }
-    for s in [left, right, listener] {
-        client.close(s)?;
-    }
-    let r = PingpongReport {
+    Ok(PingpongReport {
         round_trips: a.count,
         size: a.size,
         socket_calls: after.calls - before.calls,
@@ -179,29 +203,67 @@ pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
             / ((after.bytes_sent - before.bytes_sent)
                 + (after.bytes_received - before.bytes_received))
                 .max(1) as f64,
+    })
+}
+
+fn print_run(r: &PingpongReport) {
+    println!(
+        "{} round trips of {} B: {} socket calls, {} ns per round trip; doorbells {}, futex sleeps {}",
+        r.round_trips, r.size, r.socket_calls, r.ns_per_round_trip, r.doorbells, r.sleeps
+    );
+    let us = |ns: u64| ns as f64 / 1000.0;
+    println!(
+        "tcps:   p50 {:.1} µs, p99 {:.1} µs",
+        us(r.tcps.p50_ns),
+        us(r.tcps.p99_ns)
+    );
+    if let (Some(k), Some(r50), Some(r99)) = (r.kernel, r.p50_ratio, r.p99_ratio) {
+        println!(
+            "kernel: p50 {:.1} µs, p99 {:.1} µs, mean {:.1} µs (same thread, just before)",
+            us(k.p50_ns),
+            us(k.p99_ns),
+            us(k.mean_ns)
+        );
+        println!("tcps/kernel: p50 {r50:.2}x, p99 {r99:.2}x");
+    }
+}
+
+pub fn run(a: PingpongArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let client = match &a.socket {
+        Some(p) => Client::attach(p)?,
+        None => Client::attach_default()?,
     };
+    let (listener, left, right) = tcps_pair(&client)?;
+    let mut runs = Vec::new();
+    for _ in 0..a.repeat.max(1) {
+        runs.push(one_run(&a, &client, left, right)?);
+    }
+    for s in [left, right, listener] {
+        client.close(s)?;
+    }
+    let p50 = median(runs.iter().map(|r| r.p50_ratio));
+    let p99 = median(runs.iter().map(|r| r.p99_ratio));
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!(
-            "{} round trips of {} B: {} socket calls, {} ns per round trip; doorbells {}, futex sleeps {}",
-            r.round_trips, r.size, r.socket_calls, r.ns_per_round_trip, r.doorbells, r.sleeps
-        );
-        let us = |ns: u64| ns as f64 / 1000.0;
-        println!(
-            "tcps:   p50 {:.1} µs, p99 {:.1} µs",
-            us(tcps.p50_ns),
-            us(tcps.p99_ns)
-        );
-        if let (Some(k), Some(r50), Some(r99)) = (r.kernel, r.p50_ratio, r.p99_ratio) {
-            println!(
-                "kernel: p50 {:.1} µs, p99 {:.1} µs, mean {:.1} µs (same thread, just before)",
-                us(k.p50_ns),
-                us(k.p99_ns),
-                us(k.mean_ns)
-            );
-            println!("tcps/kernel: p50 {r50:.2}x, p99 {r99:.2}x");
+        if runs.len() == 1 {
+            println!("{}", serde_json::to_string_pretty(&runs[0])?);
+        } else {
+            let r = Repeated {
+                runs,
+                p50_ratio_median: p50,
+                p99_ratio_median: p99,
+            };
+            println!("{}", serde_json::to_string_pretty(&r)?);
         }
+        return Ok(());
+    }
+    for r in &runs {
+        print_run(r);
+    }
+    if let (true, Some(p50), Some(p99)) = (runs.len() > 1, p50, p99) {
+        println!(
+            "median of {} runs, tcps/kernel: p50 {p50:.2}x, p99 {p99:.2}x",
+            runs.len()
+        );
     }
     Ok(())
 }

@@ -1071,7 +1071,7 @@ impl RawCalls {
 
     /// Publishes a request (its `user_data`: its number + 1), first waiting
     /// (bounded) until the server took enough of the ring that the slot is free.
-    pub fn post(&self, mut r: tcps_proto::Request) {
+    pub fn post(&self, r: tcps_proto::Request) {
         let ch = self.h.region.channel(0).unwrap();
         let entries = self.h.region.layout().ring_entries;
         let t = Instant::now();
@@ -1081,12 +1081,21 @@ impl RawCalls {
             self.h.ring();
             std::thread::yield_now();
         }
+        self.publish(r);
+        self.h.ring();
+    }
+
+    /// Publishes a request without ringing the doorbell, whatever
+    /// `server_sleeping` says (a host that breaks the protocol); the ring
+    /// must have room.
+    pub fn publish(&self, mut r: tcps_proto::Request) {
+        let ch = self.h.region.channel(0).unwrap();
+        let req = self.req.get();
         r.user_data = u64::from(req) + 1;
         ch.write_request(req, &r);
         self.req.set(req + 1);
         ch.ctl().req_tail.store(req + 1, Ordering::Release);
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.h.ring();
     }
 
     /// The next completion on channel 0, if one arrives within `limit`.

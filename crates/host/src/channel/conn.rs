@@ -284,6 +284,22 @@ impl Conn {
         r
     }
 
+    /// After a wait that spun (`budget_ns` > 0 then) and ran out, then
+    /// slept: if the answer came within the longest spin after all
+    /// (`waited` since the wait began), spinning would have paid, so the
+    /// budget doubles back. Without this it only shrinks on spins that ran
+    /// out: a server that was slow for a moment (preempted, a host made
+    /// dormant) left every later wait sleeping, and each sleep (a futex
+    /// wake at the server, a wake-up here) made the next answer slower
+    /// still, so the budget never grew again (pingpong at ~2x its p50).
+    pub(crate) fn spin_would_have_paid(&self, budget_ns: &AtomicU64, waited: Duration) {
+        if waited < self.spin {
+            let max = self.spin.as_nanos() as u64;
+            let b = budget_ns.load(Ordering::Relaxed);
+            budget_ns.store((b * 2).clamp(1, max), Ordering::Relaxed);
+        }
+    }
+
     /// Bytes of data arena per channel: the largest single transfer.
     pub fn arena_size(&self) -> u32 {
         self.region.layout().arena_size

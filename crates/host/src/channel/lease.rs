@@ -397,22 +397,33 @@ impl<'a> Lease<'a> {
     }
 
     /// Waits for our completion: spin first (no system call) unless spinning
-    /// cannot pay off — the server was asleep (`rang`: it needs a wake-up and
-    /// a CPU), or enough other threads already spin — then sleep on the
+    /// cannot pay off — the server was asleep (`rang`, unless only this host
+    /// was dormant: it needs a wake-up and a CPU), or enough other threads already spin — then sleep on the
     /// futex.
     fn wait(&mut self, seen: u32, rang: bool, intr: Interrupt) -> io::Result<Completion> {
+        // A dormant host rings, but the server is awake (it polls other
+        // hosts) and sees the bell within a pass: spinning still pays.
+        let rang = rang && !HostCursor::server_polls(&self.ch);
+        let mut spun = None;
         if !rang && self.conn.spin_budget_ns.load(Ordering::Relaxed) > 0 {
             if self.conn.spinners.fetch_add(1, Ordering::AcqRel) < self.conn.max_spinners {
+                let start = Instant::now();
                 let r = self.spin_wait(seen);
                 self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
                 if let Some(c) = r {
                     return Ok(c);
                 }
+                spun = Some(start);
             } else {
                 self.conn.spinners.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        self.sleep_wait(intr)
+        let r = self.sleep_wait(intr);
+        if let Some(start) = spun {
+            let conn = self.conn;
+            conn.spin_would_have_paid(&conn.spin_budget_ns, start.elapsed());
+        }
+        r
     }
 
     /// Spins until the completion arrives, the server says the call is

@@ -1,8 +1,9 @@
 //! A worker: one thread, pinned to its core, that polls the channels of its
 //! hosts, executes their calls and handles engine events.
 //!
-//! The loop is: take new requests from every channel (waking the threads
-//! their completions were for); collect engine events (readiness of parked
+//! The loop is: take new requests from the channels of every awake host
+//! (waking the threads their completions were for; idle hosts are dormant
+//! until they ring, `scan.rs`); collect engine events (readiness of parked
 //! sockets and receive rings, host hang-ups, the doorbell) after an idle
 //! pass, and every 5 µs while busy; fire expired poll timeouts. With no work it spins (`busy`), spins for a
 //! while and then sleeps (`adaptive`), or sleeps at once (`block`). Before
@@ -10,6 +11,8 @@
 //! the doorbell eventfd, which wakes the engine.
 
 mod messages;
+mod panics;
+mod scan;
 
 use crate::calls::{self, Ctx, Timers};
 use crate::config::{Config, PollMode};
@@ -20,45 +23,12 @@ use crate::slab::Slab;
 use crate::sys;
 use crate::token::{Token, MAX_HOSTS_PER_WORKER};
 use messages::read_control;
+use panics::guarded;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tcps_proto::ring::ServerCursor;
-use tracing::{debug, error, info, warn};
-
-/// The text of a caught panic.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
-/// Runs `f`; a panic in it becomes its message. (The host's state may be
-/// half-updated then: the caller dooms the host, so nothing reads it again
-/// but the detach, which only closes and releases.)
-fn catch_panic<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| panic_message(p.as_ref()))
-}
-
-/// Runs one piece of a host's work (its requests, an event or timer of
-/// its sockets, its control messages). A panic in it dooms that host only:
-/// logged as an internal error, the host is detached, and the worker goes
-/// on serving the others. `None` when it panicked.
-fn guarded<R>(host: &mut Host, what: &str, f: impl FnOnce(&mut Host) -> R) -> Option<R> {
-    match catch_panic(|| f(&mut *host)) {
-        Ok(r) => Some(r),
-        Err(msg) => {
-            error!(host = host.id, pid = host.pid, what, panic = %msg, "internal error while serving a host; cutting it off");
-            host.doomed = Some(format!("internal error ({what}): {msg}"));
-            None
-        }
-    }
-}
+use tracing::{debug, info, warn};
 
 /// Hosts handed over by the acceptor, waiting to be adopted by a worker.
 #[derive(Default)]
@@ -66,8 +36,6 @@ pub struct Inbox {
     pub hosts: Mutex<Vec<NewHost>>,
 }
 
-/// Requests taken from one channel per pass, so a chatty channel cannot starve others.
-const BATCH_PER_CHANNEL: u32 = 32;
 /// How often engine events are collected while the worker is busy (every
 /// pass found work). A pass after an idle one always collects: an idle
 /// worker has nothing better to do, and readiness is what the hosts wait
@@ -107,6 +75,8 @@ pub struct Worker {
     stats_dirty: bool,
     /// This worker's load, for balancing.
     meter: crate::balance::Meter,
+    /// The hosts whose channels a pass reads (`scan`).
+    awake: scan::Awake,
 }
 
 impl Worker {
@@ -142,6 +112,7 @@ impl Worker {
             next_publish: Instant::now(),
             stats_dirty: false,
             meter: Default::default(),
+            awake: Default::default(),
         })
     }
 
@@ -180,10 +151,13 @@ impl Worker {
                 next_engine_poll = now + ENGINE_POLL_BUSY;
             }
             work += self.fire_timers(now);
+            self.awake.put_idle_to_sleep(&mut self.hosts, now);
+            // The threads (and doorbell sleepers) this pass's events woke
+            // wake before the re-arms go in, not an enter (~1 µs) later;
+            // also after a sleep: events handled while sleeping woke rings.
+            self.wake_hosts();
             // Sockets re-armed in this pass are watched from now on.
             self.engine.flush();
-            // Also after a sleep: events handled while sleeping woke rings.
-            self.wake_hosts();
             self.reap_doomed();
             self.stats_dirty |= work > 0;
             self.meter.pass(now, work > 0);
@@ -224,6 +198,9 @@ impl Worker {
             }
         }
         self.shared.stats.publish(self.hosts.iter().map(|(_, h)| h));
+        self.shared
+            .stats
+            .add_scan(&std::mem::take(&mut self.awake.counters));
         self.next_publish = now + crate::stats::PUBLISH_EVERY;
         self.stats_dirty = false;
     }
@@ -261,51 +238,28 @@ impl Worker {
         ))
     }
 
-    /// Takes and executes requests from every channel; returns how many.
+    /// Takes and executes requests from the channels of every awake host
+    /// (`scan`); returns how many.
     fn scan_channels(&mut self) -> usize {
         let mut handled = 0;
-        for hkey in 0..self.hosts.key_bound() {
+        let (mut hosts, mut channels) = (0u64, 0u64);
+        for i in 0..self.awake.keys.len() {
+            let hkey = self.awake.keys[i];
             let Some((host, mut cx)) = self.host_and_cx(hkey) else {
                 continue;
             };
             if host.doomed.is_some() {
                 continue;
             }
-            for ch in 0..host.channels_in_use() {
-                if host.doomed.is_some() {
-                    break; // a request broke its ring or panicked
-                }
-                let before = handled;
-                for _ in 0..BATCH_PER_CHANNEL {
-                    let Some(chan) = host.region.channel(ch) else {
-                        break;
-                    };
-                    let req = match host.cursors[ch as usize].pop(&chan) {
-                        Ok(Some(r)) => r,
-                        Ok(None) => break,
-                        Err(e) => {
-                            host.doomed = Some(format!("channel {ch}: {e}"));
-                            break;
-                        }
-                    };
-                    handled += 1;
-                    if guarded(host, "request", |h| calls::dispatch(&mut cx, h, ch, req)).is_none()
-                    {
-                        break;
-                    }
-                }
-                // Host threads that found this request ring full sleep
-                // until requests are taken (one fence per channel and pass).
-                if handled > before {
-                    if let Some(chan) = host.region.channel(ch) {
-                        if ServerCursor::room_wanted(&chan) {
-                            host.stats.wakes += 1;
-                            ServerCursor::wake_room(&chan);
-                        }
-                    }
-                }
-            }
+            let (n, looked) = scan::scan_host(&mut cx, host);
+            handled += n;
+            hosts += 1;
+            channels += u64::from(looked);
         }
+        let c = &mut self.awake.counters;
+        c.passes += 1;
+        c.hosts_looked += hosts;
+        c.channels_looked += channels;
         handled
     }
 
@@ -450,9 +404,11 @@ impl Worker {
             }
             Some(Token::Control { host: hkey }) => self.on_control(hkey),
             Some(Token::HostBell { host: hkey }) => {
-                // The host rang: its requests are taken by the next scan.
-                // Only this host holds this eventfd, so draining it (or not)
-                // concerns no other host.
+                // The host rang: its requests are taken by the next scan
+                // (a dormant host is awake again). Only this host holds
+                // this eventfd, so draining it (or not) concerns no other
+                // host.
+                self.awake.wake(&mut self.hosts, hkey);
                 if let Some(host) = self.hosts.get(hkey) {
                     let fd = host.doorbell.as_raw_fd();
                     sys::eventfd_drain(fd);
@@ -528,6 +484,7 @@ impl Worker {
             }
             let (id, pid) = (host.id, host.pid);
             let hkey = self.hosts.insert(host);
+            self.awake.adopted(hkey);
             for (fd, token) in [
                 (control, Token::Control { host: hkey }),
                 (bell, Token::HostBell { host: hkey }),
@@ -572,6 +529,7 @@ impl Worker {
             let Some(mut host) = self.hosts.remove(hkey) else {
                 continue;
             };
+            self.awake.removed(hkey);
             let sockets = host.sockets.len();
             calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
             self.engine.forget(host.control.as_raw_fd(), 0);
@@ -589,15 +547,8 @@ impl Worker {
     /// Sleeps until a host rings, an engine event, or the next timer.
     fn sleep(&mut self) {
         // `server_sleeping = 1` everywhere, one fence; then re-check every
-        // channel (the lost wake-up handshake, `ServerCursor::announce_sleep`).
-        ServerCursor::announce_sleep(self.hosts.iter().map(|(_, h)| h.region.header()));
-        let mut pending = self.hosts.iter().any(|(_, h)| {
-            (0..h.channels_in_use()).any(|ch| {
-                h.region
-                    .channel(ch)
-                    .is_some_and(|c| h.cursors[ch as usize].has_requests(&c))
-            })
-        });
+        // awake host's channels (the lost wake-up handshake, `scan`).
+        let mut pending = self.awake.announce_sleep(&self.hosts);
         // Hot send queues go cold, so their hosts kick (and ring) again; a
         // queue's second look bounds the sleep.
         let now = Instant::now();
@@ -632,9 +583,7 @@ impl Worker {
             };
             self.stats_dirty |= self.poll_engine(Some(timeout)) > 0;
         }
-        for (_, h) in self.hosts.iter() {
-            ServerCursor::end_sleep(h.region.header());
-        }
+        scan::Awake::end_sleep(&self.hosts);
     }
 
     fn shutdown(&mut self) {
@@ -657,22 +606,5 @@ impl Worker {
         }
         let _ = self.shutdown_fd;
         info!(worker = self.index, "worker stopped");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::catch_panic;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_panic_becomes_its_message() {
-        assert_eq!(catch_panic(|| 7), Ok(7));
-        // The overflow of finding 9, as it panicked the worker.
-        let far = Duration::from_secs(i64::MAX as u64);
-        let msg = catch_panic(|| Instant::now() + far).unwrap_err();
-        assert!(msg.contains("overflow"), "{msg}");
-        let msg = catch_panic(|| -> () { panic!("host {} broke it", 3) }).unwrap_err();
-        assert_eq!(msg, "host 3 broke it");
     }
 }
