@@ -359,7 +359,9 @@ def special():
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 600)
         case(role + " rcvlowat read back", s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
         t = later(0.1, lambda: p.sendall(DATA[:300]))
-        t2 = later(0.3, lambda: p.sendall(DATA[300:700]))
+        # The second part after the first even if a loaded machine runs
+        # the first timer late (the two would race otherwise).
+        t2 = later(0.3, lambda: (t.join(), p.sendall(DATA[300:700])))
         case(role + " rcvlowat waits", do_recv(s.fileno(), 4096, 0))
         t.join(), t2.join()
         s.close(), p.close()
