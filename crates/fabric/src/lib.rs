@@ -16,14 +16,20 @@
 //! Operations are non-blocking; buffers they read or write are kept alive
 //! by the worker until UCX completes them (`Worker::progress` reaps them).
 //! `unsafe` is confined to this crate (`sys.rs` are the declarations).
+//!
+//! Two modules are tcps' own, shared by the server's and the host's
+//! fabric sides: [`auth`] (the shared secret, challenge and HMAC answer)
+//! and [`wire`] (message ids, the attach answer, span batches).
 
 mod addr;
+pub mod auth;
 mod context;
 mod endpoint;
 mod error;
 mod listener;
 mod memory;
 pub mod sys;
+pub mod wire;
 mod worker;
 
 #[cfg(test)]
