@@ -17,6 +17,7 @@ mod closer;
 mod config;
 mod control;
 pub mod engine;
+mod fabric;
 mod guard;
 mod host;
 mod host_doorbell;
