@@ -34,6 +34,7 @@ mod events;
 mod kernelfd;
 mod memory;
 mod optcache;
+mod remote;
 mod ring_wait;
 mod sendq;
 mod settings;
