@@ -2,6 +2,11 @@
 //! exchange and span batches (`docs/ARCHITECTURE.md`, "The channel over a
 //! fabric"). Little endian. Decoding checks every length; a malformed
 //! message is an error, never a panic.
+//!
+//! Every message a host sends is sent with the reply flag
+//! (`Endpoint::am_send(.., reply = true)`): the server knows which host
+//! it came from only by the endpoint it names (`AmMessage::from`), and
+//! drops messages that name none.
 
 /// host → server: `Hello` (magic u64 | version u32 | pid u32), as on the
 /// control socket (PROTOCOL §1).

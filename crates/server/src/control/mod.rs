@@ -220,7 +220,7 @@ fn accept_all(listener: RawFd, pending: &mut Vec<Pending>) -> Result<(), i32> {
 /// Takes a slot for a host of `uid`: `Err(message)` when the server or
 /// the uid is full (`--max-hosts`, `--max-hosts-per-uid`; uid 0 is not
 /// limited per uid: root can stop the server anyway).
-fn admit_host(cfg: &Config, shared: &Shared, uid: u32, pid: i32) -> Result<(), String> {
+pub(crate) fn admit_host(cfg: &Config, shared: &Shared, uid: u32, pid: i32) -> Result<(), String> {
     let attached = shared.hosts.fetch_add(1, Ordering::AcqRel);
     if attached >= cfg.max_hosts {
         shared.hosts.fetch_sub(1, Ordering::AcqRel);
