@@ -15,7 +15,7 @@
 use super::attach::{Attach, Step};
 use super::pump::ServerPump;
 use crate::config::{Config, FabricConfig};
-use crate::control::{admit_host, WorkerHandle};
+use crate::control::{admit_host, host_region, WorkerHandle};
 use crate::host::NewHost;
 use crate::shared::Shared;
 use crate::sys;
@@ -29,7 +29,7 @@ use tcps_fabric::wire::{
     Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
-use tcps_proto::layout::{Layout, SERVER_DEDICATED_CORES};
+use tcps_proto::layout::Layout;
 use tcps_proto::Region;
 use tracing::{info, warn};
 
@@ -268,16 +268,7 @@ fn new_remote_host(
     w: &WorkerHandle,
 ) -> std::io::Result<Live> {
     let io = std::io::Error::from_raw_os_error;
-    let size = cfg.layout.region_size();
-    let memfd = sys::memfd(c"tcps-remote", size).map_err(io)?;
-    let region = Region::map(memfd.as_fd(), cfg.layout)?;
-    region.init_header();
-    if !cfg.cpus.is_empty() {
-        region
-            .header()
-            .server_flags
-            .store(SERVER_DEDICATED_CORES, Ordering::Release);
-    }
+    let (memfd, region) = host_region(cfg)?;
     let pump_region = Region::map(memfd.as_fd(), cfg.layout)?;
     let doorbell = sys::eventfd().map_err(io)?;
     let pump_doorbell = doorbell.try_clone()?;
