@@ -167,6 +167,7 @@ fn cluster_host_child() {
     );
     println!("READY");
     loop {
+        r.keepalive();
         r.worker.wait(Some(Duration::from_millis(100)));
         while r.worker.take_am().is_some() {}
     }
@@ -271,7 +272,32 @@ fn cluster_remote_host_across_namespaces() {
     );
     assert_eq!(hosts_attached(&socket), 1);
 
-    // Killed: the server node frees it.
+    // The link between the nodes is cut: the host falls silent and the
+    // server node frees it within its silence limit (1 s).
+    ip(&["-n", &n.app, "link", "set", &n.app_dev, "down"]);
+    let t = Instant::now();
+    while hosts_attached(&socket) != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "a cut-off remote host was not freed:\n{}",
+            server_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("cut link: host freed after {:?}", t.elapsed());
+    assert!(server_log().contains("silent"), "{}", server_log());
+    drop(host);
+    ip(&["-n", &n.app, "link", "set", &n.app_dev, "up"]);
+
+    // Another host, killed: the server node frees it.
+    let mut host = host_child(&n, &addr, SECRET);
+    let lines = lines_until(&mut host, "READY");
+    assert!(
+        lines.iter().any(|l| l == "READY"),
+        "{lines:?}\n{}",
+        server_log()
+    );
+    assert_eq!(hosts_attached(&socket), 1);
     drop(host);
     let t = Instant::now();
     while hosts_attached(&socket) != 0 {

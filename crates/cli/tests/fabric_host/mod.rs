@@ -29,12 +29,23 @@ pub fn key_file(dir: &std::path::Path, name: &str, text: &str) -> std::path::Pat
 pub struct Remote {
     pub worker: Worker,
     pub ep: Endpoint,
+    sent: std::cell::Cell<Instant>,
 }
 
 impl Remote {
+    /// A keepalive if nothing was sent for 250 ms (the server drops a host
+    /// silent for a second).
+    pub fn keepalive(&self) {
+        if self.sent.get().elapsed() >= Duration::from_millis(250) {
+            self.sent.set(Instant::now());
+            let _ = self.ep.am_send(wire::AM_KEEPALIVE, &[], Vec::new(), true);
+        }
+    }
+
     pub fn next(&self, deadline: Instant) -> tcps_fabric::AmMessage {
         loop {
             assert!(Instant::now() < deadline, "no message from the server");
+            self.keepalive();
             self.worker.wait(Some(Duration::from_millis(20)));
             if let Some(m) = self.worker.take_am() {
                 return m;
@@ -52,14 +63,23 @@ pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
     })
     .expect("UCX (libucx-dev) is needed: the setup installs it");
     let worker = Worker::new(&ctx).unwrap();
-    for id in [wire::AM_CHALLENGE, wire::AM_WELCOME, wire::AM_SPANS] {
+    for id in [
+        wire::AM_CHALLENGE,
+        wire::AM_WELCOME,
+        wire::AM_SPANS,
+        wire::AM_KEEPALIVE,
+    ] {
         worker.set_am_handler(id).unwrap();
     }
     let ep = worker.connect(addr).unwrap();
     let pid = std::process::id();
     ep.am_send(wire::AM_HELLO, &Hello::new(pid).encode(), Vec::new(), true)
         .unwrap();
-    let r = Remote { worker, ep };
+    let r = Remote {
+        worker,
+        ep,
+        sent: std::cell::Cell::new(Instant::now()),
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     let secret = Secret::parse(secret).unwrap();
     loop {
@@ -74,6 +94,7 @@ pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
                 let w = Welcome::decode(&m.header).expect("a Welcome");
                 return (r, w);
             }
+            wire::AM_KEEPALIVE => {}
             other => panic!("unexpected message {other} during attach"),
         }
     }
@@ -132,6 +153,9 @@ pub fn nop_round_trip(r: &Remote, layout: &Layout, host: &Region, tag: u64) -> C
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = r.next(deadline);
+        if m.id == wire::AM_KEEPALIVE {
+            continue;
+        }
         assert_eq!(m.id, wire::AM_SPANS);
         for s in wire::spans(&m.header, &m.data) {
             let (off, b) = s.expect("well-formed spans");

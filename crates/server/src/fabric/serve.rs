@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tcps_fabric::auth::Secret;
 use tcps_fabric::wire::{
     Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
@@ -42,7 +42,18 @@ struct Live {
     /// The worker's `NewHost::control` is the other end: dropping this
     /// frees the host.
     _control: OwnedFd,
+    /// When the host was last heard from, and last sent anything.
+    heard: Instant,
+    sent: Instant,
 }
+
+/// A host sends at least this often (a keepalive when it has nothing
+/// else); so does the server.
+pub const KEEPALIVE: Duration = Duration::from_millis(250);
+/// A host silent this long (three keepalives missed) is gone: a cut link
+/// is noticed within a second (UCX alone would notice only when TCP's
+/// retransmissions give up).
+pub const SILENCE: Duration = Duration::from_millis(800);
 
 enum State {
     Attaching(Attach),
@@ -202,11 +213,20 @@ pub fn serve(fabric: Fabric, srv: Server) {
             }
             State::Attaching(_) => true,
             State::Live(l) => {
+                if now.duration_since(l.heard) > SILENCE {
+                    warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
+                    return false;
+                }
                 let mut out = Spans::new();
                 l.pump.collect(&l.region, &mut out);
                 if out.is_empty() {
-                    return true;
+                    if now.duration_since(l.sent) < KEEPALIVE {
+                        return true;
+                    }
+                    l.sent = now;
+                    return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
                 }
+                l.sent = now;
                 let (h, d) = out.take();
                 c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
             }
@@ -291,6 +311,8 @@ fn new_remote_host(
         region: pump_region,
         doorbell: pump_doorbell,
         _control: OwnedFd::from(b),
+        heard: Instant::now(),
+        sent: Instant::now(),
     })
 }
 
