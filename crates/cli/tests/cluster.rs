@@ -143,6 +143,20 @@ fn hosts_attached(socket: &std::path::Path) -> u64 {
     v["server"]["hosts_attached"].as_u64().unwrap_or(u64::MAX)
 }
 
+/// Waits until the server has no remote host left: how long it took.
+fn wait_freed(socket: &std::path::Path, limit: Duration, log: &dyn Fn() -> String) -> Duration {
+    let t = Instant::now();
+    while hosts_attached(socket) != 0 {
+        assert!(
+            t.elapsed() < limit,
+            "a departed remote host was not freed:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.elapsed()
+}
+
 /// The remote host (run by `cluster_remote_host_across_namespaces` in the
 /// application namespace): attaches, prints its status, runs a call,
 /// prints READY and waits to be killed.
@@ -275,16 +289,8 @@ fn cluster_remote_host_across_namespaces() {
     // The link between the nodes is cut: the host falls silent and the
     // server node frees it within its silence limit (1 s).
     ip(&["-n", &n.app, "link", "set", &n.app_dev, "down"]);
-    let t = Instant::now();
-    while hosts_attached(&socket) != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "a cut-off remote host was not freed:\n{}",
-            server_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    eprintln!("cut link: host freed after {:?}", t.elapsed());
+    let took = wait_freed(&socket, Duration::from_secs(3), &server_log);
+    eprintln!("cut link: host freed after {took:?}");
     assert!(server_log().contains("silent"), "{}", server_log());
     drop(host);
     ip(&["-n", &n.app, "link", "set", &n.app_dev, "up"]);
@@ -299,15 +305,7 @@ fn cluster_remote_host_across_namespaces() {
     );
     assert_eq!(hosts_attached(&socket), 1);
     drop(host);
-    let t = Instant::now();
-    while hosts_attached(&socket) != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "a killed remote host was not freed:\n{}",
-            server_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_freed(&socket, Duration::from_secs(5), &server_log);
     assert!(
         server_log().contains("remote host gone"),
         "{}",
