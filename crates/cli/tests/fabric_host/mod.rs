@@ -167,3 +167,94 @@ pub fn nop_round_trip(r: &Remote, layout: &Layout, host: &Region, tag: u64) -> C
         }
     }
 }
+
+/// A remote host's channel 0, driven as the host library and its pump
+/// drive a channel: one call at a time.
+pub struct Chan<'a> {
+    pub r: &'a Remote,
+    pub layout: Layout,
+    pub host: &'a Region,
+    pub hc: HostCursor,
+    next_tag: u64,
+}
+
+impl<'a> Chan<'a> {
+    pub fn new(r: &'a Remote, layout: Layout, host: &'a Region) -> Chan<'a> {
+        host.apply_span(Writer::Host, 128, &1u32.to_le_bytes())
+            .unwrap();
+        Chan {
+            r,
+            layout,
+            host,
+            hc: HostCursor::default(),
+            next_tag: 1,
+        }
+    }
+
+    /// One call: `input` in the arena at 0 (the request's range is
+    /// `0..max(input, room)`), shipped with the slot and line 0; returns
+    /// the completion and the arena bytes it wrote (`room` of them).
+    pub fn call(
+        &mut self,
+        op: Op,
+        sock: u32,
+        args: [u64; 5],
+        input: &[u8],
+        room: usize,
+    ) -> (Completion, Vec<u8>) {
+        let l = self.layout;
+        let arena = l.channel_offset(0) + l.arena_offset();
+        if !input.is_empty() {
+            self.host.apply_span(Writer::Host, arena, input).unwrap();
+        }
+        self.next_tag += 1;
+        let tag = self.next_tag;
+        let len = input.len().max(room) as u32;
+        let req = Request {
+            user_data: tag,
+            op: op as u16,
+            sock,
+            buf_off: 0,
+            buf_len: len,
+            args,
+            ..Default::default()
+        };
+        let slot = (self.hc.next_request() & (l.ring_entries - 1)) as usize;
+        self.hc
+            .submit(&self.host.channel(0).unwrap(), &req)
+            .unwrap();
+        let mut spans = Spans::new();
+        let at = l.channel_offset(0) + l.requests_offset() + 64 * slot;
+        let mut ship = vec![(128, 4), (at, 64), (l.channel_offset(0), 8)];
+        if !input.is_empty() {
+            ship.insert(0, (arena, input.len()));
+        }
+        for (off, len) in ship {
+            let mut b = vec![0u8; len];
+            self.host.read_span(off, &mut b).unwrap();
+            spans.push(off as u32, &b);
+        }
+        let (h, d) = spans.take();
+        self.r.ep.am_send(wire::AM_SPANS, &h, d, true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let done = loop {
+            if let Some(c) = self.hc.reap(&self.host.channel(0).unwrap()) {
+                break c;
+            }
+            let m = self.r.next(deadline);
+            if m.id != wire::AM_SPANS {
+                continue;
+            }
+            for s in wire::spans(&m.header, &m.data) {
+                let (off, b) = s.expect("well-formed spans");
+                self.host
+                    .apply_span(Writer::Server, off as usize, b)
+                    .expect("only server-written zones");
+            }
+        };
+        assert_eq!(done.user_data, tag, "completions in order on one channel");
+        let mut out = vec![0u8; room];
+        self.host.read_span(arena, &mut out).unwrap();
+        (done, out)
+    }
+}

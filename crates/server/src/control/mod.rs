@@ -320,6 +320,7 @@ fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Res
         region,
         control: conn,
         doorbell,
+        remote: false,
     })
 }
 

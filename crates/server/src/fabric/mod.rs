@@ -3,9 +3,10 @@
 //! attach of one endpoint, `pump`, the server's half of a remote host's
 //! channel, and `serve`, the thread (`--fabric-listen`) that drives them
 //! (a socketpair stands in for the host's control socket: its hang-up
-//! frees the host, as for a local one). To come: keepalives, the rings'
-//! and send queues' spans, remote `Socket`/`Bind`.
+//! frees the host, as for a local one), and `calls`: `Socket` and `Bind`
+//! of a remote host, run here. To come: the rings' and send queues' spans.
 
 pub mod attach;
+pub mod calls;
 pub mod pump;
 pub mod serve;

@@ -300,6 +300,7 @@ fn new_remote_host(
         region,
         control: OwnedFd::from(a),
         doorbell,
+        remote: true,
     };
     if let Ok(mut inbox) = w.inbox.hosts.lock() {
         inbox.push(host);
