@@ -28,20 +28,26 @@ fn hosts_attached(srv: &Server) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-#[test]
-fn remote_host_attaches_calls_and_is_freed() {
+/// A server with a fabric listener on loopback (and `extra` options): it,
+/// its fabric address, and the directory holding its secret file.
+fn fabric_server(extra: &[&str]) -> (Server, std::net::SocketAddr, TempDir) {
     let dir = TempDir::new("fabric");
     let key = key_file(dir.path(), "fabric.key", SECRET);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let srv = Server::start(
-        "uring",
-        &[
-            "--fabric-listen",
-            &addr.to_string(),
-            "--fabric-auth",
-            key.to_str().unwrap(),
-        ],
-    );
+    let listen = addr.to_string();
+    let mut args = vec![
+        "--fabric-listen",
+        &listen,
+        "--fabric-auth",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (Server::start("uring", &args), addr, dir)
+}
+
+#[test]
+fn remote_host_attaches_calls_and_is_freed() {
+    let (srv, addr, _dir) = fabric_server(&[]);
 
     // A wrong secret: refused, nothing about the server revealed.
     let (_r, w) = attach(addr, "0123456789abcdef-a-wrong-secret\n");
@@ -89,24 +95,16 @@ fn sockaddr_in(addr: std::net::SocketAddrV4) -> Vec<u8> {
 #[test]
 fn remote_host_serves_a_connection_with_synchronous_calls() {
     use std::io::{Read, Write};
-    let dir = TempDir::new("fabric-sync");
-    let key = key_file(dir.path(), "fabric.key", SECRET);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let srv = Server::start(
-        "uring",
-        &[
-            "--fabric-listen",
-            &addr.to_string(),
-            "--fabric-auth",
-            key.to_str().unwrap(),
-            "--eager-accept",
-            "off",
-            "--eager-recv",
-            "off",
-            "--setup-with-accept",
-            "off",
-        ],
-    );
+    // Plain synchronous calls: no process-ahead.
+    let off = [
+        "--eager-accept",
+        "off",
+        "--eager-recv",
+        "off",
+        "--setup-with-accept",
+        "off",
+    ];
+    let (srv, addr, _dir) = fabric_server(&off);
     let (r, w) = attach(addr, SECRET);
     assert_eq!(w.status, 0, "{}", w.message);
     let layout = layout_of(&w);
