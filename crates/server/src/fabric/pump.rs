@@ -85,6 +85,12 @@ impl ServerPump {
         let chan = &mut self.chans[c];
         for slot in bytes.chunks_exact(64) {
             let r = request_from(slot);
+            // Only calls whose results land in the arena are remembered:
+            // they always complete (unanswered ops — kicks, unanswered
+            // closes — never would, and would pile up here).
+            if !writes_arena(r.op) {
+                continue;
+            }
             if chan.calls.len() >= 2 * l.ring_entries as usize {
                 return Err(Refused::TooManyCalls);
             }
@@ -147,6 +153,14 @@ impl ServerPump {
             out.push(SERVER_WORDS as u32, &words);
         }
     }
+}
+
+/// Whether a call of this op writes results into its arena range.
+fn writes_arena(op: u16) -> bool {
+    matches!(
+        Op::from_u16(op),
+        Some(Op::Recv | Op::Accept | Op::GetSockName | Op::GetPeerName | Op::GetSockOpt | Op::Poll)
+    )
 }
 
 /// The bytes of the arena a completion's call wrote for the host: its
@@ -282,6 +296,45 @@ mod tests {
         // Nothing new: nothing shipped.
         pump.collect(&server, &mut out);
         assert!(out.is_empty());
+    }
+
+    /// Requests that are never answered (kicks) must not pile up and get
+    /// the host cut off.
+    #[test]
+    fn unanswered_requests_are_not_remembered() {
+        let l = layout();
+        let (host, server) = (region(l), region(l));
+        let mut pump = ServerPump::new(l);
+        let mut hc = HostCursor::default();
+        let mut sc = ServerCursor::default();
+        let ch_s = server.channel(0).unwrap();
+        for i in 0..10 * l.ring_entries as u64 {
+            let kick = Request {
+                user_data: i,
+                op: Op::RecvKick as u16,
+                sock: 1,
+                ..Default::default()
+            };
+            let slot = (hc.next_request() & (l.ring_entries - 1)) as usize;
+            hc.submit(&host.channel(0).unwrap(), &kick).unwrap();
+            let mut s = Spans::new();
+            let at = l.channel_offset(0) + l.requests_offset() + 64 * slot;
+            let mut b = vec![0u8; 64];
+            host.read_span(at, &mut b).unwrap();
+            s.push(at as u32, &b);
+            let (h, d) = s.take();
+            assert_eq!(pump.apply(&server, &h, &d), Ok(true), "kick {i}");
+            sc.pop(&ch_s).unwrap().expect("taken");
+            sc.retire();
+            // The server took it: the host's ring has room again.
+            let mut line = [0u8; 12];
+            server
+                .read_span(l.channel_offset(0) + 128, &mut line)
+                .unwrap();
+            host.apply_span(Writer::Server, l.channel_offset(0) + 128, &line)
+                .unwrap();
+        }
+        assert!(pump.chans[0].calls.is_empty());
     }
 
     #[test]
