@@ -5,7 +5,9 @@
 //! server's completion credits), `channels_used` — into one batch, and
 //! applies the server pump's batches to the host's copy, waking the
 //! channels' sleepers as the server would. First cut: the channels (the
-//! synchronous calls); rings and send queues follow the same pattern.
+//! synchronous calls) and the receive/accept rings' `head` (a ring bound
+//! anew restarts at 0 here too); waking a ring's sleepers, send queues and
+//! the ready log are still to come.
 //!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the
@@ -37,6 +39,8 @@ pub struct HostPump {
     layout: Layout,
     chans: Vec<Chan>,
     used: [u8; 4],
+    /// Each receive/accept ring's `head` as last shipped.
+    heads: Vec<[u8; 4]>,
 }
 
 /// Why a server batch could not be applied (the link is then dropped).
@@ -52,6 +56,7 @@ impl HostPump {
             layout,
             chans: vec![Chan::default(); layout.n_channels as usize],
             used: [0; 4],
+            heads: vec![[0; 4]; layout.recv_rings as usize],
         }
     }
 
@@ -93,6 +98,26 @@ impl HostPump {
                 out.push(base as u32, &line0);
             }
         }
+        // What the host consumed from its rings (the server's room).
+        for (r, shipped) in self.heads.iter_mut().enumerate() {
+            let at = l.recv_ring_offset(r as u32);
+            let mut head = [0u8; 4];
+            if region.read_span(at, &mut head).is_ok() && head != *shipped {
+                *shipped = head;
+                out.push(at as u32, &head);
+            }
+        }
+    }
+
+    /// The ring whose line 2 (`owner`…) starts at `off`, if any.
+    fn ring_line2(&self, off: usize) -> Option<usize> {
+        let l = &self.layout;
+        let first = l.recv_rings_offset();
+        if off < first {
+            return None;
+        }
+        let r = (off - first) / l.rq_stride();
+        (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
     }
 
     /// Applies a batch from the server pump and wakes the sleepers of the
@@ -112,9 +137,21 @@ impl HostPump {
                     continue;
                 }
             }
+            let ring = self.ring_line2(off);
+            let mut owner = [0u8; 4];
+            if ring.is_some() {
+                let _ = region.read_span(off, &mut owner);
+            }
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
+            if let Some(r) = ring.filter(|_| bytes.get(..4) != Some(&owner[..])) {
+                // Bound anew: the server's bind stored head = 0 in its copy;
+                // head is the host's to write here.
+                let at = self.layout.recv_ring_offset(r as u32);
+                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+                self.heads[r] = [0; 4];
+            }
             let z = zone(&l, off).filter(|z| z.kind == Kind::Slots(32));
             if let Some(z) = z {
                 let c = ((z.start - l.channel_offset(0)) / l.channel_stride()) as u32;
@@ -266,6 +303,42 @@ mod tests {
             vec![l.channel_offset(0)],
             "only line 0 (cq_head) changed"
         );
+    }
+
+    #[test]
+    fn ring_heads_are_shipped_and_reset_by_a_rebind() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let ring = l.recv_ring_offset(1);
+        // The server binds ring 1 (owner 4) and publishes 10 bytes.
+        let mut s = Spans::new();
+        s.push((ring + 64) as u32, &10u32.to_le_bytes());
+        s.push((ring + 128) as u32, &4u32.to_le_bytes());
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        // The host consumes them: its head goes to the server.
+        host.apply_span(Writer::Host, ring, &10u32.to_le_bytes())
+            .unwrap();
+        let mut out = Spans::new();
+        pump.collect(&host, &mut out);
+        let (h, d) = out.take();
+        let got: Vec<_> = wire::spans(&h, &d).map(|s| s.unwrap()).collect();
+        assert!(
+            got.contains(&(ring as u32, &10u32.to_le_bytes()[..])),
+            "{got:?}"
+        );
+        // Bound anew (owner 5): head is 0 again, and nothing to ship.
+        let mut s = Spans::new();
+        s.push((ring + 64) as u32, &0u32.to_le_bytes());
+        s.push((ring + 128) as u32, &5u32.to_le_bytes());
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        let mut head = [0u8; 4];
+        host.read_span(ring, &mut head).unwrap();
+        assert_eq!(head, [0; 4]);
+        pump.collect(&host, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -9,4 +9,5 @@
 pub mod attach;
 pub mod calls;
 pub mod pump;
+pub mod rings;
 pub mod serve;

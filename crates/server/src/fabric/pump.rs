@@ -3,8 +3,9 @@
 //! to the server's copy of its region (checked by `proto::mirror`: only
 //! host-written zones), and gathers what the server wrote since the last
 //! pass into one batch for the host. This first cut covers the channels
-//! (requests and completions: the synchronous calls); receive/accept
-//! rings, send queues and the ready log follow the same pattern.
+//! (requests and completions: the synchronous calls) and the receive and
+//! accept rings (`rings`); send queues and the ready log follow the same
+//! pattern.
 
 use std::collections::HashMap;
 use tcps_fabric::wire::{self, Spans};
@@ -43,6 +44,7 @@ pub enum Refused {
 pub struct ServerPump {
     layout: Layout,
     chans: Vec<Chan>,
+    rings: super::rings::Rings,
     /// The server's header words last shipped (`server_sleeping`, …).
     header: [u8; 12],
 }
@@ -55,6 +57,7 @@ impl ServerPump {
         ServerPump {
             layout,
             chans,
+            rings: super::rings::Rings::new(&layout),
             header: [0xff; 12],
         }
     }
@@ -147,6 +150,7 @@ impl ServerPump {
                 out.push((base + 2 * SERVER_WORDS) as u32, &line);
             }
         }
+        self.rings.collect(&l, region, out);
         let mut words = [0u8; 12];
         if region.read_span(SERVER_WORDS, &mut words).is_ok() && words != self.header {
             self.header = words;
