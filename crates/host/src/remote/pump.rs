@@ -5,9 +5,10 @@
 //! server's completion credits), `channels_used` — into one batch, and
 //! applies the server pump's batches to the host's copy, waking the
 //! channels' sleepers as the server would. First cut: the channels (the
-//! synchronous calls) and the receive/accept rings' `head` (a ring bound
-//! anew restarts at 0 here too); waking a ring's sleepers, send queues and
-//! the ready log are still to come.
+//! synchronous calls), the receive/accept rings' `head` (a ring bound
+//! anew restarts at 0 here too) and the send queues' descriptors and
+//! `head`; waking a ring's or queue's sleepers and the ready log are still
+//! to come.
 //!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the
@@ -41,6 +42,8 @@ pub struct HostPump {
     used: [u8; 4],
     /// Each receive/accept ring's `head` as last shipped.
     heads: Vec<[u8; 4]>,
+    /// Each send queue's `head` as last shipped.
+    sq_heads: Vec<u32>,
 }
 
 /// Why a server batch could not be applied (the link is then dropped).
@@ -57,6 +60,7 @@ impl HostPump {
             chans: vec![Chan::default(); layout.n_channels as usize],
             used: [0; 4],
             heads: vec![[0; 4]; layout.recv_rings as usize],
+            sq_heads: vec![0; layout.send_queues as usize],
         }
     }
 
@@ -74,6 +78,10 @@ impl HostPump {
             self.used = used;
             out.push(CHANNELS_USED as u32, &used);
         }
+        // Rings and queues before the requests: a kick in this batch finds
+        // what it announces already applied at the server.
+        self.collect_heads(region, out);
+        self.collect_queues(region, out);
         let n = u32::from_le_bytes(used).min(l.n_channels);
         for c in 0..n {
             let Some(ch) = region.channel(c) else {
@@ -98,14 +106,44 @@ impl HostPump {
                 out.push(base as u32, &line0);
             }
         }
-        // What the host consumed from its rings (the server's room).
+    }
+
+    /// What the host consumed from its rings (the server's room).
+    fn collect_heads(&mut self, region: &Region, out: &mut Spans) {
         for (r, shipped) in self.heads.iter_mut().enumerate() {
-            let at = l.recv_ring_offset(r as u32);
+            let at = self.layout.recv_ring_offset(r as u32);
             let mut head = [0u8; 4];
             if region.read_span(at, &mut head).is_ok() && head != *shipped {
                 *shipped = head;
                 out.push(at as u32, &head);
             }
+        }
+    }
+
+    /// New send-queue descriptors (at most a queue's worth), then `head`.
+    fn collect_queues(&mut self, region: &Region, out: &mut Spans) {
+        let l = self.layout;
+        let e = l.sq_entries;
+        for (q, shipped) in self.sq_heads.iter_mut().enumerate() {
+            let base = l.send_queue_offset(q as u32);
+            let mut w = [0u8; 4];
+            if region.read_span(base, &mut w).is_err() {
+                continue;
+            }
+            let head = u32::from_le_bytes(w);
+            if head == *shipped {
+                continue;
+            }
+            let n = head.wrapping_sub(*shipped).min(e);
+            for seq in head.wrapping_sub(n)..head.wrapping_sub(n).wrapping_add(n) {
+                let at = base + 192 + 32 * (seq % e) as usize;
+                let mut d = [0u8; 32];
+                if region.read_span(at, &mut d).is_ok() {
+                    out.push(at as u32, &d);
+                }
+            }
+            out.push(base as u32, &w);
+            *shipped = head;
         }
     }
 
@@ -339,6 +377,46 @@ mod tests {
         assert_eq!(head, [0; 4]);
         pump.collect(&host, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn send_queue_descriptors_go_before_their_head_and_before_the_kick() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let q = l.send_queue_offset(1);
+        for seq in 0..3u32 {
+            let d = [seq as u8 + 1; 32];
+            host.apply_span(Writer::Host, q + 192 + 32 * seq as usize, &d)
+                .unwrap();
+        }
+        host.apply_span(Writer::Host, q, &3u32.to_le_bytes())
+            .unwrap();
+        host.apply_span(Writer::Host, CHANNELS_USED, &1u32.to_le_bytes())
+            .unwrap();
+        let mut hc = HostCursor::default();
+        let kick = Request {
+            user_data: 1,
+            op: Op::AsyncKick as u16,
+            sock: 1,
+            ..Default::default()
+        };
+        hc.submit(&host.channel(0).unwrap(), &kick).unwrap();
+        let mut out = Spans::new();
+        pump.collect(&host, &mut out);
+        let (h, d) = out.take();
+        let offs: Vec<usize> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
+        let pos = |o: usize| offs.iter().position(|x| *x == o).unwrap();
+        let slot = l.channel_offset(0) + l.requests_offset();
+        assert!(
+            pos(q + 192) < pos(q + 256) && pos(q + 256) < pos(q),
+            "descriptors, then head: {offs:?}"
+        );
+        assert!(pos(q) < pos(slot), "the queue before the kick: {offs:?}");
+        // Nothing new: nothing shipped for the queue.
+        pump.collect(&host, &mut out);
+        let (h, d) = out.take();
+        assert!(wire::spans(&h, &d).all(|s| s.unwrap().0 as usize != q));
     }
 
     #[test]

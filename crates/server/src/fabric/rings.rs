@@ -4,6 +4,8 @@
 //! `end`, `end_errno`, `paused`, `since`) and line 2 (`owner`, `kind`,
 //! `kicks_seen`) — so the host's copy sees an ordinary publish. A bind
 //! restarts a ring at 0 (a new `owner`): shipping restarts there too.
+//! And the send queues' server lines (credits: `done`; errors) when they
+//! change.
 //!
 //! First cut: every ring's two lines are read each pass (32 bytes each);
 //! the worker's per-host bell would name the rings that moved.
@@ -26,6 +28,10 @@ struct Shadow {
 
 pub struct Rings {
     shadow: Vec<Shadow>,
+    /// Each send queue's server lines (line 1: `done`, `error`,
+    /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
+    /// `kicks_seen`, `owner`) as last shipped.
+    queues: Vec<[u8; 36]>,
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -36,10 +42,31 @@ impl Rings {
     pub fn new(l: &Layout) -> Rings {
         Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
+            queues: vec![[0; 36]; l.send_queues as usize],
+        }
+    }
+
+    /// The send queues' server lines that changed (credits, errors).
+    fn collect_queues(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        for (q, shadow) in self.queues.iter_mut().enumerate() {
+            let base = l.send_queue_offset(q as u32);
+            let mut lines = [0u8; 36];
+            let (l1, l2) = lines.split_at_mut(24);
+            if region.read_span(base + 2 * LINE, l2).is_err()
+                || region.read_span(base + LINE, l1).is_err()
+            {
+                continue;
+            }
+            if lines != *shadow {
+                out.push((base + LINE) as u32, &lines[..24]);
+                out.push((base + 2 * LINE) as u32, &lines[24..]);
+                *shadow = lines;
+            }
         }
     }
 
     pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        self.collect_queues(l, region, out);
         let size = l.rq_bytes;
         for (r, sh) in self.shadow.iter_mut().enumerate() {
             let base = l.recv_ring_offset(r as u32);
@@ -147,6 +174,25 @@ mod tests {
                 b[0]
             })
             .collect()
+    }
+
+    #[test]
+    fn send_queue_credits_are_shipped_when_they_change() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        let q = l.send_queue_offset(1);
+        server
+            .apply_span(Writer::Server, q + LINE, &5u32.to_le_bytes())
+            .unwrap(); // done
+        server
+            .apply_span(Writer::Server, q + 2 * LINE + 8, &2u32.to_le_bytes())
+            .unwrap(); // owner
+        assert_eq!(ship(&mut rings, &l, &server, &host), 2);
+        let mut done = [0u8; 4];
+        host.read_span(q + LINE, &mut done).unwrap();
+        assert_eq!(u32::from_le_bytes(done), 5);
+        assert_eq!(ship(&mut rings, &l, &server, &host), 0);
     }
 
     #[test]
