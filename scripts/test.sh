@@ -59,9 +59,11 @@ need_packages() {
     local missing=() p
     # python3 … iperf3: the programs the preload end-to-end tests run unmodified
     # (crates/cli/tests/preload_e2e.rs). pkgconf, man-db, systemd: tests/install.sh
-    # (tcps.pc, man -l, systemd-analyze verify).
+    # (tcps.pc, man -l, systemd-analyze verify). libucx-dev: crates/fabric links libucp
+    # (the cluster deployment over UCX, docs/DEPLOYMENT.md).
     for p in curl wrk build-essential strace iproute2 linux-perf python3-matplotlib \
         python3 redis-server redis-tools nginx-light memcached libmemcached-tools iperf3 nghttp2-client \
+        libucx-dev \
         pkgconf man-db systemd; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$p")

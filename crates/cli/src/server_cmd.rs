@@ -138,6 +138,20 @@ pub struct ServerArgs {
     /// unless --metrics-per-host [default: off]
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Also accept hosts on other nodes over UCX at ADDR:PORT (port 0: any;
+    /// the address is logged), beside local ones; needs --fabric-auth
+    /// (docs/DEPLOYMENT.md). Not yet: rings, send queues and remote
+    /// socket/bind (docs/ARCHITECTURE.md, "The channel over a fabric")
+    #[arg(long, value_name = "ADDR:PORT", requires = "fabric_auth")]
+    pub fabric_listen: Option<std::net::SocketAddr>,
+    /// The shared-secret file remote hosts authenticate with (mode 600; the
+    /// secret on its first line, optionally a line uid=N)
+    #[arg(long, value_name = "FILE", requires = "fabric_listen")]
+    pub fabric_auth: Option<std::path::PathBuf>,
+    /// The uid remote hosts are accounted to when their auth file names
+    /// none
+    #[arg(long, value_name = "UID", default_value_t = 65534)]
+    pub fabric_uid: u32,
     /// Also serve per-host series (tcps_host_*, labelled with each host's
     /// pid and uid) at /metrics. Anyone who reaches the metrics address sees
     /// every user's hosts (`tcps stat` shows a user only their own): bind it
@@ -353,6 +367,14 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
     cfg.metrics_listen = args.metrics_listen;
+    cfg.fabric = match (args.fabric_listen, &args.fabric_auth) {
+        (Some(listen), Some(auth)) => Some(tcps_server::FabricConfig {
+            listen,
+            auth: auth.clone(),
+            uid: args.fabric_uid,
+        }),
+        _ => None,
+    };
     cfg.metrics_per_host = args.metrics_per_host;
     cfg.max_registered_bytes_per_host = args.max_registered_bytes_per_host;
     cfg.max_registrations_per_host = args.max_registrations_per_host;

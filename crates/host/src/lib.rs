@@ -36,6 +36,7 @@ pub mod interrupt;
 mod kernelfd;
 mod memory;
 mod optcache;
+mod remote;
 mod ring_wait;
 mod sendq;
 mod settings;

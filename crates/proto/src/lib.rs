@@ -32,6 +32,7 @@ pub mod fdpass;
 pub mod futex;
 pub mod handshake;
 pub mod layout;
+pub mod mirror;
 pub mod msg;
 pub mod ready_log;
 pub mod region;

@@ -141,6 +141,11 @@ impl Region {
             .store(1, std::sync::atomic::Ordering::Release);
     }
 
+    /// The mapping's first byte (for `mirror`, which checks every range).
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }

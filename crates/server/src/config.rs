@@ -67,6 +67,20 @@ pub struct Config {
     pub max_pull_bytes_per_host: usize,
     /// Dynamic host/server balancing (`crate::balance`).
     pub balance: BalanceConfig,
+    /// Remote hosts over UCX (`--fabric-listen`; None: local hosts only).
+    pub fabric: Option<FabricConfig>,
+}
+
+/// `tcps server --fabric-listen ADDR:PORT --fabric-auth FILE [--fabric-uid N]`
+/// (`docs/ARCHITECTURE.md`, "The channel over a fabric").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricConfig {
+    pub listen: std::net::SocketAddr,
+    /// The shared-secret file hosts authenticate with.
+    pub auth: PathBuf,
+    /// The uid a remote host is accounted to (and, once remote `Socket`
+    /// and `Bind` run here, acts as) unless its auth file names one.
+    pub uid: u32,
 }
 
 /// `tcps server --balance on|off` and its testing aid.
@@ -177,6 +191,7 @@ impl Default for Config {
             max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
             max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
             balance: BalanceConfig::default(),
+            fabric: None,
         }
     }
 }

@@ -21,6 +21,8 @@ pub struct NewHost {
     pub control: OwnedFd,
     /// The host's own doorbell eventfd (a copy went out in its Welcome).
     pub doorbell: OwnedFd,
+    /// On another node (`fabric`): its `Socket` and `Bind` run here.
+    pub remote: bool,
 }
 
 /// A control reply the host's socket could not take yet (it does not read
@@ -34,6 +36,8 @@ pub struct Host {
     pub id: u64,
     pub pid: u32,
     pub uid: u32,
+    /// On another node (`NewHost::remote`).
+    pub remote: bool,
     /// Shared with operations in flight that read or write it (a receive
     /// into a ring, `Engine::submit_recv`): unmapped after the last one
     /// completed, also when the host went away before.
@@ -139,6 +143,7 @@ impl Host {
             id: h.id,
             pid: h.pid,
             uid: h.uid,
+            remote: h.remote,
             cursors: vec![ServerCursor::default(); layout.n_channels as usize],
             layout,
             region: std::sync::Arc::new(h.region),

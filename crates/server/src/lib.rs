@@ -17,6 +17,7 @@ mod closer;
 mod config;
 mod control;
 pub mod engine;
+mod fabric;
 mod guard;
 mod host;
 mod host_doorbell;
@@ -33,8 +34,8 @@ mod token;
 mod worker;
 
 pub use config::{
-    BalanceConfig, Config, EagerPolicy, EagerRecv, PollMode, DEFAULT_EAGER_ACCEPT_SIZE,
-    DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
+    BalanceConfig, Config, EagerPolicy, EagerRecv, FabricConfig, PollMode,
+    DEFAULT_EAGER_ACCEPT_SIZE, DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
     DEFAULT_MAX_PULL_BYTES_PER_HOST, DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
     DEFAULT_MAX_REGISTRATIONS_PER_HOST,
 };
@@ -267,6 +268,12 @@ pub fn start(cfg: Config) -> io::Result<Server> {
                 .spawn(move || w.run())?,
         );
     }
+    threads.extend(fabric::serve::start(
+        &cfg,
+        &shared,
+        &handles,
+        shutdown.as_raw_fd(),
+    )?);
     let (c2, s2, sfd) = (cfg.clone(), shared.clone(), shutdown.as_raw_fd());
     let shutdown_keep = shutdown.clone();
     threads.push(

@@ -165,7 +165,15 @@ fn start(
 fn execute(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, call: Call) -> Res {
     match call {
         Call::Nop => Ok((0, 0)),
+        Call::Socket {
+            domain,
+            ty,
+            protocol,
+        } if host.remote => crate::fabric::calls::socket(cx.cfg, host, domain, ty, protocol),
         Call::Socket { .. } => options::new_socket(host),
+        Call::Bind { sock, addr } if host.remote => {
+            crate::fabric::calls::bind(host, ch, sock, addr)
+        }
         Call::Bind { sock, .. } => options::bind(host, sock),
         Call::Listen { sock, backlog } => {
             options::with_fd(host, sock, |fd| sys::listen(fd, backlog).map(|_| (0, 0)))

@@ -220,7 +220,7 @@ fn accept_all(listener: RawFd, pending: &mut Vec<Pending>) -> Result<(), i32> {
 /// Takes a slot for a host of `uid`: `Err(message)` when the server or
 /// the uid is full (`--max-hosts`, `--max-hosts-per-uid`; uid 0 is not
 /// limited per uid: root can stop the server anyway).
-fn admit_host(cfg: &Config, shared: &Shared, uid: u32, pid: i32) -> Result<(), String> {
+pub(crate) fn admit_host(cfg: &Config, shared: &Shared, uid: u32, pid: i32) -> Result<(), String> {
     let attached = shared.hosts.fetch_add(1, Ordering::AcqRel);
     if attached >= cfg.max_hosts {
         shared.hosts.fetch_sub(1, Ordering::AcqRel);
@@ -282,10 +282,9 @@ fn refuse(fd: RawFd, errno: i32, message: String) -> io::Result<()> {
     send_welcome(fd, &Welcome::refused(errno, message), &[])
 }
 
-/// An admitted host's channel region (a memfd) and doorbell, sent to it in
-/// its `Welcome` on `conn`: the host as the worker will take it.
-fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Result<NewHost> {
-    let fd = conn.as_raw_fd();
+/// A new host's region: the memfd and the server's mapping, header
+/// written (for local hosts and remote ones, `fabric::serve`).
+pub(crate) fn host_region(cfg: &Config) -> io::Result<(OwnedFd, Region)> {
     let size = cfg.layout.region_size();
     let memfd = sys::memfd(c"tcps-channels", size).map_err(io::Error::from_raw_os_error)?;
     let region = Region::map(std::os::fd::AsFd::as_fd(&memfd), cfg.layout)?;
@@ -296,6 +295,15 @@ fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Res
             .server_flags
             .store(SERVER_DEDICATED_CORES, Ordering::Release);
     }
+    Ok((memfd, region))
+}
+
+/// An admitted host's channel region (a memfd) and doorbell, sent to it in
+/// its `Welcome` on `conn`: the host as the worker will take it.
+fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Result<NewHost> {
+    let fd = conn.as_raw_fd();
+    let size = cfg.layout.region_size();
+    let (memfd, region) = host_region(cfg)?;
     // Its own doorbell: no other host can drain (or ring) it.
     let doorbell = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
     // The Welcome fits an empty socket buffer: a non-blocking send
@@ -312,6 +320,7 @@ fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Res
         region,
         control: conn,
         doorbell,
+        remote: false,
     })
 }
 

@@ -1,0 +1,199 @@
+//! A remote host attaching over UCX (`tcps server --fabric-listen`,
+//! `docs/ARCHITECTURE.md` "The channel over a fabric"), on one machine
+//! over UCX's tcp transport: a wrong secret is refused with nothing
+//! revealed; the right one gets the geometry, and a call posted in the
+//! host's own copy of the region crosses to the server, runs, and its
+//! completion comes back; a host that goes away is freed at the server.
+//! (`cluster.rs` does the same across network namespaces.)
+
+mod common;
+mod fabric_host;
+
+use common::*;
+use fabric_host::*;
+use std::time::{Duration, Instant};
+use tcps_proto::msg::Op;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn hosts_attached(srv: &Server) -> u64 {
+    srv.stat_json()["server"]["hosts_attached"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+}
+
+/// A server with a fabric listener on loopback (and `extra` options): it,
+/// its fabric address, and the directory holding its secret file.
+fn fabric_server(extra: &[&str]) -> (Server, std::net::SocketAddr, TempDir) {
+    let dir = TempDir::new("fabric");
+    let key = key_file(dir.path(), "fabric.key", SECRET);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listen = addr.to_string();
+    let mut args = vec![
+        "--fabric-listen",
+        &listen,
+        "--fabric-auth",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (Server::start("uring", &args), addr, dir)
+}
+
+#[test]
+fn remote_host_attaches_calls_and_is_freed() {
+    let (srv, addr, _dir) = fabric_server(&[]);
+
+    // A wrong secret: refused, nothing about the server revealed.
+    let (_r, w) = attach(addr, "0123456789abcdef-a-wrong-secret\n");
+    assert_eq!(w.status, libc::EACCES, "{w:?}");
+    assert_eq!(w.geometry, [0; 8]);
+    assert!(w.message.contains("authentication failed"), "{}", w.message);
+    assert_eq!(hosts_attached(&srv), 0);
+
+    // The right secret: the geometry; a call round trip through the worker.
+    let (r, w) = attach(addr, SECRET);
+    assert_eq!(w.status, 0, "{}", w.message);
+    let layout = layout_of(&w);
+    let (_file, host) = host_region(layout);
+    let done = nop_round_trip(&r, &layout, &host, 0xfab);
+    assert_eq!(
+        (done.user_data, done.op, done.errno, done.result),
+        (0xfab, Op::Nop as u16, 0, 0)
+    );
+    assert_eq!(hosts_attached(&srv), 1);
+
+    // The host goes away: the server frees it.
+    drop(r);
+    let t = Instant::now();
+    while hosts_attached(&srv) != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "a departed remote host was not freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sockaddr_in(addr: std::net::SocketAddrV4) -> Vec<u8> {
+    let mut b = vec![0u8; 16];
+    b[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+    b[2..4].copy_from_slice(&addr.port().to_be_bytes());
+    b[4..8].copy_from_slice(&addr.ip().octets());
+    b
+}
+
+/// The synchronous calls of a server program, from a remote host: socket,
+/// bind, listen, accept, recv, send, close — against a kernel client,
+/// bytes compared; a privileged port refused; the port free again once
+/// the host is gone.
+#[test]
+fn remote_host_serves_a_connection_with_synchronous_calls() {
+    use std::io::{Read, Write};
+    // Plain synchronous calls: no process-ahead.
+    let off = [
+        "--eager-accept",
+        "off",
+        "--eager-recv",
+        "off",
+        "--setup-with-accept",
+        "off",
+    ];
+    let (srv, addr, _dir) = fabric_server(&off);
+    let (r, w) = attach(addr, SECRET);
+    assert_eq!(w.status, 0, "{}", w.message);
+    let layout = layout_of(&w);
+    let (_file, host) = host_region(layout);
+    let mut ch = Chan::new(&r, layout, &host);
+    let ok = |c: &tcps_proto::msg::Completion| assert_eq!(c.errno, 0, "{c:?}");
+
+    let (c, _) = ch.call(
+        Op::Socket,
+        0,
+        [libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0, 0, 0],
+        &[],
+        0,
+    );
+    ok(&c);
+    let s = c.result as u32;
+    // A privileged port: refused for the mapped uid (65534).
+    let low = sockaddr_in("127.0.0.1:80".parse().unwrap());
+    let (c, _) = ch.call(Op::Bind, s, [0; 5], &low, 0);
+    assert_eq!(c.errno, libc::EACCES);
+    let port = free_port();
+    let (c, _) = ch.call(
+        Op::Bind,
+        s,
+        [0; 5],
+        &sockaddr_in(format!("127.0.0.1:{port}").parse().unwrap()),
+        0,
+    );
+    ok(&c);
+    let (c, _) = ch.call(Op::Listen, s, [16, 0, 0, 0, 0], &[], 0);
+    ok(&c);
+
+    let client = std::thread::spawn(move || {
+        let mut k = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        k.write_all(b"hello over the fabric").unwrap();
+        let mut reply = [0u8; 11];
+        k.read_exact(&mut reply).unwrap();
+        reply
+    });
+    let (c, _) = ch.call(Op::Accept, s, [0; 5], &[], 0);
+    ok(&c);
+    let conn = c.result as u32;
+    let mut got = Vec::new();
+    while got.len() < 21 {
+        let (c, data) = ch.call(Op::Recv, conn, [0; 5], &[], 64);
+        ok(&c);
+        assert!(c.result > 0, "early end of stream");
+        got.extend_from_slice(&data[..c.result as usize]);
+    }
+    assert_eq!(got, b"hello over the fabric");
+    let (c, _) = ch.call(Op::Send, conn, [0; 5], b"from remote", 0);
+    assert_eq!((c.errno, c.result), (0, 11));
+    assert_eq!(&client.join().unwrap(), b"from remote");
+    for sock in [conn, s] {
+        let (c, _) = ch.call(Op::Close, sock, [0; 5], &[], 0);
+        ok(&c);
+    }
+
+    // A listener left open by a host that goes away is closed with it.
+    let (c, _) = ch.call(
+        Op::Socket,
+        0,
+        [libc::AF_INET as u64, libc::SOCK_STREAM as u64, 0, 0, 0],
+        &[],
+        0,
+    );
+    let s2 = c.result as u32;
+    let (c, _) = ch.call(
+        Op::Bind,
+        s2,
+        [0; 5],
+        &sockaddr_in(format!("127.0.0.1:{port}").parse().unwrap()),
+        0,
+    );
+    ok(&c);
+    let (c, _) = ch.call(Op::Listen, s2, [16, 0, 0, 0, 0], &[], 0);
+    ok(&c);
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_err(),
+        "the remote listener holds the port"
+    );
+    drop(r);
+    let t = Instant::now();
+    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the departed host's port stayed bound"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(hosts_attached(&srv), 0);
+}

@@ -1,0 +1,358 @@
+//! The server's half of a remote host's channel (`docs/ARCHITECTURE.md`,
+//! "The channel over a fabric"): applies the spans the host's pump sent
+//! to the server's copy of its region (checked by `proto::mirror`: only
+//! host-written zones), and gathers what the server wrote since the last
+//! pass into one batch for the host. This first cut covers the channels
+//! (requests and completions: the synchronous calls) and the receive and
+//! accept rings (`rings`); send queues and the ready log follow the same
+//! pattern.
+
+use std::collections::HashMap;
+use tcps_fabric::wire::{self, Spans};
+use tcps_proto::layout::Layout;
+use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
+use tcps_proto::msg::{Completion, Op, Request};
+use tcps_proto::region::Region;
+use tcps_proto::ring::HostCursor;
+
+/// What a request left in the arena for its completion to ship back.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    op: u16,
+    buf_off: u32,
+    buf_len: u32,
+}
+
+#[derive(Default)]
+struct Chan {
+    /// Completions shipped (free-running, as `cq_tail`).
+    shipped: u32,
+    /// Requests applied and not yet answered, by `user_data`.
+    calls: HashMap<u64, Call>,
+}
+
+/// Why a host's batch was refused: the host is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Malformed,
+    Span(SpanRefused),
+    /// More requests in flight than its rings hold.
+    TooManyCalls,
+}
+
+/// One remote host's pump state at the server.
+pub struct ServerPump {
+    layout: Layout,
+    chans: Vec<Chan>,
+    rings: super::rings::Rings,
+    /// The server's header words last shipped (`server_sleeping`, …).
+    header: [u8; 12],
+}
+
+const SERVER_WORDS: usize = 64;
+
+impl ServerPump {
+    pub fn new(layout: Layout) -> ServerPump {
+        let chans = (0..layout.n_channels).map(|_| Chan::default()).collect();
+        ServerPump {
+            layout,
+            chans,
+            rings: super::rings::Rings::new(&layout),
+            header: [0xff; 12],
+        }
+    }
+
+    /// Applies a batch from the host. `Ok(true)`: a request was published
+    /// (ring the host's doorbell if the server sleeps).
+    pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<bool, Refused> {
+        let mut requests = false;
+        for span in wire::spans(header, data) {
+            let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
+            let off = off as usize;
+            region
+                .apply_span(Writer::Host, off, bytes)
+                .map_err(Refused::Span)?;
+            if let Some(z) = zone(&self.layout, off).filter(|z| z.kind == Kind::Slots(64)) {
+                self.note_requests(z.start, bytes)?;
+                requests = true;
+            }
+        }
+        Ok(requests)
+    }
+
+    /// Remembers the arena range of each request slot in a span (already
+    /// bound-checked as whole slots of one channel's request ring).
+    fn note_requests(&mut self, ring_start: usize, bytes: &[u8]) -> Result<(), Refused> {
+        let l = &self.layout;
+        let c = (ring_start - l.channel_offset(0)) / l.channel_stride();
+        let chan = &mut self.chans[c];
+        for slot in bytes.chunks_exact(64) {
+            let r = request_from(slot);
+            // Only calls whose results land in the arena are remembered:
+            // they always complete (unanswered ops — kicks, unanswered
+            // closes — never would, and would pile up here).
+            if !writes_arena(r.op) {
+                continue;
+            }
+            if chan.calls.len() >= 2 * l.ring_entries as usize {
+                return Err(Refused::TooManyCalls);
+            }
+            chan.calls.insert(
+                r.user_data,
+                Call {
+                    op: r.op,
+                    buf_off: r.buf_off,
+                    buf_len: r.buf_len,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Gathers what the server wrote since the last pass: per channel the
+    /// new completions (each after the arena bytes it wrote), then the
+    /// channel's server line; the header's server words if they changed.
+    pub fn collect(&mut self, region: &Region, out: &mut Spans) {
+        let l = self.layout;
+        for c in 0..l.n_channels {
+            let Some(ch) = region.channel(c) else {
+                continue;
+            };
+            let tail = HostCursor::published(&ch);
+            let chan = &mut self.chans[c as usize];
+            if tail == chan.shipped {
+                continue;
+            }
+            let base = l.channel_offset(c);
+            while chan.shipped != tail {
+                let slot = (chan.shipped & (l.ring_entries - 1)) as usize;
+                let at = base + l.completions_offset() + 32 * slot;
+                let mut b = [0u8; 32];
+                if region.read_span(at, &mut b).is_err() {
+                    break;
+                }
+                let done = completion_from(&b);
+                if let Some(call) = chan.calls.remove(&done.user_data) {
+                    let n = out_len(call, &done);
+                    if n > 0 {
+                        let a = base + l.arena_offset() + call.buf_off as usize;
+                        let mut bytes = vec![0u8; n];
+                        if region.read_span(a, &mut bytes).is_ok() {
+                            out.push(a as u32, &bytes);
+                        }
+                    }
+                }
+                out.push(at as u32, &b);
+                chan.shipped = chan.shipped.wrapping_add(1);
+            }
+            let mut line = [0u8; 12];
+            if region.read_span(base + 2 * SERVER_WORDS, &mut line).is_ok() {
+                out.push((base + 2 * SERVER_WORDS) as u32, &line);
+            }
+        }
+        self.rings.collect(&l, region, out);
+        let mut words = [0u8; 12];
+        if region.read_span(SERVER_WORDS, &mut words).is_ok() && words != self.header {
+            self.header = words;
+            out.push(SERVER_WORDS as u32, &words);
+        }
+    }
+}
+
+/// Whether a call of this op writes results into its arena range.
+fn writes_arena(op: u16) -> bool {
+    matches!(
+        Op::from_u16(op),
+        Some(Op::Recv | Op::Accept | Op::GetSockName | Op::GetPeerName | Op::GetSockOpt | Op::Poll)
+    )
+}
+
+/// The bytes of the arena a completion's call wrote for the host: its
+/// out-arguments, never more than the request's own range (which the
+/// server's decoder bound-checked before running the call).
+fn out_len(call: Call, done: &Completion) -> usize {
+    let len = call.buf_len as usize;
+    let n = match Op::from_u16(call.op) {
+        _ if done.errno != 0 => 0,
+        Some(Op::Recv) => done.result.max(0) as usize,
+        Some(Op::Accept | Op::GetSockName | Op::GetPeerName | Op::GetSockOpt) => done.aux as usize,
+        Some(Op::Poll) => len,
+        _ => 0,
+    };
+    n.min(len)
+}
+
+fn request_from(b: &[u8]) -> Request {
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    Request {
+        user_data: u64::from_le_bytes(b[0..8].try_into().unwrap_or([0; 8])),
+        op: u16::from_le_bytes([b[8], b[9]]),
+        stamp: u16::from_le_bytes([b[10], b[11]]),
+        sock: u32_at(12),
+        buf_off: u32_at(16),
+        buf_len: u32_at(20),
+        ..Default::default()
+    }
+}
+
+fn completion_from(b: &[u8; 32]) -> Completion {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    Completion {
+        user_data: u64_at(0),
+        op: u16::from_le_bytes([b[8], b[9]]),
+        stamp: u16::from_le_bytes([b[10], b[11]]),
+        errno: i32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+        result: u64_at(16) as i64,
+        aux: u64_at(24),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use tcps_proto::ring::ServerCursor;
+
+    fn layout() -> Layout {
+        Layout {
+            n_channels: 2,
+            ring_entries: 8,
+            arena_size: 4096,
+            send_queues: 2,
+            sq_entries: 8,
+            recv_rings: 2,
+            rq_bytes: 4096,
+        }
+    }
+
+    fn region(l: Layout) -> Region {
+        let fd = crate::sys::memfd(c"pump-test", l.region_size()).unwrap();
+        let r = Region::map(fd.as_fd(), l).unwrap();
+        r.init_header();
+        r
+    }
+
+    /// The host's half, by hand: the request slot and channel lines 0/1.
+    fn ship_request(host: &Region, l: &Layout) -> Spans {
+        let mut s = Spans::new();
+        for (off, len) in [
+            (l.channel_offset(0) + l.requests_offset(), 64),
+            (l.channel_offset(0), 128),
+        ] {
+            let mut b = vec![0u8; len];
+            host.read_span(off, &mut b).unwrap();
+            s.push(off as u32, &b);
+        }
+        s
+    }
+
+    #[test]
+    fn a_recv_crosses_both_pumps() {
+        let l = layout();
+        let (host, server) = (region(l), region(l));
+        let mut pump = ServerPump::new(l);
+        let mut hc = HostCursor::default();
+        let req = Request {
+            user_data: 9,
+            op: Op::Recv as u16,
+            sock: 1,
+            buf_off: 64,
+            buf_len: 100,
+            ..Default::default()
+        };
+        hc.submit(&host.channel(0).unwrap(), &req).unwrap();
+        let (h, d) = ship_request(&host, &l).take();
+        assert_eq!(pump.apply(&server, &h, &d), Ok(true));
+        let ch = server.channel(0).unwrap();
+        let mut sc = ServerCursor::default();
+        let got = sc.pop(&ch).unwrap().expect("the worker sees the request");
+        assert_eq!((got.user_data, got.buf_off, got.buf_len), (9, 64, 100));
+        // The worker receives 5 bytes into the arena and completes.
+        let arena = l.channel_offset(0) + l.arena_offset();
+        server
+            .apply_span(Writer::Server, arena + 64, b"hello")
+            .unwrap();
+        let done = Completion {
+            user_data: 9,
+            op: Op::Recv as u16,
+            result: 5,
+            ..Default::default()
+        };
+        sc.complete(&ch, &done).unwrap();
+        let mut out = Spans::new();
+        pump.collect(&server, &mut out);
+        let (h, d) = out.take();
+        // The host's pump applies them (its copy trusts the server's writes).
+        for span in wire::spans(&h, &d) {
+            let (off, bytes) = span.unwrap();
+            host.apply_span(Writer::Server, off as usize, bytes)
+                .unwrap();
+        }
+        let c = hc
+            .reap(&host.channel(0).unwrap())
+            .expect("the host sees the completion");
+        assert_eq!((c.user_data, c.result), (9, 5));
+        let mut data = [0u8; 5];
+        host.read_span(arena + 64, &mut data).unwrap();
+        assert_eq!(&data, b"hello");
+        // Only the bytes the call wrote crossed back, not its whole range.
+        assert!(d.len() < 100, "shipped {} bytes", d.len());
+        // Nothing new: nothing shipped.
+        pump.collect(&server, &mut out);
+        assert!(out.is_empty());
+    }
+
+    /// Requests that are never answered (kicks) must not pile up and get
+    /// the host cut off.
+    #[test]
+    fn unanswered_requests_are_not_remembered() {
+        let l = layout();
+        let (host, server) = (region(l), region(l));
+        let mut pump = ServerPump::new(l);
+        let mut hc = HostCursor::default();
+        let mut sc = ServerCursor::default();
+        let ch_s = server.channel(0).unwrap();
+        for i in 0..10 * l.ring_entries as u64 {
+            let kick = Request {
+                user_data: i,
+                op: Op::RecvKick as u16,
+                sock: 1,
+                ..Default::default()
+            };
+            let slot = (hc.next_request() & (l.ring_entries - 1)) as usize;
+            hc.submit(&host.channel(0).unwrap(), &kick).unwrap();
+            let mut s = Spans::new();
+            let at = l.channel_offset(0) + l.requests_offset() + 64 * slot;
+            let mut b = vec![0u8; 64];
+            host.read_span(at, &mut b).unwrap();
+            s.push(at as u32, &b);
+            let (h, d) = s.take();
+            assert_eq!(pump.apply(&server, &h, &d), Ok(true), "kick {i}");
+            sc.pop(&ch_s).unwrap().expect("taken");
+            sc.retire();
+            // The server took it: the host's ring has room again.
+            let mut line = [0u8; 12];
+            server
+                .read_span(l.channel_offset(0) + 128, &mut line)
+                .unwrap();
+            host.apply_span(Writer::Server, l.channel_offset(0) + 128, &line)
+                .unwrap();
+        }
+        assert!(pump.chans[0].calls.is_empty());
+    }
+
+    #[test]
+    fn a_host_writing_server_fields_is_refused() {
+        let l = layout();
+        let server = region(l);
+        let mut pump = ServerPump::new(l);
+        let mut s = Spans::new();
+        s.push((l.channel_offset(0) + 128) as u32, &1u32.to_le_bytes()); // cq_tail
+        let (h, d) = s.take();
+        assert_eq!(
+            pump.apply(&server, &h, &d),
+            Err(Refused::Span(SpanRefused::NotWriter))
+        );
+        assert_eq!(pump.apply(&server, &h, &d[..3]), Err(Refused::Malformed));
+    }
+}

@@ -1,0 +1,231 @@
+//! The receive and accept rings of a remote host's region, server side:
+//! each pass ships what the server published since the last — the ring's
+//! new bytes (one or two spans at the wrap), then its line 1 (`tail`,
+//! `end`, `end_errno`, `paused`, `since`) and line 2 (`owner`, `kind`,
+//! `kicks_seen`) — so the host's copy sees an ordinary publish. A bind
+//! restarts a ring at 0 (a new `owner`): shipping restarts there too.
+//! And the send queues' server lines (credits: `done`; errors) when they
+//! change.
+//!
+//! First cut: every ring's two lines are read each pass (32 bytes each);
+//! the worker's per-host bell would name the rings that moved.
+
+use tcps_fabric::wire::Spans;
+use tcps_proto::eager::ctl::RQ_CTL_SIZE;
+use tcps_proto::layout::Layout;
+use tcps_proto::region::Region;
+
+const LINE: usize = 64;
+/// Line 1's five words and line 2's three.
+const L1: usize = 20;
+const L2: usize = 12;
+
+#[derive(Clone, Default)]
+struct Shadow {
+    shipped: u32,
+    lines: [u8; L1 + L2],
+}
+
+pub struct Rings {
+    shadow: Vec<Shadow>,
+    /// Each send queue's server lines (line 1: `done`, `error`,
+    /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
+    /// `kicks_seen`, `owner`) as last shipped.
+    queues: Vec<[u8; 36]>,
+}
+
+fn word(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+impl Rings {
+    pub fn new(l: &Layout) -> Rings {
+        Rings {
+            shadow: vec![Shadow::default(); l.recv_rings as usize],
+            queues: vec![[0; 36]; l.send_queues as usize],
+        }
+    }
+
+    /// The send queues' server lines that changed (credits, errors).
+    fn collect_queues(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        for (q, shadow) in self.queues.iter_mut().enumerate() {
+            let base = l.send_queue_offset(q as u32);
+            let mut lines = [0u8; 36];
+            let (l1, l2) = lines.split_at_mut(24);
+            if region.read_span(base + 2 * LINE, l2).is_err()
+                || region.read_span(base + LINE, l1).is_err()
+            {
+                continue;
+            }
+            if lines != *shadow {
+                out.push((base + LINE) as u32, &lines[..24]);
+                out.push((base + 2 * LINE) as u32, &lines[24..]);
+                *shadow = lines;
+            }
+        }
+    }
+
+    pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        self.collect_queues(l, region, out);
+        let size = l.rq_bytes;
+        for (r, sh) in self.shadow.iter_mut().enumerate() {
+            let base = l.recv_ring_offset(r as u32);
+            let mut lines = [0u8; L1 + L2];
+            // Line 2 and line 1 first (acquire): the bytes they publish after.
+            let (l1, l2) = lines.split_at_mut(L1);
+            if region.read_span(base + 2 * LINE, l2).is_err()
+                || region.read_span(base + LINE, l1).is_err()
+            {
+                continue;
+            }
+            if lines == sh.lines {
+                continue;
+            }
+            if lines[L1..L1 + 4] != sh.lines[L1..L1 + 4] {
+                sh.shipped = 0; // bound anew: the ring restarts at 0
+            }
+            let tail = word(&lines);
+            let n = tail.wrapping_sub(sh.shipped).min(size);
+            if n > 0 {
+                let start = (tail.wrapping_sub(n) % size) as usize;
+                let first = (n as usize).min(size as usize - start);
+                for (at, len) in [(start, first), (0, n as usize - first)] {
+                    if len == 0 {
+                        continue;
+                    }
+                    let mut b = vec![0u8; len];
+                    if region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
+                        out.push((base + RQ_CTL_SIZE + at) as u32, &b);
+                    }
+                }
+            }
+            sh.shipped = tail;
+            out.push((base + LINE) as u32, &lines[..L1]);
+            out.push((base + 2 * LINE) as u32, &lines[L1..]);
+            sh.lines = lines;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use tcps_fabric::wire;
+    use tcps_proto::mirror::Writer;
+
+    fn layout() -> Layout {
+        Layout {
+            n_channels: 1,
+            ring_entries: 8,
+            arena_size: 4096,
+            send_queues: 2,
+            sq_entries: 8,
+            recv_rings: 2,
+            rq_bytes: 4096,
+        }
+    }
+
+    fn region(l: Layout) -> Region {
+        let fd = crate::sys::memfd(c"rings-test", l.region_size()).unwrap();
+        let r = Region::map(fd.as_fd(), l).unwrap();
+        r.init_header();
+        r
+    }
+
+    /// The server's publish, by hand: bytes at `pos`, then tail and owner.
+    fn publish(server: &Region, l: &Layout, pos: u32, bytes: &[u8], owner: u32) {
+        let base = l.recv_ring_offset(1);
+        for (i, b) in bytes.iter().enumerate() {
+            let at = (pos as usize + i) % l.rq_bytes as usize;
+            server
+                .apply_span(Writer::Server, base + RQ_CTL_SIZE + at, &[*b])
+                .unwrap();
+        }
+        let tail = pos + bytes.len() as u32;
+        server
+            .apply_span(Writer::Server, base + LINE, &tail.to_le_bytes())
+            .unwrap();
+        server
+            .apply_span(Writer::Server, base + 2 * LINE, &owner.to_le_bytes())
+            .unwrap();
+    }
+
+    fn ship(rings: &mut Rings, l: &Layout, server: &Region, host: &Region) -> usize {
+        let mut out = Spans::new();
+        rings.collect(l, server, &mut out);
+        let (h, d) = out.take();
+        let mut n = 0;
+        for s in wire::spans(&h, &d) {
+            let (off, b) = s.unwrap();
+            host.apply_span(Writer::Server, off as usize, b).unwrap();
+            n += 1;
+        }
+        n
+    }
+
+    fn ring_bytes(host: &Region, l: &Layout, pos: u32, len: usize) -> Vec<u8> {
+        let base = l.recv_ring_offset(1);
+        (0..len)
+            .map(|i| {
+                let mut b = [0u8];
+                let at = (pos as usize + i) % l.rq_bytes as usize;
+                host.read_span(base + RQ_CTL_SIZE + at, &mut b).unwrap();
+                b[0]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn send_queue_credits_are_shipped_when_they_change() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        let q = l.send_queue_offset(1);
+        server
+            .apply_span(Writer::Server, q + LINE, &5u32.to_le_bytes())
+            .unwrap(); // done
+        server
+            .apply_span(Writer::Server, q + 2 * LINE + 8, &2u32.to_le_bytes())
+            .unwrap(); // owner
+        assert_eq!(ship(&mut rings, &l, &server, &host), 2);
+        let mut done = [0u8; 4];
+        host.read_span(q + LINE, &mut done).unwrap();
+        assert_eq!(u32::from_le_bytes(done), 5);
+        assert_eq!(ship(&mut rings, &l, &server, &host), 0);
+    }
+
+    #[test]
+    fn published_bytes_reach_the_host_copy_across_the_wrap_and_a_rebind() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        assert_eq!(
+            ship(&mut rings, &l, &server, &host),
+            0,
+            "nothing published, nothing shipped"
+        );
+        publish(&server, &l, 0, b"first bytes", 2);
+        ship(&mut rings, &l, &server, &host);
+        assert_eq!(ring_bytes(&host, &l, 0, 11), b"first bytes");
+        // Across the wrap: the server's tail moves on to 4096 + 8.
+        let pos = 4096 - 4;
+        publish(&server, &l, pos, b"wrapping", 2);
+        let mut tail = [0u8; 4];
+        // (the shipper ships what lies between its last tail and the new one)
+        ship(&mut rings, &l, &server, &host);
+        host.read_span(l.recv_ring_offset(1) + LINE, &mut tail)
+            .unwrap();
+        assert_eq!(u32::from_le_bytes(tail), pos + 8);
+        assert_eq!(ring_bytes(&host, &l, pos, 8), b"wrapping");
+        assert_eq!(
+            ship(&mut rings, &l, &server, &host),
+            0,
+            "no change, no spans"
+        );
+        // Bound anew (owner 3): the ring restarts at 0.
+        publish(&server, &l, 0, b"new socket", 3);
+        ship(&mut rings, &l, &server, &host);
+        assert_eq!(ring_bytes(&host, &l, 0, 10), b"new socket");
+    }
+}

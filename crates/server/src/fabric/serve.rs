@@ -1,0 +1,375 @@
+//! The fabric thread (`--fabric-listen`): a UCX listener beside the control
+//! socket. Each endpoint attaches (`attach`); an admitted host gets a
+//! region and a doorbell as a local one does, and the worker gets it as a
+//! `NewHost` whose control socket is one end of a socketpair this thread
+//! holds — when the endpoint fails (the host died, the link broke) the
+//! thread drops that end and the worker frees the host as it does for a
+//! local host that hangs up. In between it runs the host's `pump`: the
+//! host's spans in, and, each pass, what the server wrote back out in one
+//! message.
+//!
+//! First cut: the pump looks at its hosts' regions every millisecond
+//! while any is attached (the worker does not tell it when it completes);
+//! a per-host bell rung by the worker is the next step.
+
+use super::attach::{Attach, Step};
+use super::pump::ServerPump;
+use crate::config::{Config, FabricConfig};
+use crate::control::{admit_host, host_region, WorkerHandle};
+use crate::host::NewHost;
+use crate::shared::Shared;
+use crate::sys;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tcps_fabric::auth::Secret;
+use tcps_fabric::wire::{
+    Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
+};
+use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
+use tcps_proto::layout::Layout;
+use tcps_proto::Region;
+use tracing::{info, warn};
+
+/// A live remote host at this thread.
+struct Live {
+    id: u64,
+    region: Region,
+    pump: ServerPump,
+    doorbell: OwnedFd,
+    /// The worker's `NewHost::control` is the other end: dropping this
+    /// frees the host.
+    _control: OwnedFd,
+    /// When the host was last heard from, and last sent anything.
+    heard: Instant,
+    sent: Instant,
+}
+
+/// A host sends at least this often (a keepalive when it has nothing
+/// else); so does the server.
+pub const KEEPALIVE: Duration = Duration::from_millis(250);
+/// A host silent this long (three keepalives missed) is gone: a cut link
+/// is noticed within a second (UCX alone would notice only when TCP's
+/// retransmissions give up).
+pub const SILENCE: Duration = Duration::from_millis(800);
+
+enum State {
+    Attaching(Attach),
+    Live(Box<Live>),
+}
+
+struct Conn {
+    ep: Endpoint,
+    state: State,
+}
+
+/// Everything the thread needs of the server.
+pub struct Server {
+    pub cfg: Arc<Config>,
+    pub shared: Arc<Shared>,
+    pub workers: Vec<WorkerHandle>,
+    pub shutdown_fd: RawFd,
+}
+
+/// The fabric's listener (made on the fabric thread: a UCX worker stays on
+/// its thread; `spawn` waits for it, so a bad address, secret file or a
+/// missing UCX fails `tcps server` at once).
+pub struct Fabric {
+    worker: Worker,
+    listener: Listener,
+    secret: Secret,
+    uid: u32,
+}
+
+impl Fabric {
+    pub fn open(f: &FabricConfig) -> std::io::Result<Fabric> {
+        let err = std::io::Error::other;
+        let secret = Secret::read(&f.auth).map_err(err)?;
+        // Active messages only: the server is never the target of a put.
+        let ctx = Context::new(&ContextOptions::default()).map_err(|e| err(format!("UCX: {e}")))?;
+        let worker = Worker::new(&ctx).map_err(|e| err(format!("UCX: {e}")))?;
+        for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE] {
+            worker
+                .set_am_handler(id)
+                .map_err(|e| err(format!("UCX: {e}")))?;
+        }
+        let listener = worker
+            .listen(f.listen)
+            .map_err(|e| err(format!("--fabric-listen {}: {e}", f.listen)))?;
+        Ok(Fabric {
+            worker,
+            listener,
+            secret,
+            uid: f.uid,
+        })
+    }
+
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+}
+
+fn geometry(l: &Layout) -> [u32; 8] {
+    [
+        l.n_channels,
+        l.ring_entries,
+        l.arena_size,
+        l.send_queues,
+        l.sq_entries,
+        l.recv_rings,
+        l.rq_bytes,
+        0,
+    ]
+}
+
+fn welcome(ep: &Endpoint, status: i32, geometry: [u32; 8], message: String) {
+    let w = Welcome {
+        status,
+        geometry,
+        message,
+    };
+    let _ = ep.am_send(AM_WELCOME, &w.encode(), Vec::new(), false);
+}
+
+/// The thread: runs until the server's shutdown eventfd fires.
+pub fn serve(fabric: Fabric, srv: Server) {
+    let mut conns: HashMap<u64, Conn> = HashMap::new();
+    let mut next_id = 1u64 << 48; // ids apart from local hosts'
+    let mut next_worker = 0usize;
+    loop {
+        let any_live = conns.values().any(|c| matches!(c.state, State::Live(_)));
+        if fabric.worker.progress() == 0 && fabric.worker.arm() {
+            let wait = if any_live { 1 } else { 100 };
+            let mut pfds = [srv.shutdown_fd, fabric.worker.event_fd()].map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // SAFETY: a valid array of two pollfds.
+            unsafe { libc::poll(pfds.as_mut_ptr(), 2, wait) };
+        }
+        if srv.shared.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        fabric.worker.progress();
+        while let Some(req) = fabric.listener.take_request() {
+            match req.accept() {
+                Ok(ep) => {
+                    let state = State::Attaching(Attach::new(Instant::now()));
+                    conns.insert(ep.tag(), Conn { ep, state });
+                }
+                Err(e) => warn!("fabric: cannot accept a connection: {e}"),
+            }
+        }
+        for (tag, e) in fabric.worker.take_failures() {
+            if let Some(c) = conns.remove(&tag) {
+                if let State::Live(l) = &c.state {
+                    info!(host = l.id, "remote host gone: {e}");
+                }
+            }
+        }
+        while let Some(m) = fabric.worker.take_am() {
+            let Some(tag) = m.from else { continue };
+            let Some(conn) = conns.get_mut(&tag) else {
+                continue;
+            };
+            let keep = match &mut conn.state {
+                State::Attaching(a) => {
+                    let step = a.on_message(&fabric.secret, m.id, &m.header);
+                    attach_step(&fabric, &srv, conn, step, &mut next_id, &mut next_worker)
+                }
+                State::Live(l) if m.id == AM_SPANS => {
+                    match l.pump.apply(&l.region, &m.header, &m.data) {
+                        Ok(requests) => {
+                            if requests {
+                                sys::eventfd_ring(l.doorbell.as_raw_fd());
+                            }
+                            true
+                        }
+                        Err(e) => {
+                            warn!(host = l.id, "remote host cut off: bad spans ({e:?})");
+                            false
+                        }
+                    }
+                }
+                State::Live(_) => m.id == AM_KEEPALIVE,
+            };
+            if !keep {
+                conns.remove(&tag);
+            }
+        }
+        let now = Instant::now();
+        conns.retain(|_, c| match &mut c.state {
+            State::Attaching(a) if a.expired(now) => {
+                welcome(
+                    &c.ep,
+                    libc::ETIMEDOUT,
+                    [0; 8],
+                    "tcps: attach timed out".into(),
+                );
+                false
+            }
+            State::Attaching(_) => true,
+            State::Live(l) => {
+                if now.duration_since(l.heard) > SILENCE {
+                    warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
+                    return false;
+                }
+                let mut out = Spans::new();
+                l.pump.collect(&l.region, &mut out);
+                if out.is_empty() {
+                    if now.duration_since(l.sent) < KEEPALIVE {
+                        return true;
+                    }
+                    l.sent = now;
+                    return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
+                }
+                l.sent = now;
+                let (h, d) = out.take();
+                c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
+            }
+        });
+    }
+}
+
+/// Carries out an attach step; false: drop the endpoint.
+fn attach_step(
+    fabric: &Fabric,
+    srv: &Server,
+    conn: &mut Conn,
+    step: Step,
+    next_id: &mut u64,
+    next_worker: &mut usize,
+) -> bool {
+    match step {
+        Step::Challenge(n) => conn.ep.am_send(AM_CHALLENGE, &n, Vec::new(), false).is_ok(),
+        Step::Refuse { errno, message } => {
+            warn!(errno, "fabric: {message}");
+            welcome(&conn.ep, errno, [0; 8], message);
+            false
+        }
+        Step::Admit { pid } => {
+            let uid = fabric.secret.uid.unwrap_or(fabric.uid);
+            if let Err(message) = admit_host(&srv.cfg, &srv.shared, uid, pid as i32) {
+                srv.shared.refused_hosts.fetch_add(1, Ordering::Relaxed);
+                warn!("{message}");
+                welcome(&conn.ep, libc::EUSERS, [0; 8], message);
+                return false;
+            }
+            *next_id += 1;
+            let w = &srv.workers[*next_worker % srv.workers.len().max(1)];
+            *next_worker += 1;
+            match new_remote_host(*next_id, &srv.cfg, pid, uid, w) {
+                Ok(live) => {
+                    info!(host = live.id, pid, uid, "remote host attached");
+                    welcome(&conn.ep, 0, geometry(&srv.cfg.layout), String::new());
+                    conn.state = State::Live(Box::new(live));
+                    true
+                }
+                Err(e) => {
+                    srv.shared.host_gone(uid);
+                    welcome(&conn.ep, libc::ENOMEM, [0; 8], format!("tcps: {e}"));
+                    false
+                }
+            }
+        }
+    }
+}
+
+/// A remote host's region (the server's copy), doorbell and stand-in
+/// control socket; the worker gets its `NewHost`.
+fn new_remote_host(
+    id: u64,
+    cfg: &Config,
+    pid: u32,
+    uid: u32,
+    w: &WorkerHandle,
+) -> std::io::Result<Live> {
+    let io = std::io::Error::from_raw_os_error;
+    let (memfd, region) = host_region(cfg)?;
+    let pump_region = Region::map(memfd.as_fd(), cfg.layout)?;
+    let doorbell = sys::eventfd().map_err(io)?;
+    let pump_doorbell = doorbell.try_clone()?;
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let host = NewHost {
+        id,
+        pid,
+        uid,
+        region,
+        control: OwnedFd::from(a),
+        doorbell,
+        remote: true,
+    };
+    if let Ok(mut inbox) = w.inbox.hosts.lock() {
+        inbox.push(host);
+    }
+    sys::eventfd_ring(w.doorbell.as_raw_fd());
+    Ok(Live {
+        id,
+        pump: ServerPump::new(cfg.layout),
+        region: pump_region,
+        doorbell: pump_doorbell,
+        _control: OwnedFd::from(b),
+        heard: Instant::now(),
+        sent: Instant::now(),
+    })
+}
+
+/// Starts the fabric thread; returns once its listener listens (its
+/// address) or failed.
+pub fn spawn(
+    f: FabricConfig,
+    srv: Server,
+) -> std::io::Result<(std::thread::JoinHandle<()>, std::net::SocketAddr)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::Builder::new()
+        .name("tcps-fabric".into())
+        .spawn(move || match Fabric::open(&f) {
+            Ok(fabric) => {
+                let _ = tx.send(
+                    fabric
+                        .local_addr()
+                        .ok_or_else(|| "no listener address".to_string()),
+                );
+                serve(fabric, srv)
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e.to_string()));
+            }
+        })?;
+    match rx.recv() {
+        Ok(Ok(addr)) => Ok((t, addr)),
+        Ok(Err(m)) => Err(std::io::Error::other(m)),
+        Err(_) => Err(std::io::Error::other("fabric thread died")),
+    }
+}
+
+/// Starts the fabric thread if `--fabric-listen` asks for it.
+pub fn start(
+    cfg: &Arc<Config>,
+    shared: &Arc<Shared>,
+    workers: &[WorkerHandle],
+    shutdown_fd: RawFd,
+) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
+    let Some(f) = cfg.fabric.clone() else {
+        return Ok(None);
+    };
+    let workers = workers
+        .iter()
+        .map(|h| WorkerHandle {
+            inbox: h.inbox.clone(),
+            doorbell: h.doorbell.clone(),
+        })
+        .collect();
+    let srv = Server {
+        cfg: cfg.clone(),
+        shared: shared.clone(),
+        workers,
+        shutdown_fd,
+    };
+    let (t, addr) = spawn(f, srv)?;
+    info!(%addr, "fabric listener (remote hosts over UCX)");
+    Ok(Some(t))
+}
