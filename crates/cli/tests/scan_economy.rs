@@ -4,7 +4,8 @@
 //! messages on one connection, the passes read about one host and its
 //! channels each (`tcps stat`'s `server.scan`), where reading every
 //! attached host would be 51 hosts per pass. A dormant host's next call
-//! wakes it and is answered.
+//! wakes it and is answered. The 10 ms backstop sweep of send queues looks
+//! at the queues bound to a socket, not at every queue slot of every host.
 
 mod common;
 
@@ -141,4 +142,42 @@ fn dormant_host_that_does_not_ring(engine: &str) {
     });
 }
 
-engine_tests!(idle_hosts_are_not_scanned, dormant_host_that_does_not_ring);
+/// The backstop sweep looks at bound send queues only: one host with one
+/// sending socket among its 1024 queue slots costs about one queue per
+/// sweep (every slot would be 1024).
+fn the_sweep_looks_only_at_bound_queues(engine: &str) {
+    let srv = Server::start(engine, &["--poll", "adaptive", "--send-queues", "1024"]);
+    let c = srv.attach();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = c.tcp_connect(l.local_addr().unwrap()).unwrap();
+    let (mut k, _) = l.accept().unwrap();
+    // An asynchronous send binds the socket's queue.
+    assert_eq!(c.send_async(s, b"bound", 0).unwrap(), 5);
+    c.flush_async(s, Some(Duration::from_secs(5))).unwrap();
+    let mut got = [0u8; 5];
+    std::io::Read::read_exact(&mut k, &mut got).unwrap();
+    assert_eq!(&got, b"bound");
+    let before = srv.stat_json();
+    let sweeps0 = counter(&before, "sweeps");
+    let after = stat_when(&srv, "no 20 sweeps were published", |v| {
+        counter(v, "sweeps") >= sweeps0 + 20
+    });
+    let sweeps = counter(&after, "sweeps") - sweeps0;
+    let swept = counter(&after, "queues_swept") - counter(&before, "queues_swept");
+    let per_sweep = swept as f64 / sweeps as f64;
+    eprintln!("{sweeps} sweeps looked at {swept} send queues ({per_sweep:.2} each)");
+    assert!(
+        swept > 0,
+        "the sweep looked at no queue: the backstop is off"
+    );
+    assert!(
+        per_sweep <= 2.0,
+        "{per_sweep} queues per sweep (1024 slots)"
+    );
+}
+
+engine_tests!(
+    idle_hosts_are_not_scanned,
+    dormant_host_that_does_not_ring,
+    the_sweep_looks_only_at_bound_queues
+);

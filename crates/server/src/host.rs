@@ -77,6 +77,12 @@ pub struct Host {
     pub files: std::collections::HashMap<u32, std::sync::Arc<OwnedFd>>,
     /// The server's private state of each send queue (index = queue).
     pub queues: Vec<QueueState>,
+    /// The queues bound to a socket: all the 10 ms backstop sweep looks at
+    /// (it grows with the host's sending sockets, not with its slots).
+    pub bound_queues: Vec<u32>,
+    /// Send queues the backstop sweeps looked at, in all (`tcps stat`'s
+    /// `server.scan.queues_swept`).
+    pub queues_swept: u64,
     /// Queues the worker watches on every pass (their `active` is set).
     pub hot: Vec<u32>,
     /// Queues that went cold, to be looked at once more at the given time
@@ -162,6 +168,8 @@ impl Host {
             registry: Registry::default(),
             files: Default::default(),
             queues: vec![QueueState::default(); layout.send_queues as usize],
+            bound_queues: Vec::new(),
+            queues_swept: 0,
             hot: Vec::new(),
             cooling: Vec::new(),
             eager_paused: Vec::new(),

@@ -35,6 +35,10 @@ pub struct ScanCounters {
     pub hosts_looked: u64,
     /// Channels a pass read (the head slot of each), summed over passes.
     pub channels_looked: u64,
+    /// Backstop sweeps (every 10 ms, per worker), and the send queues they
+    /// looked at (only bound ones), summed over sweeps.
+    pub sweeps: u64,
+    pub queues_swept: u64,
     /// Times an idle host was made dormant, and woken by its doorbell.
     pub dormant_entered: u64,
     pub dormant_woken: u64,
@@ -49,6 +53,8 @@ impl ScanCounters {
         self.passes += o.passes;
         self.hosts_looked += o.hosts_looked;
         self.channels_looked += o.channels_looked;
+        self.sweeps += o.sweeps;
+        self.queues_swept += o.queues_swept;
         self.dormant_entered += o.dormant_entered;
         self.dormant_woken += o.dormant_woken;
         self.dormant_backstop += o.dormant_backstop;
@@ -62,6 +68,8 @@ impl ScanCounters {
             "channels_looked": self.channels_looked,
             "hosts_per_pass": per_pass(self.hosts_looked),
             "channels_per_pass": per_pass(self.channels_looked),
+            "sweeps": self.sweeps,
+            "queues_swept": self.queues_swept,
             "dormant_entered": self.dormant_entered,
             "dormant_woken": self.dormant_woken,
             "dormant_backstop": self.dormant_backstop,

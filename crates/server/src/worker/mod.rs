@@ -305,6 +305,7 @@ impl Worker {
         }
         self.next_hot_poll = now + HOT_POLL_EVERY;
         let mut work = 0;
+        let mut queues_swept = 0;
         for hkey in 0..self.hosts.key_bound() {
             let Some((host, mut cx)) = self.host_and_cx(hkey) else {
                 continue;
@@ -317,8 +318,14 @@ impl Worker {
                     .unwrap_or(0);
             }
             if sweep && host.doomed.is_none() {
+                let looked = host.queues_swept;
                 work += guarded(host, "sweep", |h| calls::sweep(&mut cx, h, now)).unwrap_or(0);
+                queues_swept += host.queues_swept - looked;
             }
+        }
+        if sweep {
+            self.awake.counters.sweeps += 1;
+            self.awake.counters.queues_swept += queues_swept;
         }
         work
     }

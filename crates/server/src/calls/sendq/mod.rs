@@ -110,10 +110,13 @@ pub fn poll_queues(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
     work
 }
 
-/// The backstop: takes what any bound queue holds, hot or not.
+/// The backstop: takes what any bound queue holds, hot or not (only the
+/// bound ones are looked at: `Host::bound_queues`).
 pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
     let mut work = 0;
-    for q in 0..host.queues.len() as u32 {
+    // A copy: ingesting may finish a close, which unbinds its queue.
+    for q in host.bound_queues.clone() {
+        host.queues_swept += 1;
         if let Some(sid) = host.queues[q as usize].owner {
             if has_new(host, q) {
                 make_hot(host, q, now);

@@ -46,6 +46,7 @@ pub(crate) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
         kicks,
         ..QueueState::default()
     };
+    host.bound_queues.push(queue);
     let mut nonblocking = 0;
     if let Some(s) = host.socket_mut(sid) {
         s.queue = Some(queue);
@@ -168,6 +169,7 @@ pub fn unbind(host: &mut Host, q: u32) {
     };
     st.owner = None;
     st.hot = false;
+    host.bound_queues.retain(|&b| b != q);
     host.hot.retain(|&h| h != q);
     host.cooling.retain(|&(h, _)| h != q);
     if let Some(sq) = host.region.send_queue(q) {
