@@ -533,7 +533,15 @@ unsafe fn kernel_select(
     let tsp = ts
         .as_mut()
         .map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
-    let n = libc::syscall(libc::SYS_pselect6, nfds, r, w, x, tsp, std::ptr::null::<u8>()) as c_int;
+    let n = libc::syscall(
+        libc::SYS_pselect6,
+        nfds,
+        r,
+        w,
+        x,
+        tsp,
+        std::ptr::null::<u8>(),
+    ) as c_int;
     if let (Some(t), Some(left)) = (tv.as_mut(), ts) {
         t.tv_sec = left.tv_sec;
         t.tv_usec = left.tv_nsec / 1000;

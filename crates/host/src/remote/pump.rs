@@ -18,7 +18,7 @@
 use tcps_fabric::wire::{self, Spans};
 use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
-use tcps_proto::msg::Op;
+use tcps_proto::msg::{Op, Request};
 use tcps_proto::region::{stamp, Region};
 use tcps_proto::ring::HostCursor;
 
@@ -210,9 +210,9 @@ impl HostPump {
 /// Ships the arena bytes a request's call reads (its in-arguments), within
 /// the arena.
 fn ship_in_args(region: &Region, l: &Layout, base: usize, slot: &[u8; 64], out: &mut Spans) {
-    let op = Op::from_u16(u16::from_le_bytes([slot[8], slot[9]]));
-    let off = u32::from_le_bytes([slot[16], slot[17], slot[18], slot[19]]) as usize;
-    let len = u32::from_le_bytes([slot[20], slot[21], slot[22], slot[23]]) as usize;
+    let r = Request::from_slot(slot);
+    let op = Op::from_u16(r.op);
+    let (off, len) = (r.buf_off as usize, r.buf_len as usize);
     let reads = matches!(
         op,
         Some(Op::Send | Op::Bind | Op::Connect | Op::SetSockOpt | Op::Poll)

@@ -58,6 +58,40 @@ pub struct Completion {
 const _: () = assert!(std::mem::size_of::<Request>() == 64);
 const _: () = assert!(std::mem::size_of::<Completion>() == 32);
 
+impl Request {
+    /// A request from a copy of its ring slot's 64 bytes (`repr(C)` field
+    /// order, little-endian): what a fabric pump reads out of a span.
+    pub fn from_slot(b: &[u8; 64]) -> Request {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Request {
+            user_data: u64_at(0),
+            op: u16::from_le_bytes([b[8], b[9]]),
+            stamp: u16::from_le_bytes([b[10], b[11]]),
+            sock: u32_at(12),
+            buf_off: u32_at(16),
+            buf_len: u32_at(20),
+            args: std::array::from_fn(|k| u64_at(24 + 8 * k)),
+        }
+    }
+}
+
+impl Completion {
+    /// A completion from a copy of its ring slot's 32 bytes (as
+    /// [`Request::from_slot`]).
+    pub fn from_slot(b: &[u8; 32]) -> Completion {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        Completion {
+            user_data: u64_at(0),
+            op: u16::from_le_bytes([b[8], b[9]]),
+            stamp: u16::from_le_bytes([b[10], b[11]]),
+            errno: i32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+            result: u64_at(16) as i64,
+            aux: u64_at(24),
+        }
+    }
+}
+
 macro_rules! ops {
     ($($name:ident = $val:literal),* $(,)?) => {
         /// Call types. Zero is deliberately not a valid op, so a zeroed slot is an error.
@@ -306,5 +340,55 @@ impl Call {
             Call::Poll { entries, .. } => Some(entries),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_decode_field_by_field() {
+        let mut b = [0u8; 64];
+        b[0..8].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        b[8..10].copy_from_slice(&(Op::Send as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&9u16.to_le_bytes());
+        b[12..16].copy_from_slice(&3u32.to_le_bytes());
+        b[16..20].copy_from_slice(&128u32.to_le_bytes());
+        b[20..24].copy_from_slice(&14u32.to_le_bytes());
+        for k in 0..5 {
+            b[24 + 8 * k..32 + 8 * k].copy_from_slice(&(100 + k as u64).to_le_bytes());
+        }
+        let r = Request::from_slot(&b);
+        assert_eq!(
+            r,
+            Request {
+                user_data: 0x1122_3344_5566_7788,
+                op: Op::Send as u16,
+                stamp: 9,
+                sock: 3,
+                buf_off: 128,
+                buf_len: 14,
+                args: [100, 101, 102, 103, 104],
+            }
+        );
+        let mut c = [0u8; 32];
+        c[0..8].copy_from_slice(&7u64.to_le_bytes());
+        c[8..10].copy_from_slice(&(Op::Recv as u16).to_le_bytes());
+        c[10..12].copy_from_slice(&2u16.to_le_bytes());
+        c[12..16].copy_from_slice(&(-11i32).to_le_bytes());
+        c[16..24].copy_from_slice(&(-1i64).to_le_bytes());
+        c[24..32].copy_from_slice(&16u64.to_le_bytes());
+        assert_eq!(
+            Completion::from_slot(&c),
+            Completion {
+                user_data: 7,
+                op: Op::Recv as u16,
+                stamp: 2,
+                errno: -11,
+                result: -1,
+                aux: 16,
+            }
+        );
     }
 }

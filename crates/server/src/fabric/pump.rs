@@ -87,7 +87,7 @@ impl ServerPump {
         let c = (ring_start - l.channel_offset(0)) / l.channel_stride();
         let chan = &mut self.chans[c];
         for slot in bytes.chunks_exact(64) {
-            let r = request_from(slot);
+            let r = Request::from_slot(slot.try_into().map_err(|_| Refused::Malformed)?);
             // Only calls whose results land in the arena are remembered:
             // they always complete (unanswered ops — kicks, unanswered
             // closes — never would, and would pile up here).
@@ -131,7 +131,7 @@ impl ServerPump {
                 if region.read_span(at, &mut b).is_err() {
                     break;
                 }
-                let done = completion_from(&b);
+                let done = Completion::from_slot(&b);
                 if let Some(call) = chan.calls.remove(&done.user_data) {
                     let n = out_len(call, &done);
                     if n > 0 {
@@ -180,31 +180,6 @@ fn out_len(call: Call, done: &Completion) -> usize {
         _ => 0,
     };
     n.min(len)
-}
-
-fn request_from(b: &[u8]) -> Request {
-    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    Request {
-        user_data: u64::from_le_bytes(b[0..8].try_into().unwrap_or([0; 8])),
-        op: u16::from_le_bytes([b[8], b[9]]),
-        stamp: u16::from_le_bytes([b[10], b[11]]),
-        sock: u32_at(12),
-        buf_off: u32_at(16),
-        buf_len: u32_at(20),
-        ..Default::default()
-    }
-}
-
-fn completion_from(b: &[u8; 32]) -> Completion {
-    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-    Completion {
-        user_data: u64_at(0),
-        op: u16::from_le_bytes([b[8], b[9]]),
-        stamp: u16::from_le_bytes([b[10], b[11]]),
-        errno: i32::from_le_bytes([b[12], b[13], b[14], b[15]]),
-        result: u64_at(16) as i64,
-        aux: u64_at(24),
-    }
 }
 
 #[cfg(test)]
