@@ -2,6 +2,7 @@
 //! unmodified nginx, through tcps or on kernel sockets, driven by wrk.
 
 use std::fs;
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,12 +56,11 @@ pub(super) const VARIANTS: [Variant; 4] = [
 /// `server`, the TCP server, must stay alive meanwhile.
 fn start(ctx: &Ctx, v: Variant, mut server: Option<&mut Proc>) -> Result<Proc, Error> {
     let log = ctx.tmp.join(format!("{}.log", v.name.replace('/', "-")));
-    let cmd = match v.program {
+    let mut cmd = match v.program {
         Program::WebServer => webserver_command(ctx, v)?,
         Program::Nginx => nginx_command(ctx, v)?,
     };
     let logf = fs::File::create(&log)?;
-    let mut cmd = cmd;
     cmd.stdin(Stdio::null())
         .stdout(logf.try_clone()?)
         .stderr(logf);
@@ -72,19 +72,19 @@ fn start(ctx: &Ctx, v: Variant, mut server: Option<&mut Proc>) -> Result<Proc, E
         child,
         log,
     };
-    let port = ctx.args.port;
+    let addr = SocketAddr::from(([127, 0, 0, 1], ctx.args.port));
     wait_for(
-        &format!("{} to serve", v.name),
+        &format!("{} to listen", v.name),
         Duration::from_secs(10),
         || {
             web.check_alive()?;
             if let Some(s) = server.as_deref_mut() {
                 s.check_alive()?;
             }
-            Ok(check_response(port, ctx.index).is_ok())
+            Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
         },
     )?;
-    check_response(port, ctx.index).map_err(|e| format!("{} misbehaves: {e}", v.name))?;
+    check_response(ctx.args.port, ctx.index).map_err(|e| format!("{} misbehaves: {e}", v.name))?;
     Ok(web)
 }
 
