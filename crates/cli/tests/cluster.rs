@@ -204,6 +204,25 @@ fn host_child(n: &Nodes, addr: &str, secret: &str) -> InNs {
 }
 
 /// The child's stdout lines until `until` (or its end).
+/// A host process on the application node, attached with the right
+/// secret (it printed READY) and counted by the server node.
+fn attached_host(
+    n: &Nodes,
+    addr: &str,
+    socket: &std::path::Path,
+    server_log: &dyn Fn() -> String,
+) -> InNs {
+    let mut host = host_child(n, addr, SECRET);
+    let lines = lines_until(&mut host, "READY");
+    assert!(
+        lines.iter().any(|l| l == "READY"),
+        "{lines:?}\n{}",
+        server_log()
+    );
+    assert_eq!(hosts_attached(socket), 1);
+    host
+}
+
 fn lines_until(c: &mut InNs, until: &str) -> Vec<String> {
     let mut lines = BufReader::new(c.0.stdout.take().unwrap()).lines();
     let mut got = Vec::new();
@@ -277,14 +296,7 @@ fn cluster_remote_host_across_namespaces() {
     assert_eq!(hosts_attached(&socket), 0);
 
     // The right one: attached, a call through the server node.
-    let mut host = host_child(&n, &addr, SECRET);
-    let lines = lines_until(&mut host, "READY");
-    assert!(
-        lines.iter().any(|l| l == "READY"),
-        "{lines:?}\n{}",
-        server_log()
-    );
-    assert_eq!(hosts_attached(&socket), 1);
+    let host = attached_host(&n, &addr, &socket, &server_log);
 
     // The link between the nodes is cut: the host falls silent and the
     // server node frees it within its silence limit (1 s).
@@ -296,14 +308,7 @@ fn cluster_remote_host_across_namespaces() {
     ip(&["-n", &n.app, "link", "set", &n.app_dev, "up"]);
 
     // Another host, killed: the server node frees it.
-    let mut host = host_child(&n, &addr, SECRET);
-    let lines = lines_until(&mut host, "READY");
-    assert!(
-        lines.iter().any(|l| l == "READY"),
-        "{lines:?}\n{}",
-        server_log()
-    );
-    assert_eq!(hosts_attached(&socket), 1);
+    let host = attached_host(&n, &addr, &socket, &server_log);
     drop(host);
     wait_freed(&socket, Duration::from_secs(5), &server_log);
     assert!(
