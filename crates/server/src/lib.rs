@@ -19,6 +19,7 @@ mod control;
 pub mod engine;
 mod fabric;
 mod guard;
+mod heap;
 mod host;
 mod host_doorbell;
 mod inherit;

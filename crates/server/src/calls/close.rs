@@ -8,7 +8,7 @@ use super::finish::finish;
 use super::poll;
 use super::sendq::queue;
 use crate::engine::Engine;
-use crate::host::Host;
+use crate::host::{Host, SPARE_QUEUES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::debug;
 
@@ -26,8 +26,15 @@ pub(crate) fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res 
     // closes for real when its last job finished. Other parked calls end.
     s.closing = true;
     let readers = std::mem::take(&mut s.readers);
-    let (jobs, others): (Vec<_>, Vec<_>) = s.writers.drain(..).partition(|p| p.job.is_some());
-    s.writers.extend(jobs);
+    // Parked sends and connects among the jobs (rare: sorting them out
+    // allocates; the jobs keep their order and their queue).
+    let others: Vec<_> = if s.writers.iter().any(|p| p.job.is_none()) {
+        let (jobs, others): (Vec<_>, Vec<_>) = s.writers.drain(..).partition(|p| p.job.is_some());
+        s.writers.extend(jobs);
+        others
+    } else {
+        Vec::new()
+    };
     let pollers = std::mem::take(&mut s.pollers);
     for p in readers.iter().chain(others.iter()) {
         finish(host, p, Err(libc::EBADF));
@@ -49,6 +56,12 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
     for p in s.readers.iter().chain(s.writers.iter()) {
         finish(host, p, Err(libc::EBADF));
+    }
+    let (mut readers, mut writers) = (s.readers, s.writers);
+    if readers.capacity() + writers.capacity() > 0 && host.spare_queues.len() < SPARE_QUEUES {
+        readers.clear();
+        writers.clear();
+        host.spare_queues.push((readers, writers));
     }
     // Its waits and operations end with it (`Engine::close`).
     crate::closer::close_socket(cx.engine, s.fd, s.may_linger);

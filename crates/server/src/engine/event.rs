@@ -2,10 +2,10 @@
 //! and its [`Event`] (in a file of their own, so `epoll` and `uring` need
 //! not import the module that chooses between them).
 
-use std::cell::UnsafeCell;
+use super::keep::{AcceptSlot, Keep};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which engine to run.
@@ -25,11 +25,6 @@ pub struct Event {
     pub res: i32,
 }
 
-/// What an operation in flight keeps alive until its completion has been
-/// reaped: the mapping the kernel reads from or writes into (a host that
-/// goes away meanwhile cannot unmap it under the kernel).
-pub type Keep = Box<dyn std::any::Any + Send>;
-
 /// A send the kernel executes after submission (io_uring `IORING_OP_SEND`,
 /// or `IORING_OP_SENDMSG` for more than one buffer): the buffers `msg`
 /// names on socket `fd`, waiting for room if need be.
@@ -38,63 +33,6 @@ pub struct SendOp {
     pub fd: RawFd,
     pub msg: *const libc::msghdr,
     pub flags: i32,
-}
-
-/// Where an accept operation (`Engine::submit_accept`) puts the peer's
-/// address and, once its completion is reaped, the connection: shared by
-/// the engine (until the completion) and the accept ring that waits for
-/// it, so neither the kernel's write nor the new descriptor outlives it
-/// (a slot nobody takes closes its connection when the last holder drops it).
-pub struct AcceptSlot {
-    addr: UnsafeCell<libc::sockaddr_storage>,
-    len: UnsafeCell<libc::socklen_t>,
-    conn: Mutex<Option<OwnedFd>>,
-}
-
-// SAFETY: the kernel writes `addr` and `len` between the submission and the
-// completion; they are read only after the completion was reaped (`take`),
-// on the worker thread that owns the engine, and never written by it.
-unsafe impl Sync for AcceptSlot {}
-// SAFETY: as above; the cells hold plain data.
-unsafe impl Send for AcceptSlot {}
-
-impl std::fmt::Debug for AcceptSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcceptSlot").finish_non_exhaustive()
-    }
-}
-
-impl AcceptSlot {
-    pub fn new() -> Arc<AcceptSlot> {
-        Arc::new(AcceptSlot {
-            // SAFETY: a zeroed sockaddr_storage is valid.
-            addr: UnsafeCell::new(unsafe { std::mem::zeroed() }),
-            len: UnsafeCell::new(std::mem::size_of::<libc::sockaddr_storage>() as _),
-            conn: Mutex::new(None),
-        })
-    }
-
-    /// The kernel's pointers for an accept.
-    pub(super) fn ptrs(&self) -> (*mut libc::sockaddr, *mut libc::socklen_t) {
-        (self.addr.get() as *mut libc::sockaddr, self.len.get())
-    }
-
-    /// The engine reaped the accept: it returned descriptor `fd`.
-    pub(super) fn set_conn(&self, fd: OwnedFd) {
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd);
-    }
-
-    /// The connection and the peer's address (its bytes, at most the
-    /// storage), once the completion was reaped; `None` before or if it
-    /// failed.
-    pub fn take(&self) -> Option<(OwnedFd, libc::sockaddr_storage, libc::socklen_t)> {
-        let fd = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        // SAFETY: the completion was reaped (`conn` is set only then): the
-        // kernel no longer writes the cells.
-        let (addr, len) = unsafe { (*self.addr.get(), *self.len.get()) };
-        let max = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        Some((fd, addr, len.min(max)))
-    }
 }
 
 pub trait Engine: Send {

@@ -67,6 +67,8 @@ pub struct Worker {
     timers: Timers,
     next_serial: u64,
     events: Vec<Event>,
+    /// `arrival_order`'s scratch: (arrival, position, event).
+    keyed_events: Vec<(u64, usize, Event)>,
     next_sweep: Instant,
     next_hot_poll: Instant,
     /// When the hosts' snapshots are next published (`tcps stat`), and
@@ -107,6 +109,7 @@ impl Worker {
             timers: Timers::new(),
             next_serial: 0,
             events: Vec::new(),
+            keyed_events: Vec::new(),
             next_sweep: Instant::now(),
             next_hot_poll: Instant::now(),
             next_publish: Instant::now(),
@@ -353,10 +356,12 @@ impl Worker {
     /// host could otherwise see a later arrival before an earlier one on
     /// another socket (issue 14 item 7). One peek per socket event, and
     /// only in harvests of two or more.
-    fn arrival_order(&self, events: &mut [Event]) {
+    fn arrival_order(&mut self, events: &mut [Event]) {
         if events.len() < 2 {
             return;
         }
+        // The worker's own scratch vector: no allocation per harvest.
+        let mut keyed = std::mem::take(&mut self.keyed_events);
         let key = |ev: &Event| -> u64 {
             let Some(Token::Socket { host, sock, .. }) = Token::decode(ev.token) else {
                 return 0;
@@ -370,11 +375,15 @@ impl Worker {
                 .and_then(|s| sys::arrival_ns(s.fd.as_raw_fd()))
                 .unwrap_or(0)
         };
-        let mut keyed: Vec<(u64, Event)> = events.iter().map(|e| (key(e), *e)).collect();
-        keyed.sort_by_key(|k| k.0);
-        for (e, k) in events.iter_mut().zip(keyed) {
-            *e = k.1;
+        keyed.clear();
+        keyed.extend(events.iter().enumerate().map(|(i, e)| (key(e), i, *e)));
+        // Unstable, by (arrival, position): as stable as a stable sort,
+        // without its scratch buffer.
+        keyed.sort_unstable_by_key(|k| (k.0, k.1));
+        for (e, k) in events.iter_mut().zip(&keyed) {
+            *e = k.2;
         }
+        self.keyed_events = keyed;
     }
 
     fn handle_event(&mut self, ev: Event) {

@@ -17,7 +17,8 @@
 //! `Keep` until its completion has been reaped (also when `forget` cancelled
 //! it because its socket closes or its host went away).
 
-use super::event::{AcceptSlot, Engine, Event, Keep, SendOp};
+use super::event::{Engine, Event, SendOp};
+use super::keep::{AcceptSlot, Keep};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
@@ -239,7 +240,7 @@ impl UringEngine {
                         }
                     }
                 }
-                if let (Some(slot), true) = (keep.downcast_ref::<Arc<AcceptSlot>>(), res >= 0) {
+                if let (Keep::Accept(slot), true) = (&keep, res >= 0) {
                     // An accept's connection: the slot owns it from now
                     // (closed with it if nobody takes it).
                     // SAFETY: the kernel just returned this new descriptor.
@@ -369,7 +370,7 @@ impl Engine for UringEngine {
         }
         // SAFETY: the slot's cells stay allocated while the `Keep` (a
         // clone of the slot) lives, until the completion is reaped.
-        unsafe { self.push_op(fd, sqe, token, Box::new(slot)) }
+        unsafe { self.push_op(fd, sqe, token, Keep::Accept(slot)) }
     }
 
     unsafe fn submit_connect(

@@ -5,7 +5,7 @@
 //! credentials accepts run with), and int socket options set without waiting
 //! (`SOCKET_URING_OP_SETSOCKOPT`, a quiet operation that holds its value).
 
-use super::{UringEngine, CANCEL_TAG, QUIET_TAG};
+use super::{Keep, UringEngine, CANCEL_TAG, QUIET_TAG};
 use io_uring::{opcode, types};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
@@ -48,7 +48,7 @@ impl UringEngine {
     pub(super) fn shutdown_op(&mut self, fd: RawFd, how: i32, token: u64) -> bool {
         let sqe = opcode::Shutdown::new(types::Fd(fd), how).build();
         // SAFETY: a shutdown names no memory.
-        let queued = unsafe { self.push_op(fd, sqe, token, Box::new(())) };
+        let queued = unsafe { self.push_op(fd, sqe, token, Keep::Nothing) };
         if queued {
             self.late_ops.insert(token, fd);
         }
@@ -85,19 +85,29 @@ impl UringEngine {
     }
 
     pub(super) fn sockopt_op(&mut self, fd: RawFd, level: i32, name: i32, value: i32) -> bool {
-        let v = Box::new(value);
+        // Flags (0 and 1, the options set per connection) point at
+        // constants: nothing to keep, nothing allocated; other values are
+        // boxed and held as the `Keep`.
+        static FLAGS: [i32; 2] = [0, 1];
+        let (ptr, keep) = match value {
+            0 | 1 => (&FLAGS[value as usize] as *const i32, Keep::Nothing),
+            _ => {
+                let v = Box::new(value);
+                (&*v as *const i32, Keep::Boxed(v))
+            }
+        };
         let sqe = opcode::SetSockOpt::new(
             types::Fd(fd),
             level as u32,
             name as u32,
-            &*v as *const i32 as *const libc::c_void,
+            ptr as *const libc::c_void,
             std::mem::size_of::<i32>() as u32,
         )
         .build();
         self.next_quiet = (self.next_quiet + 1) & !(0xf << 60);
-        // SAFETY: the value is boxed and held as the `Keep` until the
+        // SAFETY: the value is static or boxed in `keep`, held until the
         // completion is reaped.
-        unsafe { self.push_op(fd, sqe, QUIET_TAG | self.next_quiet, Box::new(v)) }
+        unsafe { self.push_op(fd, sqe, QUIET_TAG | self.next_quiet, keep) }
     }
 
     /// Whether this kernel sets socket options by operation: one try on a
