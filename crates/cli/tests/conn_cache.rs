@@ -35,8 +35,9 @@ fn settled_allocations(srv: &Server) -> u64 {
 enum Answer {
     /// `send`: a synchronous call.
     Send,
-    /// `send_async_registered` from registered memory, closed at once (the
-    /// web server's async-registered mode: the close waits for the send).
+    /// `send_async_registered` from registered memory, then shutdown and
+    /// close at once (the web server's async-registered mode: the shutdown
+    /// waits behind the send, the close for both).
     AsyncRegistered { mem: u32, buf: *mut u8 },
 }
 
@@ -62,6 +63,7 @@ fn serve(c: &Client, l: u32, addr: std::net::SocketAddr, n: usize, answer: Answe
                 b[..reply.len()].copy_from_slice(reply.as_bytes());
                 c.send_async_registered(s, buf, reply.len(), 0, mem)
                     .unwrap();
+                c.shutdown(s, libc::SHUT_WR).unwrap();
             }
         }
         c.close(s).unwrap();

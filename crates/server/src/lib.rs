@@ -24,6 +24,7 @@ mod host;
 mod host_doorbell;
 mod inherit;
 pub mod metrics;
+mod procstat;
 mod registry;
 mod sendfile;
 mod shared;

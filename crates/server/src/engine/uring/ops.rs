@@ -63,14 +63,14 @@ impl UringEngine {
         }
         let ops = &self.ops;
         self.late_ops.retain(|t, _| ops.contains_key(t));
-        let late = &self.late_ops;
-        let done: Vec<RawFd> = self
+        // One at a time (no list of them: nothing allocated per reap); a
+        // close whose shutdowns are done is not held again.
+        while let Some(fd) = self
             .held_closes
             .keys()
             .copied()
-            .filter(|fd| !late.values().any(|f| f == fd))
-            .collect();
-        for fd in done {
+            .find(|fd| !self.late_ops.values().any(|f| f == fd))
+        {
             if let Some(fd) = self.held_closes.remove(&fd) {
                 self.close_op(fd);
             }
