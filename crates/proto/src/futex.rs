@@ -29,8 +29,13 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 
 /// Wakes every waiter sleeping on `word`.
 pub fn wake_all(word: &AtomicU32) {
+    wake(word, i32::MAX)
+}
+
+/// Wakes at most `n` waiters sleeping on `word`.
+pub fn wake(word: &AtomicU32, n: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key; it is valid and aligned.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, n);
     }
 }

@@ -29,8 +29,17 @@ pub fn wake_all(word: &AtomicU32) {
     crate::futex::wake_all(word)
 }
 
+/// Wakes at most `n` threads sleeping on `word` (see [`crate::futex::wake`]).
+#[cfg(not(loom))]
+pub fn wake(word: &AtomicU32, n: i32) {
+    crate::futex::wake(word, n)
+}
+
 #[cfg(loom)]
 pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {}
+
+#[cfg(loom)]
+pub fn wake(_word: &AtomicU32, _n: i32) {}
 
 #[cfg(loom)]
 pub fn wake_all(_word: &AtomicU32) {}
