@@ -77,10 +77,23 @@ pub fn schedstat_delay(text: &str) -> Option<u64> {
 }
 
 /// The text of file `path` into `buf` (cleared first; its room kept).
+/// Plain reads: `read_to_string` would first ask the file's size (statx
+/// and lseek, two system calls more per file; /proc files have none).
 pub fn read_into(path: &str, buf: &mut String) -> Option<()> {
     buf.clear();
-    std::fs::File::open(path).ok()?.read_to_string(buf).ok()?;
-    Some(())
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut chunk = [0u8; 512];
+    let mut bytes = std::mem::take(buf).into_bytes();
+    let ok = loop {
+        match f.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    *buf = String::from_utf8(bytes).unwrap_or_default();
+    ok.then_some(())
 }
 
 #[cfg(test)]

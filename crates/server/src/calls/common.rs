@@ -83,7 +83,8 @@ pub fn wake_owed(host: &mut Host) {
     for i in 0..host.wakes_owed.len() {
         if let Some(chan) = host.region.channel(host.wakes_owed[i]) {
             host.stats.wakes += 1;
-            sys::count(1);
+            // Deferred on the worker's thread: the engine makes it (and
+            // counts a system call if it is one).
             ServerCursor::wake_host(&chan);
         }
     }

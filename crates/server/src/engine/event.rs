@@ -35,6 +35,15 @@ pub struct SendOp {
     pub flags: i32,
 }
 
+/// `futex(2)` wakes for `wakes` (see `Engine::wake_futexes`), one system
+/// call each.
+pub fn wake_now(wakes: &[(usize, i32)]) {
+    for &(addr, n) in wakes {
+        crate::sys::count(1);
+        tcps_proto::wake_batch::wake_now(addr, n);
+    }
+}
+
 pub trait Engine: Send {
     fn arm(&mut self, fd: RawFd, token: u64, mask: u32) -> io::Result<()>;
     /// Drops any armed wait on `fd` (armed with `token`) and cancels its
@@ -55,6 +64,16 @@ pub trait Engine: Send {
     /// watched although it arrived first: events out of arrival order
     /// (issue 14 item 7). Engines that arm at once have nothing to do.
     fn flush(&mut self) {}
+    /// Wakes the futex waiters `wakes` lists — (address of a word in a
+    /// host's region, how many) — the wakes the worker deferred
+    /// (`tcps_proto::wake_batch::defer`): io_uring queues them as
+    /// `FUTEX_WAKE` operations submitted with the pass's batch (no system
+    /// call of their own); elsewhere one `futex(2)` each. Memory: a wake
+    /// only uses the address as a key (the worker makes them before it
+    /// unmaps a region).
+    fn wake_futexes(&mut self, wakes: &[(usize, i32)]) {
+        wake_now(wakes)
+    }
     /// Whether urgent (MSG_OOB) data only wakes a wait that includes
     /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
     fn urgent_needs_pollin(&self) -> bool {

@@ -110,6 +110,35 @@ impl UringEngine {
         unsafe { self.push_op(fd, sqe, QUIET_TAG | self.next_quiet, keep) }
     }
 
+    /// Queues a wake of at most `n` waiters on the futex word at `addr` (a
+    /// shared one: not `FUTEX2_PRIVATE`, so it reaches the host process
+    /// sleeping on its own mapping of the word, as `futex(2)`'s
+    /// `FUTEX_WAKE` does). Its completion is ignored.
+    pub(super) fn futex_wake_op(&mut self, addr: usize, n: i32) {
+        /// futex2 flags: a 32-bit word.
+        const FUTEX2_SIZE_U32: u32 = 0x02;
+        /// Wakes whatever bitset the waiter gave (`FUTEX_WAIT` waits with all).
+        const FUTEX_BITSET_MATCH_ANY: u64 = 0xffff_ffff;
+        let sqe = opcode::FutexWake::new(
+            addr as *const u32,
+            n.max(1) as u64,
+            FUTEX_BITSET_MATCH_ANY,
+            FUTEX2_SIZE_U32,
+        )
+        .build()
+        .user_data(CANCEL_TAG);
+        // SAFETY: a futex wake only uses the address as a key (EFAULT for
+        // an address no longer mapped); it names no memory it reads.
+        let _ = unsafe { self.push(sqe) };
+    }
+
+    /// Whether this kernel has operation `code` (`IORING_REGISTER_PROBE`).
+    pub(super) fn probe_op(&mut self, code: u8) -> bool {
+        let mut probe = io_uring::Probe::new();
+        crate::sys::count(1);
+        self.ring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(code)
+    }
+
     /// Whether this kernel sets socket options by operation: one try on a
     /// socket of our own, at start.
     pub(super) fn probe_sockopt(&mut self) -> bool {
