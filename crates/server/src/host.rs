@@ -495,8 +495,9 @@ pub struct HostStats {
 impl HostStats {
     /// Counts whom a ring publish found waiting (`tcps_proto::eager::Woke`).
     pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
+        // The futex wake itself is the engine's (`Worker::submit_wakes`:
+        // an io_uring operation, or a counted system call with epoll).
         self.wakes += u64::from(w.thread);
-        crate::sys::count(u64::from(w.thread));
         self.bell_wants += u64::from(w.bell);
         self.bells_owed |= w.bells;
     }
