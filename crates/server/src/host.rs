@@ -32,6 +32,17 @@ pub struct Outgoing {
     pub fd: Option<OwnedFd>,
 }
 
+/// A wake of listener `lid`'s sleeping acceptors owed until connection
+/// `sid` (generation `sid_gen`) has data, or until `due`
+/// (`calls::eager::acceptwake`).
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptWake {
+    pub lid: u32,
+    pub sid: u32,
+    pub sid_gen: u16,
+    pub due: std::time::Instant,
+}
+
 /// Most parked-call queue pairs a host keeps from closed sockets.
 pub const SPARE_QUEUES: usize = 1024;
 
@@ -99,6 +110,9 @@ pub struct Host {
     /// (connection caching: a connection's first queued send or parked
     /// call allocates nothing); at most `SPARE_QUEUES`.
     pub spare_queues: Vec<(VecDeque<Parked>, VecDeque<Parked>)>,
+    /// Wakes of sleeping acceptors owed until their connection has data
+    /// (`calls::eager::acceptwake`).
+    pub accept_wakes: Vec<AcceptWake>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
     pub pull: PullAccount,
     /// Sockets to re-arm at the next sweep: their last readiness answered
@@ -181,6 +195,7 @@ impl Host {
             cooling: Vec::new(),
             eager_paused: Vec::new(),
             spare_queues: Vec::new(),
+            accept_wakes: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
             polls_to_start: Vec::new(),
             wakes_owed: Vec::new(),

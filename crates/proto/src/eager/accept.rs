@@ -70,15 +70,18 @@ impl<'a> AcceptRingProducer<'a> {
     /// sleep). A woken thread always takes a record if one is there
     /// before it sleeps again; doorbell sleepers (poll) are all rung, as
     /// the kernel wakes every poller. Returns whom it found waiting.
+    /// `records` may be 0: the wakes are owed later ([`wake`](Self::wake)).
     pub fn publish(&self, tail: u32, records: u32) -> recv::Woke {
-        let threads = records.clamp(1, i32::MAX as u32) as i32;
-        recv::publish_waking(
-            self.ctl(),
-            self.inner.ring().log_entry(),
-            tail,
-            None,
-            threads,
-        )
+        let threads = records.min(i32::MAX as u32) as i32;
+        let log = self.inner.ring().log_entry();
+        recv::publish_waking(self.ctl(), log, tail, None, threads)
+    }
+
+    /// Wakes at most `threads` threads asleep on the ring for records
+    /// published before (a wake [`publish`](Self::publish) owed); whether
+    /// one was asleep.
+    pub fn wake(&self, threads: i32) -> bool {
+        recv::wake_sleepers(self.ctl(), threads)
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`

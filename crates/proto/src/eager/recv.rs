@@ -104,10 +104,24 @@ fn wake_some(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>, threads: i32) -> Woke
     if let Some(l) = log {
         woke.join(ready_log::sleepers(l.log));
     }
-    if woke.thread {
+    if woke.thread && threads > 0 {
         sync::wake(&ctl.tail, threads);
     }
+    // Sleepers left asleep (their wake is owed) were not woken.
+    woke.thread &= threads > 0;
     woke
+}
+
+/// Wakes at most `threads` threads futex-sleeping on `tail` (published
+/// before), after a fence against their "count, fence, re-read"; whether
+/// one was asleep. Doorbell sleepers are not rung again.
+pub(crate) fn wake_sleepers(ctl: &RecvRingCtl, threads: i32) -> bool {
+    fence(Ordering::SeqCst);
+    let thread = Woke::read(&ctl.host_waiting, &ctl.bell_slots).thread;
+    if thread && threads > 0 {
+        sync::wake(&ctl.tail, threads);
+    }
+    thread
 }
 
 /// The server's pause: publish what it has, then `paused = 1; fence;

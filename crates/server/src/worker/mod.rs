@@ -278,7 +278,12 @@ impl Worker {
     /// channel), and the host doorbell of every host a ring or queue
     /// publish found a doorbell sleeper of.
     fn wake_hosts(&mut self) -> bool {
+        let mut now = None;
         for (_, h) in self.hosts.iter_mut() {
+            if !h.accept_wakes.is_empty() {
+                let now = *now.get_or_insert_with(Instant::now);
+                calls::eager::acceptwake::due(h, now);
+            }
             if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
             }
@@ -603,7 +608,9 @@ impl Worker {
             };
             let (queued, recheck) = calls::prepare_sleep(h, now);
             pending |= queued;
-            if let Some(at) = recheck {
+            // Acceptors owed a wake by a deadline (`acceptwake`).
+            let owed = calls::eager::acceptwake::due(h, now);
+            for at in recheck.into_iter().chain(owed) {
                 wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
             }
         }

@@ -2,7 +2,7 @@
 //! connection, sets it up ([`setup_accepted`]) and publishes one
 //! `AcceptRecord` per connection.
 
-use super::ring::{accept_capacity, note_paused, AcceptRing, Eager};
+use super::ring::{accept_capacity, forget_taken, note_paused, AcceptRing, Eager};
 use super::setup::setup_accepted;
 use crate::arrival::Arrival;
 use crate::calls::common::{check_quota, insert_accepted, Ctx};
@@ -11,7 +11,7 @@ use crate::host::Host;
 use crate::sys::{self, RawAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use tcps_proto::eager::{
-    untaken, AcceptRecord, AcceptRingProducer, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, RECV_MODE_NONE,
+    AcceptRecord, AcceptRingProducer, ACCEPT_ERROR, ACCEPT_RECORD_SIZE, RECV_MODE_NONE,
     RECV_MODE_RING, SETUP_DIRECT,
 };
 use tracing::debug;
@@ -151,9 +151,11 @@ pub(crate) fn publish_moved(
                 st.since = Arrival::next(&mut host.arrivals);
                 ring.stamp(st.since.seq);
             }
-            // One sleeping thread woken per record written since `start`.
+            // One sleeping thread woken per record written since `start`,
+            // but for those owed until their connection has data.
             let records = st.tail.wrapping_sub(start) / ACCEPT_RECORD_SIZE;
-            let woke = ring.publish(st.tail, records);
+            let now = records.saturating_sub(std::mem::take(&mut st.deferred_wakes));
+            let woke = ring.publish(st.tail, now);
             host.stats.count_woke(woke);
         }
     }
@@ -220,6 +222,9 @@ pub(crate) fn take_connection(
         None => return Taken::Refused,
     };
     let flags = setup_accepted(cx, host, id, policy);
+    if super::acceptwake::defer(host, lid, id, std::time::Instant::now()) {
+        st.deferred_wakes += 1;
+    }
     st.published.push_back((st.tail, id, gen));
     publish_record(host, lid, st, id, flags, peer);
     host.stats.accepts_eager += 1;
@@ -274,14 +279,4 @@ pub(crate) fn publish_error(host: &mut Host, lid: u32, st: &mut AcceptRing, errn
     }
     st.tail = st.tail.wrapping_add(ACCEPT_RECORD_SIZE);
     st.demanded = false;
-}
-
-/// Drops the published connections the host has taken (below `consumed`).
-pub(crate) fn forget_taken(st: &mut AcceptRing) {
-    while let Some(&(pos, _, _)) = st.published.front() {
-        if untaken(pos, st.consumed, st.tail) {
-            break;
-        }
-        st.published.pop_front();
-    }
 }

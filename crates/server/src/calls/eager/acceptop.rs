@@ -28,8 +28,8 @@
 //! them ([`settle`]). Where the engine executes no accepts (epoll) the ring
 //! is filled by `accept4` on readiness (`accept::fill_accept`).
 
-use super::accept::{accept_failed, forget_taken, publish_error, publish_moved, take_connection};
-use super::ring::{accept_capacity, note_paused, AcceptRing, Eager};
+use super::accept::{accept_failed, publish_error, publish_moved, take_connection};
+use super::ring::{accept_capacity, forget_taken, note_paused, AcceptRing, Eager};
 use crate::calls::common::{check_quota, Ctx};
 use crate::config::EagerPolicy;
 use crate::engine::AcceptSlot;

@@ -2,9 +2,9 @@
 //! a socket, releasing it for `exec`, and what a fork snapshot takes along
 //! (connections accepted ahead and never taken, bytes received and unread).
 
-use super::accept::forget_taken;
 use super::pullbuf::{PullBuf, PullEnd};
 use super::recv::stop_ring;
+use super::ring::forget_taken;
 use super::ring::Eager;
 use crate::config::EagerRecv;
 use crate::host::Host;

@@ -20,7 +20,8 @@
 //!
 //! Files, bottom up (each imports only files listed before it):
 //! `pullbuf` (the pull buffer type and its budget), `ring` (the per-socket
-//! state: what a socket does eagerly, the server's ring cursors), `recv`
+//! state: what a socket does eagerly, the server's ring cursors),
+//! `acceptwake` (a sleeping acceptor woken when its connection has data), `recv`
 //! (receive rings), `ringop` (receive rings filled by io_uring receives,
 //! settled before they stop), `pull` (pull sockets), `setup` (setup-with-accept and
 //! the `SOL_TCPS` policy), `accept` (accept rings), `acceptop` (accept
@@ -31,6 +32,7 @@
 
 pub(crate) mod accept;
 pub(crate) mod acceptop;
+pub(crate) mod acceptwake;
 pub(crate) mod handover;
 pub(crate) mod pull;
 pub(crate) mod pullbuf;

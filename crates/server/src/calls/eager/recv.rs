@@ -105,6 +105,9 @@ pub(crate) fn fill_recv(host: &mut Host, sid: u32) -> bool {
     }
     let moved = st.tail != start || end.is_some();
     publish(&ring, st, stats, arrivals, moved, was_empty, end);
+    if moved && !host.accept_wakes.is_empty() {
+        super::acceptwake::on_data(host, sid);
+    }
     moved
 }
 

@@ -10,7 +10,9 @@ use crate::sys::RawAddr;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use tcps_proto::eager::{ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING};
+use tcps_proto::eager::{
+    untaken, ACCEPT_RECORD_SIZE, RECV_MODE_NONE, RECV_MODE_PULL, RECV_MODE_RING,
+};
 
 /// What a socket does eagerly, before its host asks.
 #[derive(Debug, Default)]
@@ -93,6 +95,9 @@ pub struct AcceptRing {
     /// Accepts in flight at the engine (io_uring: `acceptop`), by their
     /// number: each has one record's room kept for it.
     pub(crate) inflight: Vec<(u8, Arc<AcceptSlot>)>,
+    /// Records written since the last publish whose sleeper's wake is owed
+    /// until their connection has data (`acceptwake`).
+    pub(crate) deferred_wakes: u32,
     /// Slots of accepts that completed, for the next ones (`acceptop`).
     pub(crate) spare_slots: Vec<Arc<AcceptSlot>>,
     /// Connections accepted by the engine while their host was at its
@@ -115,6 +120,16 @@ pub fn accept_capacity(accept_size: u32, size: u32) -> u32 {
 pub(crate) fn note_paused(list: &mut Vec<u32>, sid: u32) {
     if !list.contains(&sid) {
         list.push(sid);
+    }
+}
+
+/// Drops the published connections the host has taken (below `consumed`).
+pub(crate) fn forget_taken(st: &mut AcceptRing) {
+    while let Some(&(pos, _, _)) = st.published.front() {
+        if untaken(pos, st.consumed, st.tail) {
+            break;
+        }
+        st.published.pop_front();
     }
 }
 

@@ -140,6 +140,9 @@ pub(crate) fn received(host: &mut Host, sid: u32, res: i32) -> bool {
         e => Some(Err(-e)),
     };
     publish(&ring, st, stats, arrivals, true, used == 0, end);
+    if !host.accept_wakes.is_empty() {
+        super::acceptwake::on_data(host, sid);
+    }
     true
 }
 
