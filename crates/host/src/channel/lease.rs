@@ -189,17 +189,25 @@ impl<'a> Lease<'a> {
         if on_socket && self.conn.socks.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
-        let intr = Interrupt {
-            mark: Mark::new(),
-            sock: req.sock,
-            cancelled: false,
+        let c = loop {
+            let intr = Interrupt {
+                mark: Mark::new(),
+                sock: req.sock,
+                cancelled: false,
+            };
+            let (seen, must_ring) = self.submit(&mut req)?;
+            if must_ring {
+                self.conn.ring_doorbell();
+            }
+            let c = self.wait(seen, must_ring, intr)?;
+            self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+            // The server answered the parked call before it finished and
+            // moved nothing (a hot upgrade): the same request again, to
+            // the server that runs now (`tcps_proto::msg::ERETRY`).
+            if c.errno != tcps_proto::msg::ERETRY {
+                break c;
+            }
         };
-        let (seen, must_ring) = self.submit(&mut req)?;
-        if must_ring {
-            self.conn.ring_doorbell();
-        }
-        let c = self.wait(seen, must_ring, intr)?;
-        self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
         if c.op != req.op {
             return Err(errno(libc::EIO));
         }
