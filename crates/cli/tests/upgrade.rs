@@ -1,0 +1,263 @@
+//! Hot upgrade (issue 18 item 3): `tcps server --upgrade` (SIGUSR2) execs
+//! the server's binary in place and carries every host and connection.
+//!
+//! Under load — wrk plus clients that check every body's SHA-256 on one
+//! keep-alive connection each — the example web server (asynchronous
+//! registered sends, receive and accept rings) and unmodified nginx under
+//! `tcps run` (sendfile, fork) go through two upgrades: wrk sees no error
+//! and no non-2xx answer, no checking client loses its connection or a
+//! byte, the server keeps its pid, and a new host attaches afterwards.
+//! Calls parked at the server (a blocking recv, accept, poll) are
+//! answered with ERETRY and re-issued by the host library: they return
+//! what arrives after the upgrade. Refusals leave the old server running:
+//! a new binary that cannot load the state record, and sends that do not
+//! finish (a peer that does not read) — the bytes arrive intact later.
+//! Every scenario runs on both engines.
+
+mod common;
+mod preload;
+
+use common::*;
+use preload::{free_port, need, start_nginx, wait_port, Daemon, Net};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Files of the site: name → contents (seeded random bytes).
+fn site(dir: &Path) -> HashMap<String, Vec<u8>> {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let mut rng = Rng::new(18);
+    let mut files = HashMap::new();
+    for (name, len) in [("small.html", 700), ("mid.bin", 64 << 10), ("big.bin", 1 << 20)] {
+        let bytes = rng.bytes(len);
+        std::fs::write(www.join(name), &bytes).unwrap();
+        files.insert(name.to_string(), bytes);
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    files
+}
+
+/// The example web server, built against this tree's libtcps.so.
+fn webserver(dir: &Path) -> PathBuf {
+    let target = Path::new(TCPS).parent().unwrap();
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "tcps-host"])
+        .current_dir(&ws)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "cargo build -p tcps-host failed");
+    let out = dir.join("webserver");
+    let st = Command::new("cc")
+        .args(["-O2", "-pthread", "-I"])
+        .arg(ws.join("include"))
+        .arg("-o")
+        .arg(&out)
+        .arg(ws.join("examples/webserver.c"))
+        .arg("-L")
+        .arg(target)
+        .arg("-ltcps")
+        .arg(format!("-Wl,-rpath,{}", target.display()))
+        .status()
+        .expect("cc (build-essential) builds examples/webserver.c");
+    assert!(st.success(), "cc examples/webserver.c failed");
+    out
+}
+
+/// What the checking clients saw.
+#[derive(Default)]
+struct Tally {
+    requests: AtomicU64,
+    problems: Mutex<Vec<String>>,
+}
+
+/// One response on a keep-alive connection: status and body.
+fn response(r: &mut BufReader<TcpStream>) -> std::io::Result<(String, Vec<u8>)> {
+    let mut status = String::new();
+    r.read_line(&mut status)?;
+    let mut len = None;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse::<usize>().ok();
+            }
+        }
+    }
+    let mut body = vec![0u8; len.ok_or(std::io::ErrorKind::InvalidData)?];
+    r.read_exact(&mut body)?;
+    Ok((status.trim().to_string(), body))
+}
+
+/// A client on one keep-alive connection until `stop`: fetches every file
+/// in turn and compares its SHA-256. A lost connection is a problem.
+fn checker(port: u16, files: Arc<HashMap<String, Vec<u8>>>, stop: Arc<AtomicBool>, t: Arc<Tally>) {
+    let want: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, b)| (n.clone(), hex(&sha256(b))))
+        .collect();
+    let conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    while !stop.load(Ordering::Relaxed) {
+        for (name, sum) in &want {
+            let req = format!("GET /{name} HTTP/1.1\r\nHost: t\r\n\r\n");
+            let got = w.write_all(req.as_bytes()).and_then(|_| response(&mut r));
+            match got {
+                Ok((status, body)) if status.contains(" 200") && hex(&sha256(&body)) == *sum => {
+                    t.requests.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((status, body)) => {
+                    let p = format!("/{name}: {status}, {} bytes, wrong bytes", body.len());
+                    t.problems.lock().unwrap().push(p);
+                    return;
+                }
+                Err(e) => {
+                    t.problems.lock().unwrap().push(format!("/{name}: connection lost: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// wrk for `secs` seconds against /mid.bin (a thread); its output.
+fn wrk(port: u16, secs: u32) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let out = Command::new("wrk")
+            .args(["-t2", "-c16", &format!("-d{secs}s")])
+            .arg(format!("http://127.0.0.1:{port}/mid.bin"))
+            .output()
+            .expect("wrk");
+        assert!(out.status.success(), "wrk failed");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    })
+}
+
+/// `tcps server --upgrade`: its exit status and output.
+fn upgrade(srv: &Server) -> (bool, String) {
+    let out = Command::new(TCPS)
+        .args(["server", "--upgrade", "--socket"])
+        .arg(&srv.socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[track_caller]
+fn upgrade_ok(srv: &Server) {
+    let (ok, text) = upgrade(srv);
+    assert!(ok, "upgrade failed: {text}\n{}", srv.log_text());
+}
+
+fn upgrades_done(srv: &Server) -> u64 {
+    srv.stat_json()["server"]["upgrade"]["done"].as_u64().unwrap()
+}
+
+/// A new host attaches and echoes 1 MiB through a listener of its own.
+fn new_host_served(srv: &Server) {
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let payload = Rng::new(7).bytes(1 << 20);
+    let p2 = payload.clone();
+    let client = std::thread::spawn(move || kernel_echo_client(addr, &p2));
+    let (s, _) = c.accept(l, 0).unwrap();
+    tcps_serve_echo(&c, s);
+    let got = client.join().unwrap();
+    assert_eq!(hex(&sha256(&got)), hex(&sha256(&payload)), "new host's echo corrupted");
+}
+
+/// wrk and 4 checking clients against `port` for 6 s with two upgrades
+/// in the middle; asserts nothing failed, nothing was lost, same pid.
+fn two_upgrades_under_load(srv: &Server, port: u16, files: HashMap<String, Vec<u8>>) {
+    let pid = srv.pid();
+    let files = Arc::new(files);
+    let (stop, tally) = (Arc::new(AtomicBool::new(false)), Arc::new(Tally::default()));
+    let wrk = wrk(port, 6);
+    let checkers: Vec<_> = (0..4)
+        .map(|_| {
+            let (f, s, t) = (files.clone(), stop.clone(), tally.clone());
+            std::thread::spawn(move || checker(port, f, s, t))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = tally.requests.load(Ordering::Relaxed);
+    upgrade_ok(srv);
+    std::thread::sleep(Duration::from_millis(1500));
+    upgrade_ok(srv);
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = tally.requests.load(Ordering::Relaxed);
+    let text = wrk.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for c in checkers {
+        c.join().unwrap();
+    }
+    let problems = tally.problems.lock().unwrap().clone();
+    assert!(problems.is_empty(), "checking clients: {problems:?}\n{}", srv.log_text());
+    assert!(after > before, "the checking clients made no progress across the upgrades");
+    assert!(!text.contains("Non-2xx"), "wrk saw non-2xx answers:\n{text}");
+    assert!(!text.contains("Socket errors"), "wrk saw socket errors:\n{text}");
+    assert!(text.contains(" requests in "), "wrk ran no requests:\n{text}");
+    assert_eq!(srv.pid(), pid);
+    assert_eq!(srv.stat_json()["server"]["pid"].as_u64(), Some(pid as u64));
+    assert_eq!(upgrades_done(srv), 2);
+    eprintln!("{} checked requests; wrk:\n{text}", tally.requests.load(Ordering::Relaxed));
+    new_host_served(srv);
+}
+
+fn webserver_under_wrk(engine: &str) {
+    need("wrk");
+    let dir = TempDir::new("upgrade-web");
+    let files = site(dir.path());
+    let srv = Server::start(engine, &["--poll", "adaptive"]);
+    let port = free_port();
+    let log = dir.path().join("web.log");
+    let mut web = Daemon(
+        Command::new(webserver(dir.path()))
+            .args(["--net", "tcps", "--mode", "async-registered"])
+            .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--root")
+            .arg(dir.path().join("www"))
+            .args(["--threads", "32", "--quiet"])
+            .env("TCPS_SOCKET", &srv.socket)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(port, &mut web.0, "webserver", &log);
+    two_upgrades_under_load(&srv, port, files);
+    assert!(web.0.try_wait().unwrap().is_none(), "the web server died");
+}
+
+fn nginx_under_wrk(engine: &str) {
+    need("wrk");
+    need("nginx");
+    let dir = TempDir::new("upgrade-nginx");
+    let files = site(dir.path());
+    let srv = Server::start(engine, &["--poll", "adaptive"]);
+    let port = free_port();
+    let www = dir.path().join("www");
+    let (mut nginx, _stats, _log) = start_nginx(Net::Tcps, &srv, dir.path(), &www, port, true, "up");
+    two_upgrades_under_load(&srv, port, files);
+    assert!(nginx.0.try_wait().unwrap().is_none(), "nginx died");
+}
+
+engine_tests!(webserver_under_wrk, nginx_under_wrk);
