@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Files of the site: name → contents (seeded random bytes).
 fn site(dir: &Path) -> HashMap<String, Vec<u8>> {
@@ -35,7 +35,11 @@ fn site(dir: &Path) -> HashMap<String, Vec<u8>> {
     std::fs::create_dir_all(&www).unwrap();
     let mut rng = Rng::new(18);
     let mut files = HashMap::new();
-    for (name, len) in [("small.html", 700), ("mid.bin", 64 << 10), ("big.bin", 1 << 20)] {
+    for (name, len) in [
+        ("small.html", 700),
+        ("mid.bin", 64 << 10),
+        ("big.bin", 1 << 20),
+    ] {
         let bytes = rng.bytes(len);
         std::fs::write(www.join(name), &bytes).unwrap();
         files.insert(name.to_string(), bytes);
@@ -112,7 +116,8 @@ fn checker(port: u16, files: Arc<HashMap<String, Vec<u8>>>, stop: Arc<AtomicBool
         .map(|(n, b)| (n.clone(), hex(&sha256(b))))
         .collect();
     let conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut w = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     while !stop.load(Ordering::Relaxed) {
@@ -129,7 +134,10 @@ fn checker(port: u16, files: Arc<HashMap<String, Vec<u8>>>, stop: Arc<AtomicBool
                     return;
                 }
                 Err(e) => {
-                    t.problems.lock().unwrap().push(format!("/{name}: connection lost: {e}"));
+                    t.problems
+                        .lock()
+                        .unwrap()
+                        .push(format!("/{name}: connection lost: {e}"));
                     return;
                 }
             }
@@ -140,24 +148,35 @@ fn checker(port: u16, files: Arc<HashMap<String, Vec<u8>>>, stop: Arc<AtomicBool
 /// wrk for `secs` seconds against /mid.bin (a thread); its output.
 fn wrk(port: u16, secs: u32) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
-        let out = Command::new("wrk")
-            .args(["-t2", "-c16", &format!("-d{secs}s")])
-            .arg(format!("http://127.0.0.1:{port}/mid.bin"))
-            .output()
-            .expect("wrk");
+        let mut cmd = Command::new("wrk");
+        cmd.args(["-t2", "-c16", &format!("-d{secs}s")])
+            .arg(format!("http://127.0.0.1:{port}/mid.bin"));
+        let out = output(cmd);
         assert!(out.status.success(), "wrk failed");
         String::from_utf8_lossy(&out.stdout).to_string()
     })
 }
 
+/// Runs `cmd` to its end (forking under `FORKING`, see `no_forks`).
+fn output(mut cmd: Command) -> std::process::Output {
+    let child = {
+        let _forking = FORKING.read().unwrap_or_else(|p| p.into_inner());
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    child.wait_with_output().unwrap()
+}
+
 /// `tcps server --upgrade`: its exit status and output.
 fn upgrade(srv: &Server) -> (bool, String) {
-    let out = Command::new(TCPS)
-        .args(["server", "--upgrade", "--socket"])
-        .arg(&srv.socket)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let mut cmd = Command::new(TCPS);
+    cmd.args(["server", "--upgrade", "--socket"])
+        .arg(&srv.socket);
+    let out = output(cmd);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -168,7 +187,9 @@ fn upgrade_ok(srv: &Server) {
 }
 
 fn upgrades_done(srv: &Server) -> u64 {
-    srv.stat_json()["server"]["upgrade"]["done"].as_u64().unwrap()
+    srv.stat_json()["server"]["upgrade"]["done"]
+        .as_u64()
+        .unwrap()
 }
 
 /// A new host attaches and echoes 1 MiB through a listener of its own.
@@ -181,7 +202,11 @@ fn new_host_served(srv: &Server) {
     let (s, _) = c.accept(l, 0).unwrap();
     tcps_serve_echo(&c, s);
     let got = client.join().unwrap();
-    assert_eq!(hex(&sha256(&got)), hex(&sha256(&payload)), "new host's echo corrupted");
+    assert_eq!(
+        hex(&sha256(&got)),
+        hex(&sha256(&payload)),
+        "new host's echo corrupted"
+    );
 }
 
 /// wrk and 4 checking clients against `port` for 6 s with two upgrades
@@ -210,15 +235,34 @@ fn two_upgrades_under_load(srv: &Server, port: u16, files: HashMap<String, Vec<u
         c.join().unwrap();
     }
     let problems = tally.problems.lock().unwrap().clone();
-    assert!(problems.is_empty(), "checking clients: {problems:?}\n{}", srv.log_text());
-    assert!(after > before, "the checking clients made no progress across the upgrades");
-    assert!(!text.contains("Non-2xx"), "wrk saw non-2xx answers:\n{text}");
-    assert!(!text.contains("Socket errors"), "wrk saw socket errors:\n{text}");
-    assert!(text.contains(" requests in "), "wrk ran no requests:\n{text}");
+    assert!(
+        problems.is_empty(),
+        "checking clients: {problems:?}\n{}",
+        srv.log_text()
+    );
+    assert!(
+        after > before,
+        "the checking clients made no progress across the upgrades"
+    );
+    assert!(
+        !text.contains("Non-2xx"),
+        "wrk saw non-2xx answers:\n{text}"
+    );
+    assert!(
+        !text.contains("Socket errors"),
+        "wrk saw socket errors:\n{text}"
+    );
+    assert!(
+        text.contains(" requests in "),
+        "wrk ran no requests:\n{text}"
+    );
     assert_eq!(srv.pid(), pid);
     assert_eq!(srv.stat_json()["server"]["pid"].as_u64(), Some(pid as u64));
     assert_eq!(upgrades_done(srv), 2);
-    eprintln!("{} checked requests; wrk:\n{text}", tally.requests.load(Ordering::Relaxed));
+    eprintln!(
+        "{} checked requests; wrk:\n{text}",
+        tally.requests.load(Ordering::Relaxed)
+    );
     new_host_served(srv);
 }
 
@@ -255,9 +299,209 @@ fn nginx_under_wrk(engine: &str) {
     let srv = Server::start(engine, &["--poll", "adaptive"]);
     let port = free_port();
     let www = dir.path().join("www");
-    let (mut nginx, _stats, _log) = start_nginx(Net::Tcps, &srv, dir.path(), &www, port, true, "up");
+    let (mut nginx, _stats, _log) =
+        start_nginx(Net::Tcps, &srv, dir.path(), &www, port, true, "up");
     two_upgrades_under_load(&srv, port, files);
     assert!(nginx.0.try_wait().unwrap().is_none(), "nginx died");
 }
 
 engine_tests!(webserver_under_wrk, nginx_under_wrk);
+
+/// Calls parked at the server cross the upgrade: a blocking recv (no
+/// read-ahead), a blocking accept (no accept-ahead) and a poll are
+/// answered with ERETRY and re-issued by the host library; each returns
+/// what arrives after the upgrade.
+fn parked_calls_are_reissued(engine: &str) {
+    let srv = Server::start(engine, &["--eager-recv", "off", "--eager-accept", "off"]);
+    let c = Arc::new(srv.attach());
+    let (l, addr) = tcps_listener(&c);
+    let mut k = TcpStream::connect(addr).unwrap();
+    let (s, _) = c.accept(l, 0).unwrap();
+    let c2 = c.clone();
+    let recv = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        let n = c2.recv(s, &mut buf, 0).expect("the parked recv");
+        buf[..n].to_vec()
+    });
+    let c3 = c.clone();
+    let accept = std::thread::spawn(move || c3.accept(l, 0).map(|(s, _)| s));
+    let c4 = c.clone();
+    let poll = std::thread::spawn(move || {
+        let mut fds = [tcps::PollFd {
+            sock: s,
+            events: libc::POLLPRI,
+            revents: 0,
+        }];
+        c4.poll(&mut fds, 4000).map(|n| (n, fds[0].revents))
+    });
+    // Parked: the server shows them.
+    let t = Instant::now();
+    loop {
+        let d = &srv.stat_json()["total"]["depths"];
+        if d["parked_calls"].as_u64() == Some(2) && d["parked_polls"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "calls never parked: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    upgrade_ok(&srv);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !recv.is_finished() && !accept.is_finished() && !poll.is_finished(),
+        "a parked call returned at the upgrade"
+    );
+    k.write_all(b"after the upgrade").unwrap();
+    assert_eq!(recv.join().unwrap(), b"after the upgrade");
+    let _k2 = TcpStream::connect(addr).unwrap();
+    accept.join().unwrap().expect("the parked accept");
+    let (n, revents) = poll.join().unwrap().expect("the parked poll");
+    assert_eq!(
+        (n, revents),
+        (0, 0),
+        "the poll times out as before the upgrade"
+    );
+    assert_eq!(upgrades_done(&srv), 1);
+}
+
+/// Starts a server from a copy of the tcps binary in `dir` (what an
+/// upgrade execs is that file).
+fn server_from_copy(engine: &str, dir: &TempDir) -> (Server, PathBuf) {
+    let exe = dir.path().join("tcps");
+    {
+        // No child of this test process holds the copy open for writing
+        // when the server (or its upgrade) executes it (ETXTBSY).
+        let _quiet = no_forks();
+        std::fs::copy(TCPS, &exe).unwrap();
+    }
+    let socket = dir.path().join("tcps.sock");
+    let log = dir.path().join("server.log");
+    let child = {
+        let _forking = FORKING.read().unwrap_or_else(|p| p.into_inner());
+        Command::new(&exe)
+            .args(["server", "--engine", engine, "--balance", "off", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let srv = Server {
+        child: Some(child),
+        socket,
+        log,
+        engine: engine.into(),
+        dir: TempDir::new("upgrade-copy-srv"),
+    };
+    let t = Instant::now();
+    while !srv.log_text().contains("tcps server listening") {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    srv.wait_signals_handled();
+    (srv, exe)
+}
+
+/// An echo through a host's connection (one round trip).
+fn echo_once(c: &tcps::Client, s: u32, k: &mut TcpStream, msg: &[u8]) {
+    k.write_all(msg).unwrap();
+    let got = tcps_recv_exact(c, s, msg.len()).unwrap();
+    c.send_all(s, &got).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    k.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg);
+}
+
+/// A new binary that cannot load the state record: refused before
+/// anything stops; the old server keeps its connection and serves on.
+fn a_binary_that_cannot_load_the_record_is_refused(engine: &str) {
+    let dir = TempDir::new("upgrade-refused");
+    let (srv, exe) = server_from_copy(engine, &dir);
+    let pid = srv.pid();
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let mut k = TcpStream::connect(addr).unwrap();
+    k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (s, _) = c.accept(l, 0).unwrap();
+    echo_once(&c, s, &mut k, b"before");
+    // The "new binary": knows no record version.
+    let new = dir.path().join("tcps.new");
+    {
+        let _quiet = no_forks();
+        let script = "#!/bin/sh\necho \"tcps: cannot load state record version $3\" >&2\nexit 1\n";
+        std::fs::write(&new, script).unwrap();
+        std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&new, &exe).unwrap();
+    }
+    let (ok, text) = upgrade(&srv);
+    assert!(
+        !ok,
+        "an upgrade to a binary that cannot load the record succeeded: {text}"
+    );
+    assert!(text.contains("cannot load state record version"), "{text}");
+    assert!(
+        srv.log_text().contains("hot upgrade refused"),
+        "{}",
+        srv.log_text()
+    );
+    echo_once(&c, s, &mut k, b"after the refusal");
+    assert_eq!(srv.pid(), pid);
+    let u = &srv.stat_json()["server"]["upgrade"];
+    assert_eq!(
+        (u["done"].as_u64(), u["refused"].as_u64()),
+        (Some(0), Some(1)),
+        "{u}"
+    );
+    new_host_served(&srv);
+}
+
+/// Sends that cannot finish (the peer does not read): the upgrade waits
+/// 2 s, is refused, and the old server goes on; every byte arrives once
+/// the peer reads, and then an upgrade succeeds.
+fn sends_that_do_not_finish_refuse_the_upgrade(engine: &str) {
+    let srv = Server::start(engine, &["--poll", "adaptive"]);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let k = TcpStream::connect(addr).unwrap();
+    set_rcvbuf(&k, 64 << 10);
+    let (s, _) = c.accept(l, 0).unwrap();
+    c.setsockopt_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF, 64 << 10)
+        .unwrap();
+    // Eight descriptors: within the queue's credits, far beyond what the
+    // two socket buffers hold.
+    let payload = Rng::new(3).bytes(2 << 20);
+    let mut sent = 0;
+    while sent < payload.len() {
+        sent += c
+            .send_async(
+                s,
+                &payload[sent..(sent + (256 << 10)).min(payload.len())],
+                0,
+            )
+            .unwrap();
+    }
+    let t = Instant::now();
+    let (ok, text) = upgrade(&srv);
+    assert!(!ok, "the upgrade succeeded with sends stuck: {text}");
+    assert!(text.contains("did not finish within 2 s"), "{text}");
+    assert!(t.elapsed() >= Duration::from_secs(2));
+    let reader = std::thread::spawn(move || {
+        let mut k = k;
+        k.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = vec![0u8; 2 << 20];
+        k.read_exact(&mut got).map(|_| got)
+    });
+    let got = reader.join().unwrap().expect("the peer reads every byte");
+    assert_eq!(hex(&sha256(&got)), hex(&sha256(&payload)));
+    upgrade_ok(&srv);
+    assert_eq!(upgrades_done(&srv), 1);
+    new_host_served(&srv);
+}
+
+engine_tests!(
+    parked_calls_are_reissued,
+    a_binary_that_cannot_load_the_record_is_refused,
+    sends_that_do_not_finish_refuse_the_upgrade,
+);
