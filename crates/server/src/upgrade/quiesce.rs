@@ -5,7 +5,7 @@
 //! Order: [`answer_parked`] (polls and reading calls get `ERETRY`, which
 //! the host library re-issues to the new server; a call that moved bytes
 //! returns them, as an interrupted call does), then the worker runs its
-//! engine until [`writers_pending`] is false (asynchronous sends, connects
+//! engine until [`busy`] is false (asynchronous sends, connects
 //! and shutdowns finish; a plain send that waits for room is answered
 //! too), then [`settle`] (receives and accepts in flight into rings are
 //! cancelled and waited for, what they got published), then [`record`].
@@ -73,13 +73,17 @@ pub fn answer_parked(host: &mut Host) {
     }
 }
 
-/// Whether a socket of `host` still has writers (jobs, connects,
-/// shutdowns) or an operation at the engine: the worker keeps running
-/// its engine until none has.
-pub fn writers_pending(host: &Host) -> bool {
-    host.sockets
-        .iter()
-        .any(|(_, s)| !s.writers.is_empty() || s.send_op.is_some())
+/// Whether `host` still has something under way that ends by itself: a
+/// socket with writers (jobs, connects, shutdowns) or an operation at the
+/// engine, direct connections about to be taken, control replies about
+/// to be read. The worker keeps running its engine until none has.
+pub fn busy(host: &Host) -> bool {
+    host.balance.view().pending > 0
+        || !host.outbox.is_empty()
+        || host
+            .sockets
+            .iter()
+            .any(|(_, s)| !s.writers.is_empty() || s.send_op.is_some())
 }
 
 /// Settles the receives and accepts in flight into `host`'s rings.

@@ -57,13 +57,14 @@ impl Worker {
         self.engine.flush();
     }
 
-    /// Runs the engine until no socket has writers or a send in flight
-    /// (bounded by [`DRAIN`]).
+    /// Runs the engine until no host is busy (`quiesce::busy`: writers,
+    /// sends in flight, direct connections or replies not taken; bounded
+    /// by [`DRAIN`]).
     fn drain_writers(&mut self) -> Result<(), String> {
         let start = Instant::now();
-        while self.hosts.iter().any(|(_, h)| quiesce::writers_pending(h)) {
+        while self.hosts.iter().any(|(_, h)| quiesce::busy(h)) {
             if start.elapsed() >= DRAIN {
-                return Err("sends queued at the server did not finish within 2 s (a peer that does not read?)".into());
+                return Err("sends queued at the server did not finish within 2 s (a peer that does not read?), or direct connections or control replies were not taken".into());
             }
             self.poll_engine(Some(Duration::from_millis(1)));
             self.fire_timers(Instant::now());
