@@ -13,9 +13,14 @@ use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// The record's version. A binary loads only the versions it knows
-/// (`tcps server --upgrade-check N`); bump it on any change below.
-pub const RECORD_VERSION: u32 = 1;
+/// The record's format; bump it on any change below.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// The record's version: its format and the channel protocol's version
+/// (`tcps_proto::VERSION`: the hosts' regions and messages, which the new
+/// binary must speak as the old one did). A binary loads only its own
+/// (`tcps server --upgrade-check N`).
+pub const RECORD_VERSION: u32 = (RECORD_FORMAT << 16) | tcps_proto::VERSION;
 
 /// The environment variable naming the record's memfd in the new binary.
 pub const STATE_ENV: &str = "TCPS_UPGRADE_STATE";
