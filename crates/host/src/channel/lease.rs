@@ -189,9 +189,10 @@ impl<'a> Lease<'a> {
         if on_socket && self.conn.socks.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
+        let mark = Mark::new();
         let c = loop {
             let intr = Interrupt {
-                mark: Mark::new(),
+                mark,
                 sock: req.sock,
                 cancelled: false,
             };
@@ -206,6 +207,11 @@ impl<'a> Lease<'a> {
             // the server that runs now (`tcps_proto::msg::ERETRY`).
             if c.errno != tcps_proto::msg::ERETRY {
                 break c;
+            }
+            // A signal handler ran meanwhile: the call is interrupted, as
+            // it would have been had the server answered its cancel.
+            if mark.seen() {
+                return Err(interrupt::eintr());
             }
         };
         if c.op != req.op {
