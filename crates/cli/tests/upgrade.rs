@@ -9,7 +9,8 @@
 //! byte, the server keeps its pid, and a new host attaches afterwards.
 //! Calls parked at the server (a blocking recv, accept, poll) are
 //! answered with ERETRY and re-issued by the host library: they return
-//! what arrives after the upgrade. Refusals leave the old server running:
+//! what arrives after the upgrade. Bytes read ahead and not yet taken (a
+//! receive ring, a pull buffer) arrive intact after it. Refusals leave the old server running:
 //! a new binary that cannot load the state record, and sends that do not
 //! finish (a peer that does not read) — the bytes arrive intact later.
 //! Every scenario runs on both engines.
@@ -505,3 +506,42 @@ engine_tests!(
     a_binary_that_cannot_load_the_record_is_refused,
     sends_that_do_not_finish_refuse_the_upgrade,
 );
+
+/// Bytes the server read ahead and the host has not taken cross the
+/// upgrade: in a receive ring (push) and in a pull buffer at the server
+/// (pull, carried in the record); the host then reads every byte, in
+/// order, and the connection goes on.
+fn read_ahead_bytes_cross_the_upgrade(engine: &str) {
+    for (mode, depth) in [("push", "recv_ring_bytes"), ("pull", "pull_buffer_bytes")] {
+        let srv = Server::start(engine, &["--eager-recv", mode]);
+        let c = srv.attach();
+        let (l, addr) = tcps_listener(&c);
+        let mut k = TcpStream::connect(addr).unwrap();
+        k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (s, _) = c.accept(l, 0).unwrap();
+        let payload = Rng::new(11).bytes(200 << 10);
+        k.write_all(&payload).unwrap();
+        let t = Instant::now();
+        while srv.stat_json()["total"]["depths"][depth]
+            .as_u64()
+            .unwrap_or(0)
+            == 0
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{mode}: nothing read ahead"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        upgrade_ok(&srv);
+        let got = tcps_recv_exact(&c, s, payload.len()).expect("read after the upgrade");
+        assert_eq!(
+            hex(&sha256(&got)),
+            hex(&sha256(&payload)),
+            "{mode}: bytes read ahead"
+        );
+        echo_once(&c, s, &mut k, b"and on");
+    }
+}
+
+engine_tests!(read_ahead_bytes_cross_the_upgrade);
