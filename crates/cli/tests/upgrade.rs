@@ -10,7 +10,8 @@
 //! Calls parked at the server (a blocking recv, accept, poll) are
 //! answered with ERETRY and re-issued by the host library: they return
 //! what arrives after the upgrade. Bytes read ahead and not yet taken (a
-//! receive ring, a pull buffer) arrive intact after it. Refusals leave the old server running:
+//! receive ring, a pull buffer) arrive intact after it, and the server
+//! holds as many descriptors after it as before. Refusals leave the old server running:
 //! a new binary that cannot load the state record, and sends that do not
 //! finish (a peer that does not read) — the bytes arrive intact later.
 //! Every scenario runs on both engines.
@@ -533,7 +534,15 @@ fn read_ahead_bytes_cross_the_upgrade(engine: &str) {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        let fds = fd_count(srv.pid());
         upgrade_ok(&srv);
+        // Nothing leaks across the exec: what was not carried was closed
+        // (engine, eventfds, the record), what was is open once.
+        let t = Instant::now();
+        while fd_count(srv.pid()) != fds && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(fd_count(srv.pid()), fds, "{mode}: the server's descriptors");
         let got = tcps_recv_exact(&c, s, payload.len()).expect("read after the upgrade");
         assert_eq!(
             hex(&sha256(&got)),
@@ -542,6 +551,11 @@ fn read_ahead_bytes_cross_the_upgrade(engine: &str) {
         );
         echo_once(&c, s, &mut k, b"and on");
     }
+}
+
+/// Descriptors process `pid` has open.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
 engine_tests!(read_ahead_bytes_cross_the_upgrade);

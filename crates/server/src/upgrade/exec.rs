@@ -83,7 +83,13 @@ fn try_upgrade(run: &Running<'_>, origin: &Origin) -> String {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let records = match pause_workers(run) {
+    // A fork snapshot taken while the workers drained (a control message
+    // they still serve) would be lost with the old image.
+    let paused = pause_workers(run).and_then(|r| match crate::inherit::pending_count() {
+        0 => Ok(r),
+        _ => Err("a fork snapshot was taken while the workers paused".into()),
+    });
+    let records = match paused {
         Ok(r) => r,
         Err(why) => {
             resume_workers(run.shared);

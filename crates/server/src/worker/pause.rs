@@ -33,6 +33,8 @@ impl Worker {
         }
         self.wake_hosts();
         self.engine.flush();
+        // Hosts that left or broke the protocol meanwhile are not carried.
+        self.reap_doomed();
         let report = drained.and_then(|()| {
             let hosts: Result<Vec<HostRecord>, String> =
                 self.hosts.iter().map(|(_, h)| quiesce::record(h)).collect();
