@@ -13,7 +13,8 @@
 //! receive ring, a pull buffer) arrive intact after it, and the server
 //! holds as many descriptors after it as before. Refusals leave the old server running:
 //! a new binary that cannot load the state record, and sends that do not
-//! finish (a peer that does not read) — the bytes arrive intact later.
+//! finish (a peer that does not read) — the bytes arrive intact later —,
+//! and a server with remote (fabric) hosts.
 //! Every scenario runs on both engines.
 
 mod common;
@@ -559,3 +560,27 @@ fn fd_count(pid: u32) -> usize {
 }
 
 engine_tests!(read_ahead_bytes_cross_the_upgrade);
+
+/// A server that serves remote hosts (`--fabric-listen`) refuses: remote
+/// hosts are not carried yet. It goes on serving local hosts.
+#[test]
+fn a_fabric_server_refuses() {
+    let dir = TempDir::new("upgrade-fabric");
+    let key = dir.path().join("fabric.key");
+    std::fs::write(&key, "0123456789abcdef-upgrade-test-secret\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let srv = Server::start(
+        "uring",
+        &[
+            "--fabric-listen",
+            &listen,
+            "--fabric-auth",
+            key.to_str().unwrap(),
+        ],
+    );
+    let (ok, text) = upgrade(&srv);
+    assert!(!ok, "an upgrade with a fabric listener succeeded: {text}");
+    assert!(text.contains("remote hosts"), "{text}");
+    new_host_served(&srv);
+}
