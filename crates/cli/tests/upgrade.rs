@@ -15,7 +15,7 @@
 //! a new binary that cannot load the state record, and sends that do not
 //! finish (a peer that does not read) — the bytes arrive intact later —,
 //! and a server with remote (fabric) hosts.
-//! Every scenario runs on both engines.
+//! Every scenario but the fabric one runs on both engines.
 
 mod common;
 mod preload;
