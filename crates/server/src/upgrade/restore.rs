@@ -104,6 +104,11 @@ pub fn host(r: HostRecord, cfg: &Config, shared: &Shared) -> io::Result<Host> {
             return Err(invalid(format!("host {}: socket {id} twice", r.id)));
         }
     }
+    // Watched at once (the host may not kick: its queue's `active` is
+    // still set from the old server); they cool down as usual.
+    for q in h.bound_queues.clone() {
+        crate::calls::sendq::queue::make_hot(&mut h, q, std::time::Instant::now());
+    }
     h.next_gen = r.next_gen;
     h.arrivals = r.arrivals;
     if r.takes_direct {
