@@ -432,13 +432,14 @@ fn total_row(cells: Vec<String>) -> Vec<String> {
 fn server_lines(v: &Value, socket: &Path) -> String {
     let server = &v["server"];
     let mut out = format!(
-        "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached; {} system calls\n",
+        "tcps server pid {} at {}: {} hosts attached, {} refused, {} detached; {} system calls, {} heap allocations\n",
         num(server, "pid"),
         socket.display(),
         num(server, "hosts_attached"),
         num(server, "hosts_refused"),
         num(server, "hosts_detached"),
         num(server, "syscalls"),
+        num(server, "heap_allocations"),
     );
     let hidden = num(v, "hidden_hosts");
     if hidden > 0 {

@@ -77,6 +77,21 @@ fn quick_run_writes_results() {
             sync["round_trips_per_req"].as_f64().unwrap_or(0.0) > 0.0,
             "{sync}"
         );
+        // The tcps variants report the TCP server's economy per request
+        // (a synchronous send is a system call or an enter, and a wake of
+        // the thread waiting on it, now and then); Regular has no server.
+        let e = &sync["server_economy"];
+        assert!(
+            e["syscalls_per_req"].as_f64().unwrap_or(0.0) > 0.0,
+            "{sync}"
+        );
+        assert!(e["wakes_per_req"].as_f64().is_some(), "{sync}");
+        assert!(
+            e["heap_allocations_per_req"].as_f64().unwrap_or(9.0) < 1.0,
+            "{sync}"
+        );
+        let regular = curves.iter().find(|c| c["variant"] == "regular");
+        assert!(regular.is_some_and(|c| c["server_economy"].is_null()));
         for id in ["regular", "sync", "async", "nginx"] {
             if id == "nginx" && w["workload"] == "combined" {
                 continue;
@@ -112,6 +127,10 @@ fn quick_run_writes_results() {
     let summary = std::fs::read_to_string(out.path().join("summary.md")).expect("summary.md");
     assert!(summary.contains("Saturation throughput"), "{summary}");
     assert!(summary.contains("the median of 2 samples"), "{summary}");
+    assert!(
+        summary.contains("The TCP server's economy per request"),
+        "{summary}"
+    );
     // The namespaces of the run are gone.
     let ns = Command::new("ip")
         .args(["netns", "list"])

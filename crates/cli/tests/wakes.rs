@@ -67,3 +67,65 @@ fn a_burst_of_completions_costs_one_wake() {
         assert_eq!(wakes, round, "a burst of {N} completions to one sleeper");
     }
 }
+
+/// `perf stat -e syscalls:sys_enter_futex` on process `pid` while `work`
+/// runs: the futex system calls it made.
+fn futex_calls(pid: u32, work: impl FnOnce()) -> u64 {
+    let perf = std::process::Command::new("perf")
+        .args(["stat", "-x,", "-e", "syscalls:sys_enter_futex", "-p"])
+        .arg(pid.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("perf (linux-perf)");
+    std::thread::sleep(Duration::from_millis(500)); // attached
+    work();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+    let out = perf.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    text.lines()
+        .find(|l| l.contains("sys_enter_futex"))
+        .and_then(|l| l.split(',').next()?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("perf stat said: {text}"))
+}
+
+/// A host thread asleep on a receive ring is woken by the server for each
+/// message; on io_uring the wake is a `FUTEX_WAKE` operation submitted with
+/// the worker's pass (no futex system call), with epoll one `futex(2)`.
+fn ring_wakes_without_futex_calls(engine: &str) {
+    const MESSAGES: usize = 200;
+    let srv = Server::start(engine, &["--poll", "adaptive", "--balance", "off"]);
+    let c = srv.attach();
+    let (l, addr) = tcps_listener(&c);
+    let mut k = std::net::TcpStream::connect(addr).unwrap();
+    let (s, _) = c.accept(l, 0).unwrap();
+    let woke0 = wakes_after(&srv, 0);
+    let calls = futex_calls(srv.pid(), || {
+        let sender = std::thread::spawn(move || {
+            use std::io::Write;
+            for i in 0..MESSAGES {
+                // Long enough for the receiver to stop spinning and sleep.
+                std::thread::sleep(Duration::from_millis(2));
+                k.write_all(&[i as u8]).unwrap();
+            }
+            k
+        });
+        for i in 0..MESSAGES {
+            let got = tcps_recv_exact(&c, s, 1).unwrap();
+            assert_eq!(got, [i as u8]);
+        }
+        drop(sender.join().unwrap());
+    });
+    let woke = wakes_after(&srv, 0) - woke0;
+    eprintln!("{engine}: {MESSAGES} messages, {woke} wakes, {calls} futex system calls");
+    // The receiver slept for most of them (else this tests nothing).
+    assert!(woke as usize >= MESSAGES / 2, "{woke} wakes");
+    if engine == "uring" {
+        assert!(calls < 10, "{calls} futex system calls for {woke} wakes");
+    } else {
+        assert!(calls >= woke / 2, "{calls} futex calls for {woke} wakes");
+    }
+}
+
+engine_tests!(ring_wakes_without_futex_calls);

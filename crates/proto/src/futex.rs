@@ -3,6 +3,8 @@
 //! The region is a `MAP_SHARED` memfd mapping, so the futex must be a shared
 //! (non-`FUTEX_PRIVATE_FLAG`) one: the kernel keys it by inode and offset and
 //! a wake from the server process reaches a host process sleeping on it.
+//!
+//! Wakes go through [`crate::wake_batch`], which lets a thread defer them.
 
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -27,10 +29,11 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
-/// Wakes every waiter sleeping on `word`.
-pub fn wake_all(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE only uses the address as a key; it is valid and aligned.
+/// Wakes at most `n` waiters on the word at `addr` now (`FUTEX_WAKE`).
+pub fn wake_addr(addr: usize, n: i32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key (an address no
+    // longer mapped gets EFAULT, one mapped again a spurious wake-up).
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        libc::syscall(libc::SYS_futex, addr as *const u32, libc::FUTEX_WAKE, n);
     }
 }

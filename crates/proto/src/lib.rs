@@ -40,6 +40,7 @@ pub mod ring;
 pub mod sendq;
 mod sync;
 pub mod wake;
+pub mod wake_batch;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -220,7 +220,7 @@ impl ServerCursor {
 
     /// Wakes every host thread waiting for room in `ch`'s request ring.
     pub fn wake_room(ch: &ChannelRef<'_>) {
-        crate::futex::wake_all(&ch.ctl().req_head);
+        crate::wake_batch::wake_all(&ch.ctl().req_head);
     }
 
     /// Tells the host that the request tagged `user_data` is parked: it will
@@ -308,7 +308,7 @@ impl ServerCursor {
     /// [`complete`](Self::complete) returned true, or when the server stops
     /// (the sleepers then see `server_alive == 0`).
     pub fn wake_host(ch: &ChannelRef<'_>) {
-        crate::futex::wake_all(&ch.ctl().cq_tail);
+        crate::wake_batch::wake_all(&ch.ctl().cq_tail);
     }
 }
 
@@ -473,7 +473,7 @@ impl HostCursor {
     /// Wakes every thread sleeping on the channel's `cq_tail` (a thread that
     /// drained completions filed for others).
     pub fn wake_sleepers(ch: &ChannelRef<'_>) {
-        crate::futex::wake_all(&ch.ctl().cq_tail);
+        crate::wake_batch::wake_all(&ch.ctl().cq_tail);
     }
 }
 

@@ -23,14 +23,23 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     crate::futex::wait(word, expected, timeout)
 }
 
-/// Wakes every thread sleeping on `word` (see [`crate::futex::wake_all`]).
+/// Wakes every thread sleeping on `word` (see [`crate::wake_batch::wake_all`]).
 #[cfg(not(loom))]
 pub fn wake_all(word: &AtomicU32) {
-    crate::futex::wake_all(word)
+    crate::wake_batch::wake_all(word)
+}
+
+/// Wakes at most `n` threads sleeping on `word` (see [`crate::wake_batch::wake`]).
+#[cfg(not(loom))]
+pub fn wake(word: &AtomicU32, n: i32) {
+    crate::wake_batch::wake(word, n)
 }
 
 #[cfg(loom)]
 pub fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {}
+
+#[cfg(loom)]
+pub fn wake(_word: &AtomicU32, _n: i32) {}
 
 #[cfg(loom)]
 pub fn wake_all(_word: &AtomicU32) {}

@@ -1,8 +1,9 @@
 //! Whom a publish found waiting: the sleepers a ring, a send queue or the
 //! ready log counts in its `host_waiting` (futex sleepers, plus
 //! [`BELL_SLEEPER`] per doorbell sleeper) and names in its `bell_slots`
-//! (the doorbells of those sleepers). The server wakes futex sleepers at
-//! once and rings the named doorbells once per pass.
+//! (the doorbells of those sleepers). The server wakes futex sleepers
+//! with its pass's submission ([`crate::wake_batch`]) and rings the named
+//! doorbells once per pass.
 
 use crate::eager::ctl::BELL_SLEEPER;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};

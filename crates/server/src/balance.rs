@@ -19,6 +19,7 @@
 //! SCM_RIGHTS): descriptors cannot travel through shared memory.
 
 use crate::config::BalanceConfig;
+use crate::procstat::{read_into, schedstat_delay, ProcStat};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -129,6 +130,8 @@ pub struct Meter {
     window_start: Option<Instant>,
     /// The worker thread's run delay (ns) at the window's start.
     delay_start: u64,
+    /// Its schedstat's text (the buffer kept).
+    schedstat: String,
 }
 
 impl Meter {
@@ -145,7 +148,9 @@ impl Meter {
     /// The load in percent since the last sample, once a window has
     /// passed (called on the worker's own thread).
     pub fn sample(&mut self, now: Instant) -> Option<u8> {
-        let delay = run_delay_ns("/proc/thread-self/schedstat").unwrap_or(0);
+        let delay = read_into("/proc/thread-self/schedstat", &mut self.schedstat)
+            .and_then(|()| schedstat_delay(&self.schedstat))
+            .unwrap_or(0);
         let Some(t0) = self.window_start else {
             self.window_start = Some(now);
             self.busy = Duration::ZERO;
@@ -164,37 +169,8 @@ impl Meter {
     }
 }
 
-/// Nanoseconds a thread waited runnable for a CPU (the second field of a
-/// `schedstat` file).
-fn run_delay_ns(path: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(path).ok()?;
-    s.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The run delay of process `pid`'s threads, summed (at most 256 threads
-/// read: a window costs the worker a bounded number of reads).
-fn process_run_delay_ns(pid: u32) -> u64 {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    dir.flatten()
-        .take(256)
-        .filter_map(|t| run_delay_ns(&format!("{}/schedstat", t.path().display())))
-        .sum()
-}
-
 fn percent(frac: f64) -> u8 {
     (frac * 100.0).round().clamp(0.0, 100.0) as u8
-}
-
-/// utime + stime of process `pid`, in clock ticks.
-fn process_ticks(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold anything, up to the last ')').
-    let rest = &s[s.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// Cores process `pid` may run on that no worker is pinned to (at least 1).
@@ -238,6 +214,8 @@ pub struct HostBalance {
     /// Direct connections not yet taken: handle → (socket, since).
     pending: HashMap<u32, (OwnedFd, Instant)>,
     next_handle: u32,
+    /// The host process's /proc reader (buffers kept).
+    proc_stat: ProcStat,
 }
 
 impl HostBalance {
@@ -276,8 +254,8 @@ impl HostBalance {
         self.pending
             .retain(|_, (_, since)| now.saturating_duration_since(*since) < PENDING_TTL);
         let mut host_busy = self.view.host_busy_pct;
-        if let Some(ticks) = process_ticks(pid) {
-            let delay = process_run_delay_ns(pid);
+        if let Some(ticks) = self.proc_stat.ticks(pid) {
+            let delay = self.proc_stat.run_delay_ns(pid, now);
             if let Some((t0, d0, at)) = self.host_last {
                 let wall = now.saturating_duration_since(at).as_secs_f64();
                 // SAFETY: sysconf has no preconditions.
@@ -470,9 +448,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_its_own_ticks() {
-        assert!(process_ticks(std::process::id()).is_some());
-        assert!(run_delay_ns("/proc/thread-self/schedstat").is_some());
+    fn reads_its_own_cores() {
         assert!(host_cores(std::process::id(), &[]) >= 1.0);
     }
 }

@@ -35,6 +35,9 @@ pub struct Outgoing {
     pub fd: Option<OwnedFd>,
 }
 
+/// Most parked-call queue pairs a host keeps from closed sockets.
+pub const SPARE_QUEUES: usize = 1024;
+
 pub struct Host {
     pub id: u64,
     pub pid: u32,
@@ -97,6 +100,10 @@ pub struct Host {
     /// ahead is stalled, or whose pull buffer is stopped by the budget: the
     /// periodic sweep resumes them when room appears.
     pub eager_paused: Vec<u32>,
+    /// The parked-call queues of closed sockets, emptied, for new ones
+    /// (connection caching: a connection's first queued send or parked
+    /// call allocates nothing); at most `SPARE_QUEUES`.
+    pub spare_queues: Vec<(VecDeque<Parked>, VecDeque<Parked>)>,
     /// Bytes of this host's pull buffers, against `--max-pull-bytes-per-host`.
     pub pull: PullAccount,
     /// Sockets to re-arm at the next sweep: their last readiness answered
@@ -179,6 +186,7 @@ impl Host {
             hot: Vec::new(),
             cooling: Vec::new(),
             eager_paused: Vec::new(),
+            spare_queues: Vec::new(),
             pull: PullAccount::new(max_pull_bytes),
             polls_to_start: Vec::new(),
             wakes_owed: Vec::new(),
@@ -493,8 +501,9 @@ pub struct HostStats {
 impl HostStats {
     /// Counts whom a ring publish found waiting (`tcps_proto::eager::Woke`).
     pub fn count_woke(&mut self, w: tcps_proto::eager::Woke) {
+        // The futex wake itself is the engine's (`Worker::submit_wakes`:
+        // an io_uring operation, or a counted system call with epoll).
         self.wakes += u64::from(w.thread);
-        crate::sys::count(u64::from(w.thread));
         self.bell_wants += u64::from(w.bell);
         self.bells_owed |= w.bells;
     }

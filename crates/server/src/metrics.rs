@@ -330,6 +330,13 @@ fn server_families(out: &mut String, r: &Value) {
         "System calls the TCP server's workers made (io_uring_enter counted once per enter).",
         &[(String::new(), num(&r["server"]["syscalls"]))],
     );
+    family(
+        out,
+        "tcps_server_heap_allocations_total",
+        "counter",
+        "Heap allocations the TCP server's worker passes made (none per connection once its tables have grown).",
+        &[(String::new(), num(&r["server"]["heap_allocations"]))],
+    );
     let scan = &r["server"]["scan"];
     family(
         out,

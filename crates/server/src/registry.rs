@@ -187,9 +187,9 @@ impl Registry {
     /// What keeps registration `handle` mapped while the kernel reads from
     /// it after the call returned (an operation in flight,
     /// `Engine::submit_send`).
-    pub fn keep(&self, handle: u16) -> Option<crate::engine::Keep> {
+    pub fn keep(&self, handle: u16) -> Option<crate::engine::Mapped> {
         let e = self.entries.get(handle as usize)?.as_ref()?;
-        Some(Box::new(e.map.clone()))
+        Some(e.map.clone())
     }
 
     /// Every registration as (handle, memfd, length): what a hot upgrade

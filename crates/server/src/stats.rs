@@ -224,6 +224,9 @@ struct BoardInner {
     /// System calls the workers made (`sys::count`; io_uring_enter once
     /// per enter), added at each publish.
     syscalls: u64,
+    /// Heap allocations the workers made (`heap::take_count`), added at
+    /// each publish; the publishes' own are left out.
+    heap_allocations: u64,
     /// What the workers' passes read, added at each publish.
     scan: ScanCounters,
 }
@@ -231,6 +234,7 @@ struct BoardInner {
 impl Board {
     /// Publishes snapshots of `hosts` (a worker's, every `PUBLISH_EVERY`).
     pub fn publish<'a>(&self, hosts: impl Iterator<Item = &'a Host>) {
+        let allocations = crate::heap::take_count();
         let now = SystemTime::now();
         // Compute outside the lock: depths walk every socket.
         let snaps: Vec<_> = hosts
@@ -244,6 +248,7 @@ impl Board {
             return;
         };
         b.syscalls += syscalls;
+        b.heap_allocations += allocations;
         for ((id, pid, uid, dormant), stats, depths, balance) in snaps {
             b.live
                 .entry(id)
@@ -266,6 +271,9 @@ impl Board {
                     dormant,
                 });
         }
+        drop(b);
+        // The publish's own allocations are not the passes'.
+        crate::heap::take_count();
     }
 
     /// Adds what a worker's passes read since its last call.
@@ -442,6 +450,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
             "hosts_refused": refused,
             "hosts_detached": b.detached_hosts,
             "syscalls": b.syscalls,
+            "heap_allocations": b.heap_allocations,
             "scan": b.scan.to_json(live.iter().filter(|s| s.dormant).count() as u64),
         },
         "viewer": { "uid": uid, "sees_all_hosts": sees_all },

@@ -19,6 +19,7 @@
 //! (results.json, summary.md, plots); `run` (the whole run). This file only
 //! names them.
 
+mod economy;
 mod env;
 mod measure;
 mod netns;

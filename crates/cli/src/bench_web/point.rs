@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use super::economy::ServerCounters;
 use super::env::{Env, PORT};
 use super::measure::{self, CpuSnapshot};
 use super::netns::{Netns, SERVER_ADDR};
@@ -138,11 +139,18 @@ pub fn measure(
     // machine shared with builds wrk can lose a whole short point to a
     // scheduling stall (seen with kernel sockets too); twice is an error.
     let mut attempt = 0;
-    let (before, after, syscalls, text, r) = loop {
+    let counters = |s: &Servers| {
+        s.tcps_socket
+            .as_ref()
+            .and_then(|sock| ServerCounters::read(env.exe, sock))
+    };
+    let (before, after, syscalls, economy, text, r) = loop {
         attempt += 1;
+        let counted = counters(servers);
         let before = CpuReading::take(servers)?;
         let status = run_wrk(env, &script, &out_path)?;
         let after = CpuReading::take(servers)?;
+        let economy = counted.zip(counters(servers));
         let text = fs::read_to_string(&out_path).unwrap_or_default();
         if !status.success() {
             return Err(format!("wrk failed ({status}):\n{text}").into());
@@ -150,7 +158,8 @@ pub fn measure(
         servers.web.check_alive()?;
         let r = harness::parse_wrk(&text)?;
         if r.requests > 0 {
-            break (before, after, sys.take().and_then(|s| s.finish()), text, r);
+            let syscalls = sys.take().and_then(|s| s.finish());
+            break (before, after, syscalls, economy, text, r);
         }
         // Its count would span both attempts: none for this point.
         sys = None;
@@ -183,6 +192,7 @@ pub fn measure(
         server_cores: (!server_cores.is_empty())
             .then(|| measure::cpu_split(&before.cores, &after.cores, &server_cores)),
         syscalls_per_req: syscalls.map(|c| c as f64 / n),
+        server_economy: economy.and_then(|(a, b)| a.per_request(&b, r.requests)),
     })
 }
 

@@ -310,6 +310,34 @@ impl<'a> Summary<'a> {
         );
     }
 
+    /// The TCP server's system calls, wakes and allocations per request.
+    fn economy_table(&mut self) {
+        let _ = writeln!(
+            self.s,
+            "## The TCP server's economy per request at saturation\n\n\
+             | workload | variant | TCP server syscalls/req | host threads woken/req | heap allocations/req |\n\
+             |---|---|---:|---:|---:|"
+        );
+        for w in self.wl {
+            for &v in &self.run_vars {
+                let Some(e) = self.find(w.id, v.id).and_then(|c| c.server_economy) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    self.s,
+                    "| {} | {} | {:.2} | {:.2} | {:.3} |",
+                    w.id, v.label, e.syscalls_per_req, e.wakes_per_req, e.heap_allocations_per_req
+                );
+            }
+        }
+        let _ = writeln!(
+            self.s,
+            "\nFrom the TCP server's `tcps stat` counters around the point: `server.syscalls` (each \
+             `io_uring_enter` once), futex wakes of sleeping host threads plus host doorbell rings \
+             (`wakes`, `doorbell_rings`), and `server.heap_allocations` of its workers' passes.\n"
+        );
+    }
+
     /// The project targets of issue 6, per tcps variant.
     fn targets(&mut self) {
         let _ = writeln!(self.s, "## Project targets (issue 6)\n");
@@ -415,6 +443,7 @@ fn summary(
     m.header();
     m.saturation_table();
     m.costs_table();
+    m.economy_table();
     m.targets();
     m.variants_and_failures();
     m.trace_and_workloads(trace);

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::economy::Economy;
 use super::measure::CpuSplit;
 use super::variants::Variant;
 use super::workload::Workload;
@@ -27,6 +28,9 @@ pub struct Point {
     /// Utilisation of the TCP server's cores (tcps variants).
     pub server_cores: Option<CpuSplit>,
     pub syscalls_per_req: Option<f64>,
+    /// The TCP server's system calls, wakes and heap allocations per
+    /// request (tcps variants; its `tcps stat` counters around the point).
+    pub server_economy: Option<Economy>,
 }
 
 /// One variant in one workload.
@@ -56,6 +60,8 @@ pub struct Curve {
     /// Channel round trips the host waited on per request served, over the
     /// whole curve (the web server's counters at exit).
     pub round_trips_per_req: Option<f64>,
+    /// The TCP server's economy at the saturation point.
+    pub server_economy: Option<Economy>,
 }
 
 impl Curve {
@@ -79,6 +85,7 @@ impl Curve {
             syscalls_per_req: None,
             bytes_copied_per_network_byte: None,
             round_trips_per_req: None,
+            server_economy: None,
         }
     }
 
@@ -97,6 +104,7 @@ impl Curve {
             self.host_cpu_us_per_req = Some(s.host_cpu_us_per_req);
             self.server_cpu_us_per_req = s.server_cpu_us_per_req;
             self.total_cpu_us_per_req = Some(s.total_cpu_us_per_req);
+            self.server_economy = s.server_economy;
         }
         self.syscalls_per_req = self
             .points

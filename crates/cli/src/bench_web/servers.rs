@@ -20,6 +20,8 @@ pub struct Servers {
     pub tcps: Option<Proc>,
     pub web: Proc,
     pub web_log: PathBuf,
+    /// The TCP server's control socket (tcps variants).
+    pub tcps_socket: Option<PathBuf>,
 }
 
 impl Servers {
@@ -84,6 +86,7 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
     if v.nginx {
         let web = start_nginx(env, w, &cores, &sock, &log)?;
         return Ok(Servers {
+            tcps_socket: server.as_ref().map(|_| sock.clone()),
             tcps: server,
             web,
             web_log: log,
@@ -125,6 +128,7 @@ pub fn start(env: &Env, w: &Workload, v: &Variant) -> Result<Servers, Error> {
             .unwrap_or(false))
     })?;
     Ok(Servers {
+        tcps_socket: server.as_ref().map(|_| sock.clone()),
         tcps: server,
         web,
         web_log: log,

@@ -18,7 +18,7 @@ use tcps_proto::handshake::{Welcome, HELLO_LEN};
 use tcps_proto::msg::{ArenaRange, PollEntry};
 use tcps_proto::region::ChannelRef;
 use tcps_proto::ring::ServerCursor;
-use tcps_proto::{futex, Call, Completion, Layout, Region};
+use tcps_proto::{wake_batch, Call, Completion, Layout, Region};
 
 /// `shutdown` with this `how` is answered only after [`SLOW_DELAY`] (tests
 /// the host's futex sleep and the server's wake).
@@ -465,7 +465,7 @@ fn serve_host(s: &Shared, st: &mut State, h: &mut Host) -> bool {
                 continue;
             };
             if cursor.complete(&ch, &c).unwrap() {
-                futex::wake_all(&ch.ctl().cq_tail);
+                wake_batch::wake_all(&ch.ctl().cq_tail);
             }
         }
         // Threads that found the request ring full wait for room.
@@ -934,7 +934,7 @@ fn pump(sh: &Shared, st: &mut State, region: &Region) -> bool {
             did = true;
             fence(Ordering::SeqCst);
             if ctl.host_waiting.load(Ordering::Relaxed) != 0 {
-                futex::wake_all(&ctl.tail);
+                wake_batch::wake_all(&ctl.tail);
             }
         }
     }

@@ -63,9 +63,22 @@ impl<'a> AcceptRingProducer<'a> {
     }
 
     /// Publishes the records before `tail` (one store for a batch) and wakes
-    /// a sleeping host thread. Returns whom it found waiting.
-    pub fn publish(&self, tail: u32) -> recv::Woke {
-        recv::publish(self.ctl(), self.inner.ring().log_entry(), tail, None)
+    /// sleeping host threads, at most `records` of them (the records new
+    /// since the last wake): as the kernel wakes one blocked `accept` per
+    /// connection, not every thread blocked on the listener (64 threads
+    /// woken per connection would each take the core and go back to
+    /// sleep). A woken thread always takes a record if one is there
+    /// before it sleeps again; doorbell sleepers (poll) are all rung, as
+    /// the kernel wakes every poller. Returns whom it found waiting.
+    pub fn publish(&self, tail: u32, records: u32) -> recv::Woke {
+        let threads = records.clamp(1, i32::MAX as u32) as i32;
+        recv::publish_waking(
+            self.ctl(),
+            self.inner.ring().log_entry(),
+            tail,
+            None,
+            threads,
+        )
     }
 
     /// At capacity: publish `tail`, `paused = 1`, fence, re-read `head`
@@ -197,7 +210,7 @@ mod tests {
                 tail = tail.wrapping_add(ACCEPT_RECORD_SIZE);
             }
             assert!(c.take(&mut cur).is_none(), "unpublished");
-            p.publish(tail);
+            p.publish(tail, 3);
             for k in 0..3 {
                 let (got, kick) = c.take(&mut cur).unwrap();
                 assert_eq!(got, rec(round * 3 + k));
@@ -217,7 +230,7 @@ mod tests {
         let mut cur = c.start();
         let seen = c.ring().tail();
         p.write(0, &rec(1));
-        p.publish(ACCEPT_RECORD_SIZE);
+        p.publish(ACCEPT_RECORD_SIZE, 1);
         assert!(c.take_before(&mut cur, seen).is_none());
         assert_eq!(cur.consumed, 0, "nothing consumed");
         let (got, _) = c.take_before(&mut cur, c.ring().tail()).unwrap();
@@ -233,7 +246,7 @@ mod tests {
         for i in 0..4 {
             p.write(i * 64, &rec(i));
         }
-        p.publish(256);
+        p.publish(256, 1);
         ring.ctl().head.store(70, O::Release);
         assert_eq!(p.look(256, 0), (192, 64));
         ring.ctl().head.store(9999, O::Release);
@@ -295,7 +308,7 @@ mod tests {
                 std::thread::yield_now();
             }
             p.write(0, &rec(42));
-            p.publish(ACCEPT_RECORD_SIZE);
+            p.publish(ACCEPT_RECORD_SIZE, 1);
             assert_eq!(h.join().unwrap(), rec(42));
         });
     }

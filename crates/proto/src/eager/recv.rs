@@ -59,6 +59,18 @@ pub(crate) fn publish(
     tail: u32,
     end: Option<Result<(), i32>>,
 ) -> Woke {
+    publish_waking(ctl, log, tail, end, i32::MAX)
+}
+
+/// [`publish`], waking at most `threads` of the threads sleeping on
+/// `tail` (an accept ring wakes one per new connection).
+pub(crate) fn publish_waking(
+    ctl: &RecvRingCtl,
+    log: Option<LogEntry<'_>>,
+    tail: u32,
+    end: Option<Result<(), i32>>,
+    threads: i32,
+) -> Woke {
     ctl.tail.store(tail, Ordering::Release);
     match end {
         Some(Ok(())) => ctl.end.store(END_EOF, Ordering::Release),
@@ -68,7 +80,7 @@ pub(crate) fn publish(
         }
         None => {}
     }
-    wake_if_waiting(ctl, log)
+    wake_some(ctl, log, threads)
 }
 
 /// Appends the ring to the ready log (if given), then the Dekker half
@@ -79,6 +91,11 @@ pub(crate) fn publish(
 /// on the ring or on the log) are only reported: the server rings their
 /// host's doorbell once for the whole pass.
 pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> Woke {
+    wake_some(ctl, log, i32::MAX)
+}
+
+/// [`wake_if_waiting`], waking at most `threads` futex sleepers.
+fn wake_some(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>, threads: i32) -> Woke {
     if let Some(l) = log {
         ready_log::append(l.log, l.id);
     }
@@ -88,7 +105,7 @@ pub(crate) fn wake_if_waiting(ctl: &RecvRingCtl, log: Option<LogEntry<'_>>) -> W
         woke.join(ready_log::sleepers(l.log));
     }
     if woke.thread {
-        sync::wake_all(&ctl.tail);
+        sync::wake(&ctl.tail, threads);
     }
     woke
 }

@@ -9,6 +9,7 @@ use super::eager::{self, pull, setup};
 use super::sendq::queue;
 use super::sendq::uring::Submit;
 use crate::admission;
+use crate::engine::Keep;
 use crate::guard;
 use crate::host::{Host, Parked};
 use crate::sys::{self, RawAddr};
@@ -187,7 +188,7 @@ fn connect_op(cx: &mut Ctx<'_>, host: &mut Host, sid: u32, fd: i32, addr: &[u8])
     // completion is reaped (moving the box does not move it).
     if !unsafe {
         cx.engine
-            .submit_connect(fd, ptr, len, token, Box::new(addr))
+            .submit_connect(fd, ptr, len, token, Keep::Boxed(addr))
     } {
         return false;
     }

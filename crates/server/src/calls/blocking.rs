@@ -277,13 +277,19 @@ pub fn on_socket_ready(cx: &mut Ctx<'_>, host: &mut Host, sid: usize, gen: u16, 
 /// (see `on_socket_ready`); called every sweep.
 pub(crate) fn rearm_deferred(cx: &mut Ctx<'_>, host: &mut Host) -> usize {
     let hkey = cx.hkey;
-    let later = std::mem::take(&mut host.rearm_later);
+    let mut later = std::mem::take(&mut host.rearm_later);
     for &sid in &later {
         if let Some(sock) = host.any_socket_mut(sid) {
             rearm(cx.engine, hkey, sid, sock);
         }
     }
-    later.len()
+    let n = later.len();
+    if host.rearm_later.is_empty() {
+        // Back with its room (no allocation at the next deferral).
+        later.clear();
+        host.rearm_later = later;
+    }
+    n
 }
 
 /// SO_RCVTIMEO / SO_SNDTIMEO expired for a parked call: it returns what it

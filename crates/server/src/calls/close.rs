@@ -8,7 +8,7 @@ use super::finish::finish;
 use super::poll;
 use super::sendq::queue;
 use crate::engine::Engine;
-use crate::host::Host;
+use crate::host::{Host, SPARE_QUEUES};
 use std::os::fd::{AsRawFd, OwnedFd};
 use tracing::debug;
 
@@ -25,17 +25,28 @@ pub(crate) fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res 
     // buffer, the call returns now and the data still goes out; the socket
     // closes for real when its last job finished. Other parked calls end.
     s.closing = true;
-    let readers = std::mem::take(&mut s.readers);
-    let (jobs, others): (Vec<_>, Vec<_>) = s.writers.drain(..).partition(|p| p.job.is_some());
-    s.writers.extend(jobs);
     let pollers = std::mem::take(&mut s.pollers);
-    for p in readers.iter().chain(others.iter()) {
-        finish(host, p, Err(libc::EBADF));
+    // Its other parked calls (reads, and a shutdown or send parked among
+    // the jobs) end, one at a time (no list of them: nothing allocated);
+    // the jobs keep their order and their queue.
+    while let Some(p) = take_non_job(host, sock) {
+        finish(host, &p, Err(libc::EBADF));
     }
     for (pkey, _) in pollers {
         poll::recheck(host, pkey);
     }
     Ok((0, 0))
+}
+
+/// Socket `sock`'s first parked call that is not a send-queue job.
+fn take_non_job(host: &mut Host, sock: u32) -> Option<crate::host::Parked> {
+    // `any_`: the socket is `closing` already.
+    let s = host.any_socket_mut(sock)?;
+    if let Some(p) = s.readers.pop_front() {
+        return Some(p);
+    }
+    let i = s.writers.iter().position(|p| p.job.is_none())?;
+    s.writers.remove(i)
 }
 
 /// Closes a socket now: answers its parked calls with EBADF, frees its
@@ -49,6 +60,12 @@ pub(crate) fn finalize_close(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) {
     crate::admission::release(host, &cx.shared.conns_per_addr, &s.admitted);
     for p in s.readers.iter().chain(s.writers.iter()) {
         finish(host, p, Err(libc::EBADF));
+    }
+    let (mut readers, mut writers) = (s.readers, s.writers);
+    if readers.capacity() + writers.capacity() > 0 && host.spare_queues.len() < SPARE_QUEUES {
+        readers.clear();
+        writers.clear();
+        host.spare_queues.push((readers, writers));
     }
     // Its waits and operations end with it (`Engine::close`).
     crate::closer::close_socket(cx.engine, s.fd, s.may_linger);

@@ -78,13 +78,17 @@ pub fn complete(host: &mut Host, ch: u32, user_data: u64, op: Op, res: Res) {
 /// `cq_tail`, fenced and saw `host_waiting` before this; only the wake is
 /// later (by the rest of the pass).
 pub fn wake_owed(host: &mut Host) {
-    for ch in std::mem::take(&mut host.wakes_owed) {
-        if let Some(chan) = host.region.channel(ch) {
+    // By index, then cleared: the list keeps its room (no allocation at
+    // the next pass's first completion).
+    for i in 0..host.wakes_owed.len() {
+        if let Some(chan) = host.region.channel(host.wakes_owed[i]) {
             host.stats.wakes += 1;
-            sys::count(1);
+            // Deferred on the worker's thread: the engine makes it (and
+            // counts a system call if it is one).
             ServerCursor::wake_host(&chan);
         }
     }
+    host.wakes_owed.clear();
 }
 
 /// Admission control per host: EMFILE once the host holds its quota of sockets.
@@ -134,9 +138,12 @@ pub(crate) fn insert_socket(
 ) -> Result<u32, i32> {
     check_quota(cfg, host)?;
     host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
-    let id = host
-        .sockets
-        .insert(Sock::new(fd, host.next_gen, nonblocking));
+    let mut sock = Sock::new(fd, host.next_gen, nonblocking);
+    if let Some((readers, writers)) = host.spare_queues.pop() {
+        // A closed socket's queues, with their room (connection caching).
+        (sock.readers, sock.writers) = (readers, writers);
+    }
+    let id = host.sockets.insert(sock);
     if let Some(s) = host.sockets.get_mut(id) {
         s.policy = cfg.eager;
     }

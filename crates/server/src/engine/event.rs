@@ -2,10 +2,10 @@
 //! and its [`Event`] (in a file of their own, so `epoll` and `uring` need
 //! not import the module that chooses between them).
 
-use std::cell::UnsafeCell;
+use super::keep::{AcceptSlot, Keep};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which engine to run.
@@ -25,11 +25,6 @@ pub struct Event {
     pub res: i32,
 }
 
-/// What an operation in flight keeps alive until its completion has been
-/// reaped: the mapping the kernel reads from or writes into (a host that
-/// goes away meanwhile cannot unmap it under the kernel).
-pub type Keep = Box<dyn std::any::Any + Send>;
-
 /// A send the kernel executes after submission (io_uring `IORING_OP_SEND`,
 /// or `IORING_OP_SENDMSG` for more than one buffer): the buffers `msg`
 /// names on socket `fd`, waiting for room if need be.
@@ -40,60 +35,12 @@ pub struct SendOp {
     pub flags: i32,
 }
 
-/// Where an accept operation (`Engine::submit_accept`) puts the peer's
-/// address and, once its completion is reaped, the connection: shared by
-/// the engine (until the completion) and the accept ring that waits for
-/// it, so neither the kernel's write nor the new descriptor outlives it
-/// (a slot nobody takes closes its connection when the last holder drops it).
-pub struct AcceptSlot {
-    addr: UnsafeCell<libc::sockaddr_storage>,
-    len: UnsafeCell<libc::socklen_t>,
-    conn: Mutex<Option<OwnedFd>>,
-}
-
-// SAFETY: the kernel writes `addr` and `len` between the submission and the
-// completion; they are read only after the completion was reaped (`take`),
-// on the worker thread that owns the engine, and never written by it.
-unsafe impl Sync for AcceptSlot {}
-// SAFETY: as above; the cells hold plain data.
-unsafe impl Send for AcceptSlot {}
-
-impl std::fmt::Debug for AcceptSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AcceptSlot").finish_non_exhaustive()
-    }
-}
-
-impl AcceptSlot {
-    pub fn new() -> Arc<AcceptSlot> {
-        Arc::new(AcceptSlot {
-            // SAFETY: a zeroed sockaddr_storage is valid.
-            addr: UnsafeCell::new(unsafe { std::mem::zeroed() }),
-            len: UnsafeCell::new(std::mem::size_of::<libc::sockaddr_storage>() as _),
-            conn: Mutex::new(None),
-        })
-    }
-
-    /// The kernel's pointers for an accept.
-    pub(super) fn ptrs(&self) -> (*mut libc::sockaddr, *mut libc::socklen_t) {
-        (self.addr.get() as *mut libc::sockaddr, self.len.get())
-    }
-
-    /// The engine reaped the accept: it returned descriptor `fd`.
-    pub(super) fn set_conn(&self, fd: OwnedFd) {
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(fd);
-    }
-
-    /// The connection and the peer's address (its bytes, at most the
-    /// storage), once the completion was reaped; `None` before or if it
-    /// failed.
-    pub fn take(&self) -> Option<(OwnedFd, libc::sockaddr_storage, libc::socklen_t)> {
-        let fd = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        // SAFETY: the completion was reaped (`conn` is set only then): the
-        // kernel no longer writes the cells.
-        let (addr, len) = unsafe { (*self.addr.get(), *self.len.get()) };
-        let max = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        Some((fd, addr, len.min(max)))
+/// `futex(2)` wakes for `wakes` (see `Engine::wake_futexes`), one system
+/// call each.
+pub fn wake_now(wakes: &[(usize, i32)]) {
+    for &(addr, n) in wakes {
+        crate::sys::count(1);
+        tcps_proto::wake_batch::wake_now(addr, n);
     }
 }
 
@@ -117,6 +64,16 @@ pub trait Engine: Send {
     /// watched although it arrived first: events out of arrival order
     /// (issue 14 item 7). Engines that arm at once have nothing to do.
     fn flush(&mut self) {}
+    /// Wakes the futex waiters `wakes` lists — (address of a word in a
+    /// host's region, how many) — the wakes the worker deferred
+    /// (`tcps_proto::wake_batch::defer`): io_uring queues them as
+    /// `FUTEX_WAKE` operations submitted with the pass's batch (no system
+    /// call of their own); elsewhere one `futex(2)` each. Memory: a wake
+    /// only uses the address as a key (the worker makes them before it
+    /// unmaps a region).
+    fn wake_futexes(&mut self, wakes: &[(usize, i32)]) {
+        wake_now(wakes)
+    }
     /// Whether urgent (MSG_OOB) data only wakes a wait that includes
     /// POLLIN (io_uring's poll is not woken for POLLPRI alone; epoll is).
     fn urgent_needs_pollin(&self) -> bool {

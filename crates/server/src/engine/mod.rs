@@ -22,10 +22,12 @@
 
 mod epoll;
 mod event;
+mod keep;
 mod uring;
 
 pub use epoll::EpollEngine;
-pub use event::{AcceptSlot, Engine, EngineKind, Event, Keep, SendOp};
+pub use event::{Engine, EngineKind, Event, SendOp};
+pub use keep::{AcceptSlot, Keep, Mapped, SendBuffers};
 pub use uring::UringEngine;
 
 use std::io;

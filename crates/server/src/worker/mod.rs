@@ -68,6 +68,10 @@ pub struct Worker {
     timers: Timers,
     next_serial: u64,
     events: Vec<Event>,
+    /// The wakes taken from `proto::futex` for the engine (kept for its room).
+    deferred_wakes: Vec<(usize, i32)>,
+    /// `arrival_order`'s scratch: (arrival, position, event).
+    keyed_events: Vec<(u64, usize, Event)>,
     next_sweep: Instant,
     next_hot_poll: Instant,
     /// When the hosts' snapshots are next published (`tcps stat`), and
@@ -108,6 +112,8 @@ impl Worker {
             timers: Timers::new(),
             next_serial: 0,
             events: Vec::new(),
+            keyed_events: Vec::new(),
+            deferred_wakes: Vec::new(),
             next_sweep: Instant::now(),
             next_hot_poll: Instant::now(),
             next_publish: Instant::now(),
@@ -129,6 +135,9 @@ impl Worker {
             poll = crate::config::poll_name(self.cfg.poll),
             "worker running"
         );
+        // Wakes of host threads are made by the engine, with the pass's
+        // batch (`submit_wakes`).
+        tcps_proto::wake_batch::defer(true);
         let mut last_work = Instant::now();
         let mut next_engine_poll = Instant::now();
         // Whether the last pass found no work.
@@ -139,8 +148,9 @@ impl Worker {
             }
             let mut work = self.scan_channels();
             if work > 0 {
-                // The threads sleeping for these completions wake now, not
-                // after the engine's events and the other work of the pass.
+                // The threads sleeping for these completions are woken with
+                // the pass's first submission (the engine harvest below, or
+                // the flush at its end), not after the whole pass's work.
                 self.wake_hosts();
             }
             if self.hosts.iter().any(|(_, h)| !h.polls_to_start.is_empty()) {
@@ -271,7 +281,7 @@ impl Worker {
     /// host threads sleeping on channels that got completions (once per
     /// channel), and the host doorbell of every host a ring or queue
     /// publish found a doorbell sleeper of.
-    fn wake_hosts(&mut self) {
+    fn wake_hosts(&mut self) -> bool {
         for (_, h) in self.hosts.iter_mut() {
             if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
@@ -281,6 +291,20 @@ impl Worker {
                 h.stats.doorbell_rings += u64::from(h.host_doorbell.ring(owed));
             }
         }
+        self.submit_wakes()
+    }
+
+    /// Hands the futex wakes this thread deferred (completions, ring and
+    /// queue publishes) to the engine: queued with the pass's batch, made
+    /// by its next submission (`flush`, `wait`). Called before every wait
+    /// and before a host's region may be unmapped. Whether there were any.
+    fn submit_wakes(&mut self) -> bool {
+        tcps_proto::wake_batch::take(&mut self.deferred_wakes);
+        if self.deferred_wakes.is_empty() {
+            return false;
+        }
+        self.engine.wake_futexes(&self.deferred_wakes);
+        true
     }
 
     /// Starts the polls the hosts asked for in this pass.
@@ -336,6 +360,7 @@ impl Worker {
 
     /// Collects engine events and handles them; returns how many.
     fn poll_engine(&mut self, timeout: Option<Duration>) -> usize {
+        self.submit_wakes();
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         if let Err(e) = self.engine.wait(timeout, &mut events) {
@@ -357,10 +382,12 @@ impl Worker {
     /// host could otherwise see a later arrival before an earlier one on
     /// another socket (issue 14 item 7). One peek per socket event, and
     /// only in harvests of two or more.
-    fn arrival_order(&self, events: &mut [Event]) {
+    fn arrival_order(&mut self, events: &mut [Event]) {
         if events.len() < 2 {
             return;
         }
+        // The worker's own scratch vector: no allocation per harvest.
+        let mut keyed = std::mem::take(&mut self.keyed_events);
         let key = |ev: &Event| -> u64 {
             let Some(Token::Socket { host, sock, .. }) = Token::decode(ev.token) else {
                 return 0;
@@ -374,11 +401,15 @@ impl Worker {
                 .and_then(|s| sys::arrival_ns(s.fd.as_raw_fd()))
                 .unwrap_or(0)
         };
-        let mut keyed: Vec<(u64, Event)> = events.iter().map(|e| (key(e), *e)).collect();
-        keyed.sort_by_key(|k| k.0);
-        for (e, k) in events.iter_mut().zip(keyed) {
-            *e = k.1;
+        keyed.clear();
+        keyed.extend(events.iter().enumerate().map(|(i, e)| (key(e), i, *e)));
+        // Unstable, by (arrival, position): as stable as a stable sort,
+        // without its scratch buffer.
+        keyed.sort_unstable_by_key(|k| (k.0, k.1));
+        for (e, k) in events.iter_mut().zip(&keyed) {
+            *e = k.2;
         }
+        self.keyed_events = keyed;
     }
 
     fn handle_event(&mut self, ev: Event) {
@@ -549,6 +580,9 @@ impl Worker {
             self.awake.removed(hkey);
             let sockets = host.sockets.len();
             calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
+            // Its sleepers' wakes are made while its region is mapped.
+            self.submit_wakes();
+            self.engine.flush();
             self.engine.forget(host.control.as_raw_fd(), 0);
             self.engine.forget(host.doorbell.as_raw_fd(), 0);
             self.shared.stats.detach(&host);
@@ -604,6 +638,10 @@ impl Worker {
     }
 
     fn shutdown(&mut self) {
+        // Wakes at once from here: every region is unmapped in this loop.
+        self.submit_wakes();
+        self.engine.flush();
+        tcps_proto::wake_batch::defer(false);
         for hkey in self.hosts.keys() {
             if let Some(mut host) = self.hosts.remove(hkey) {
                 host.region

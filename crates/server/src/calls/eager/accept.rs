@@ -151,7 +151,9 @@ pub(crate) fn publish_moved(
                 st.since = Arrival::next(&mut host.arrivals);
                 ring.stamp(st.since.seq);
             }
-            let woke = ring.publish(st.tail);
+            // One sleeping thread woken per record written since `start`.
+            let records = st.tail.wrapping_sub(start) / ACCEPT_RECORD_SIZE;
+            let woke = ring.publish(st.tail, records);
             host.stats.count_woke(woke);
         }
     }

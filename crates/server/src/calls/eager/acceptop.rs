@@ -222,7 +222,8 @@ fn submit(
                 break;
             }
         }
-        let slot = AcceptSlot::new();
+        // A slot an earlier accept left (connection caching), else new.
+        let slot = st.spare_slots.pop().unwrap_or_else(AcceptSlot::new);
         let t = token(cx.hkey, lid, l.gen, seq);
         if !cx.engine.submit_accept(l.fd, slot.clone(), personality, t) {
             return; // readiness then (the ring is armed for POLLIN)
@@ -289,6 +290,9 @@ pub(crate) fn on_accepted(
         .recv_ring(lid)
         .is_some_and(|r| AcceptRingProducer::new(r).look(st.tail, st.consumed).0 == 0);
     apply(cx, host, lid, &l, &mut st, &slot, res);
+    if st.spare_slots.len() < MAX_IN_FLIGHT {
+        st.spare_slots.extend(AcceptSlot::recycle(slot));
+    }
     let published = if st.paused {
         publish_moved(host, lid, &mut st, start, was_empty)
     } else {

@@ -93,6 +93,8 @@ pub struct AcceptRing {
     /// Accepts in flight at the engine (io_uring: `acceptop`), by their
     /// number: each has one record's room kept for it.
     pub(crate) inflight: Vec<(u8, Arc<AcceptSlot>)>,
+    /// Slots of accepts that completed, for the next ones (`acceptop`).
+    pub(crate) spare_slots: Vec<Arc<AcceptSlot>>,
     /// Connections accepted by the engine while their host was at its
     /// socket quota: kept, as the kernel's backlog would keep them, and
     /// published first when the host asks again.

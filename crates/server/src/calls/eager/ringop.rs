@@ -90,7 +90,7 @@ fn submit(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) -> bool {
             p,
             n as u32,
             token(cx.hkey, sid, gen, seq),
-            Box::new(keep),
+            crate::engine::Keep::Mapped(keep),
         )
     };
     if !sent {

@@ -90,20 +90,19 @@ pub fn poll_queues(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
         }
         i += 1;
     }
-    if !host.cooling.is_empty() {
-        let due: Vec<u32> = host
-            .cooling
-            .iter()
-            .filter(|&&(_, at)| now >= at)
-            .map(|&(q, _)| q)
-            .collect();
-        host.cooling.retain(|&(_, at)| now < at);
-        for q in due {
-            if let Some(sid) = host.queues[q as usize].owner {
-                if has_new(host, q) {
-                    make_hot(host, q, now);
-                    work += ingest(cx, host, sid);
-                }
+    // Second looks that are due, taken out one by one (no list of them:
+    // no allocation per pass).
+    let mut k = 0;
+    while let Some(&(q, at)) = host.cooling.get(k) {
+        if now < at {
+            k += 1;
+            continue;
+        }
+        host.cooling.swap_remove(k);
+        if let Some(sid) = host.queues[q as usize].owner {
+            if has_new(host, q) {
+                make_hot(host, q, now);
+                work += ingest(cx, host, sid);
             }
         }
     }

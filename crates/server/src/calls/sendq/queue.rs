@@ -213,9 +213,15 @@ pub(crate) fn cool(host: &mut Host, q: u32, now: Instant) -> bool {
 /// all (do not sleep) and the earliest second look due.
 pub fn prepare_sleep(host: &mut Host, now: Instant) -> (bool, Option<Instant>) {
     let mut pending = false;
-    for q in host.hot.clone() {
+    // By index (no copy of the list): `cool` takes a queue that goes cold
+    // out of `hot`, keeping the order of the others.
+    let mut i = 0;
+    while let Some(&q) = host.hot.get(i) {
         if cool(host, q, now) {
             pending = true;
+        }
+        if host.hot.get(i) == Some(&q) {
+            i += 1;
         }
     }
     let next = host.cooling.iter().map(|&(_, at)| at).min();

@@ -16,7 +16,7 @@
 //! (`attempt::try_send`): the same semantics, the completion emulated.
 
 use crate::calls::common::{Ctx, Res};
-use crate::engine::{Keep, SendOp};
+use crate::engine::{Keep, Mapped, SendBuffers, SendOp};
 use crate::host::{Host, Parked};
 use crate::token::Token;
 use std::os::fd::AsRawFd;
@@ -35,22 +35,9 @@ pub(crate) enum Submit {
     Done(Res),
 }
 
-/// One send's buffers and what keeps them mapped, alive until its
-/// completion is reaped (the engine holds it as the `Keep`).
-struct Batch {
-    _maps: Vec<Keep>,
-    iov: Vec<libc::iovec>,
-    msg: libc::msghdr,
-}
-
-// SAFETY: the raw pointers name the mappings `_maps` holds (and `iov`,
-// owned here); nothing dereferences them but the kernel, and the value
-// only moves between the worker's own structures.
-unsafe impl Send for Batch {}
-
 /// The registered range of byte job `p` not yet sent, and what keeps it
 /// mapped; `None` if it is not a byte job or its range does not resolve.
-fn rest_of(host: &Host, p: &Parked) -> Option<(libc::iovec, Keep)> {
+fn rest_of(host: &Host, p: &Parked) -> Option<(libc::iovec, Mapped)> {
     let Call::SendReg { data, .. } = p.call else {
         return None;
     };
@@ -88,12 +75,11 @@ pub(crate) fn submit(
     let Some((first, keep)) = rest_of(host, p) else {
         return Submit::Done(Err(libc::EFAULT));
     };
-    let mut b = Batch {
-        _maps: vec![keep],
-        iov: vec![first],
-        // SAFETY: a zeroed msghdr is valid; its iovecs are set below.
-        msg: unsafe { std::mem::zeroed() },
-    };
+    // The header, vectors and mappings of one send, from the worker's
+    // pool (`SendBuffers`): held as the `Keep` until the completion.
+    let mut b = SendBuffers::take();
+    b.parts().iov.push(first);
+    b.parts().maps.push(keep);
     let mut flags = flags;
     if let Some(s) = host.sockets.get(sid as usize) {
         // Byte jobs queued behind it whose descriptors were valid (a
@@ -108,14 +94,12 @@ pub(crate) fn submit(
             let Some((iov, keep)) = rest_of(host, q) else {
                 break;
             };
-            b.iov.push(iov);
-            b._maps.push(keep);
+            b.parts().iov.push(iov);
+            b.parts().maps.push(keep);
             flags = f; // MSG_MORE as the last one carried asks
         }
     }
-    let mut b = Box::new(b);
-    b.msg.msg_iov = b.iov.as_mut_ptr();
-    b.msg.msg_iovlen = b.iov.len() as _;
+    let msg = b.seal();
     let hkey = cx.hkey;
     let Some(s) = host.sockets.get_mut(sid as usize) else {
         return Submit::Done(Err(libc::EBADF));
@@ -129,7 +113,7 @@ pub(crate) fn submit(
     };
     let op = SendOp {
         fd: s.fd.as_raw_fd(),
-        msg: &b.msg,
+        msg,
         // Not MSG_DONTWAIT: a full socket makes the kernel wait for room
         // (its own poll), not fail the send. MSG_WAITALL: io_uring goes on
         // after a short send by itself (one completion per send, however
@@ -137,10 +121,9 @@ pub(crate) fn submit(
         // bytes, and the resubmitted rest gets the error.
         flags: (flags | libc::MSG_NOSIGNAL | libc::MSG_WAITALL) & !libc::MSG_DONTWAIT,
     };
-    // SAFETY: the box holds the msghdr, its iovecs and the mappings they
-    // name (resolved above) at stable addresses until the completion is
-    // reaped.
-    if !unsafe { cx.engine.submit_send(op, token.encode(), b) } {
+    // SAFETY: `b` holds the msghdr, its iovecs and the mappings they name
+    // (resolved above) at stable addresses until the completion is reaped.
+    if !unsafe { cx.engine.submit_send(op, token.encode(), Keep::Send(b)) } {
         return Submit::Syscall;
     }
     s.op_seq = seq;

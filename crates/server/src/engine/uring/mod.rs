@@ -17,7 +17,8 @@
 //! `Keep` until its completion has been reaped (also when `forget` cancelled
 //! it because its socket closes or its host went away).
 
-use super::event::{AcceptSlot, Engine, Event, Keep, SendOp};
+use super::event::{Engine, Event, SendOp};
+use super::keep::{AcceptSlot, Keep};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
@@ -79,6 +80,8 @@ pub struct UringEngine {
     /// Socket options can be set by operations (`set_option_int`; the
     /// kernel has `SOCKET_URING_OP_SETSOCKOPT`, probed at start).
     sockopt_ops: bool,
+    /// Futex wakes are operations (`IORING_OP_FUTEX_WAKE`, 6.7; probed).
+    futex_ops: bool,
     next_quiet: u64,
     /// Registered personalities (credentials accepts run with), by uid.
     personalities: HashMap<u32, u16>,
@@ -117,12 +120,14 @@ impl UringEngine {
             taskrun_flag,
             data_path: std::env::var_os("TCPS_URING_DATA_PATH").is_none_or(|v| v != "off"),
             sockopt_ops: false,
+            futex_ops: false,
             next_quiet: 0,
             personalities: HashMap::new(),
             late_ops: HashMap::new(),
             held_closes: HashMap::new(),
         };
         e.sockopt_ops = e.data_path && e.probe_sockopt();
+        e.futex_ops = e.data_path && e.probe_op(opcode::FutexWake::CODE);
         Ok(e)
     }
 
@@ -239,7 +244,7 @@ impl UringEngine {
                         }
                     }
                 }
-                if let (Some(slot), true) = (keep.downcast_ref::<Arc<AcceptSlot>>(), res >= 0) {
+                if let (Keep::Accept(slot), true) = (&keep, res >= 0) {
                     // An accept's connection: the slot owns it from now
                     // (closed with it if nobody takes it).
                     // SAFETY: the kernel just returned this new descriptor.
@@ -369,7 +374,7 @@ impl Engine for UringEngine {
         }
         // SAFETY: the slot's cells stay allocated while the `Keep` (a
         // clone of the slot) lives, until the completion is reaped.
-        unsafe { self.push_op(fd, sqe, token, Box::new(slot)) }
+        unsafe { self.push_op(fd, sqe, token, Keep::Accept(slot)) }
     }
 
     unsafe fn submit_connect(
@@ -391,6 +396,15 @@ impl Engine for UringEngine {
 
     fn register_personality(&mut self, uid: u32) -> Option<u16> {
         self.add_personality(uid)
+    }
+
+    fn wake_futexes(&mut self, wakes: &[(usize, i32)]) {
+        if !self.futex_ops {
+            return super::event::wake_now(wakes);
+        }
+        for &(addr, n) in wakes {
+            self.futex_wake_op(addr, n);
+        }
     }
 
     fn set_option_int(&mut self, fd: RawFd, level: i32, name: i32, value: i32) -> bool {

@@ -5,7 +5,7 @@
 //! credentials accepts run with), and int socket options set without waiting
 //! (`SOCKET_URING_OP_SETSOCKOPT`, a quiet operation that holds its value).
 
-use super::{UringEngine, CANCEL_TAG, QUIET_TAG};
+use super::{Keep, UringEngine, CANCEL_TAG, QUIET_TAG};
 use io_uring::{opcode, types};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
@@ -48,7 +48,7 @@ impl UringEngine {
     pub(super) fn shutdown_op(&mut self, fd: RawFd, how: i32, token: u64) -> bool {
         let sqe = opcode::Shutdown::new(types::Fd(fd), how).build();
         // SAFETY: a shutdown names no memory.
-        let queued = unsafe { self.push_op(fd, sqe, token, Box::new(())) };
+        let queued = unsafe { self.push_op(fd, sqe, token, Keep::Nothing) };
         if queued {
             self.late_ops.insert(token, fd);
         }
@@ -63,14 +63,14 @@ impl UringEngine {
         }
         let ops = &self.ops;
         self.late_ops.retain(|t, _| ops.contains_key(t));
-        let late = &self.late_ops;
-        let done: Vec<RawFd> = self
+        // One at a time (no list of them: nothing allocated per reap); a
+        // close whose shutdowns are done is not held again.
+        while let Some(fd) = self
             .held_closes
             .keys()
             .copied()
-            .filter(|fd| !late.values().any(|f| f == fd))
-            .collect();
-        for fd in done {
+            .find(|fd| !self.late_ops.values().any(|f| f == fd))
+        {
             if let Some(fd) = self.held_closes.remove(&fd) {
                 self.close_op(fd);
             }
@@ -85,19 +85,58 @@ impl UringEngine {
     }
 
     pub(super) fn sockopt_op(&mut self, fd: RawFd, level: i32, name: i32, value: i32) -> bool {
-        let v = Box::new(value);
+        // Flags (0 and 1, the options set per connection) point at
+        // constants: nothing to keep, nothing allocated; other values are
+        // boxed and held as the `Keep`.
+        static FLAGS: [i32; 2] = [0, 1];
+        let (ptr, keep) = match value {
+            0 | 1 => (&FLAGS[value as usize] as *const i32, Keep::Nothing),
+            _ => {
+                let v = Box::new(value);
+                (&*v as *const i32, Keep::Boxed(v))
+            }
+        };
         let sqe = opcode::SetSockOpt::new(
             types::Fd(fd),
             level as u32,
             name as u32,
-            &*v as *const i32 as *const libc::c_void,
+            ptr as *const libc::c_void,
             std::mem::size_of::<i32>() as u32,
         )
         .build();
         self.next_quiet = (self.next_quiet + 1) & !(0xf << 60);
-        // SAFETY: the value is boxed and held as the `Keep` until the
+        // SAFETY: the value is static or boxed in `keep`, held until the
         // completion is reaped.
-        unsafe { self.push_op(fd, sqe, QUIET_TAG | self.next_quiet, Box::new(v)) }
+        unsafe { self.push_op(fd, sqe, QUIET_TAG | self.next_quiet, keep) }
+    }
+
+    /// Queues a wake of at most `n` waiters on the futex word at `addr` (a
+    /// shared one: not `FUTEX2_PRIVATE`, so it reaches the host process
+    /// sleeping on its own mapping of the word, as `futex(2)`'s
+    /// `FUTEX_WAKE` does). Its completion is ignored.
+    pub(super) fn futex_wake_op(&mut self, addr: usize, n: i32) {
+        /// futex2 flags: a 32-bit word.
+        const FUTEX2_SIZE_U32: u32 = 0x02;
+        /// Wakes whatever bitset the waiter gave (`FUTEX_WAIT` waits with all).
+        const FUTEX_BITSET_MATCH_ANY: u64 = 0xffff_ffff;
+        let sqe = opcode::FutexWake::new(
+            addr as *const u32,
+            n.max(1) as u64,
+            FUTEX_BITSET_MATCH_ANY,
+            FUTEX2_SIZE_U32,
+        )
+        .build()
+        .user_data(CANCEL_TAG);
+        // SAFETY: a futex wake only uses the address as a key (EFAULT for
+        // an address no longer mapped); it names no memory it reads.
+        let _ = unsafe { self.push(sqe) };
+    }
+
+    /// Whether this kernel has operation `code` (`IORING_REGISTER_PROBE`).
+    pub(super) fn probe_op(&mut self, code: u8) -> bool {
+        let mut probe = io_uring::Probe::new();
+        crate::sys::count(1);
+        self.ring.submitter().register_probe(&mut probe).is_ok() && probe.is_supported(code)
     }
 
     /// Whether this kernel sets socket options by operation: one try on a

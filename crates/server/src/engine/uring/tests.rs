@@ -1,7 +1,7 @@
 //! The io_uring engine's own tests: operations hold their memory, settle,
 //! urgent data, accepts into their slots, shutdown and close.
 
-use super::super::{Engine, EpollEngine, SendOp};
+use super::super::{Engine, EpollEngine, Keep, SendOp};
 use super::UringEngine;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -42,7 +42,7 @@ fn operations_hold_their_memory_until_reaped() {
             buf.as_mut_ptr(),
             64,
             1,
-            Box::new(keep.clone()),
+            Keep::Mapped(keep.clone()),
         )
     };
     assert!(ok);
@@ -68,7 +68,7 @@ fn operations_hold_their_memory_until_reaped() {
         flags: libc::MSG_NOSIGNAL | libc::MSG_WAITALL,
     };
     // SAFETY: msg, iov and the buffers outlive the operation.
-    assert!(unsafe { eng.submit_send(op, 2, Box::new(keep.clone())) });
+    assert!(unsafe { eng.submit_send(op, 2, Keep::Mapped(keep.clone())) });
     eng.flush();
     assert_eq!(completion(&mut eng, 2), 11);
     assert_eq!(Arc::strong_count(&keep), 1);
@@ -85,7 +85,7 @@ fn settle_returns_what_arrived() {
     let mut eng = UringEngine::new().unwrap();
     let mut buf = vec![0u8; 64];
     // SAFETY: `buf` outlives the operation (settled below).
-    assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 9, Box::new(())) });
+    assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 9, Keep::Nothing) });
     eng.flush();
     std::io::Write::write_all(&mut &b, b"abc").unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -97,7 +97,7 @@ fn settle_returns_what_arrived() {
     assert_eq!(eng.settle(9), None, "nothing in flight");
     // Settling a receive that got nothing cancels it.
     // SAFETY: as above.
-    assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 10, Box::new(())) });
+    assert!(unsafe { eng.submit_recv(a.as_raw_fd(), buf.as_mut_ptr(), 64, 10, Keep::Nothing) });
     eng.flush();
     assert_eq!(eng.settle(10), Some(-libc::ECANCELED));
 }
