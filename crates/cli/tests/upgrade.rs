@@ -15,7 +15,9 @@
 //! a new binary that cannot load the state record, and sends that do not
 //! finish (a peer that does not read) — the bytes arrive intact later —,
 //! and a server with remote (fabric) hosts.
-//! Every scenario but the fabric one runs on both engines.
+//! Signals that arrive during an upgrade are kept (SIGTERM stops the new
+//! image cleanly). Every scenario but the fabric and signal ones runs on
+//! both engines.
 
 mod common;
 mod preload;
@@ -583,4 +585,40 @@ fn a_fabric_server_refuses() {
     assert!(!ok, "an upgrade with a fabric listener succeeded: {text}");
     assert!(text.contains("remote hosts"), "{text}");
     new_host_served(&srv);
+}
+
+/// Signals that arrive while the server upgrades are neither lost nor
+/// fatal (SIGUSR2's default action would kill it before the new image has
+/// its handlers): a second SIGUSR2 at once leaves it serving; SIGTERM
+/// right after SIGUSR2 stops it cleanly (status 0, socket file removed).
+#[test]
+fn signals_during_an_upgrade_are_not_lost() {
+    let mut srv = Server::start("uring", &[]);
+    let pid = srv.pid();
+    srv.signal(libc::SIGUSR2);
+    srv.signal(libc::SIGUSR2);
+    let t = Instant::now();
+    while upgrades_done(&srv) < 1 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(srv.is_alive(), "the server died: {}", srv.log_text());
+    assert_eq!(srv.pid(), pid);
+    new_host_served(&srv);
+    srv.signal(libc::SIGUSR2);
+    srv.signal(libc::SIGTERM);
+    // No second SIGTERM: the first must do.
+    let mut child = srv.child.take().unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(10));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        srv.log_text()
+    );
+    assert!(!srv.socket.exists(), "the socket file was not removed");
 }

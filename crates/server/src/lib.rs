@@ -87,6 +87,9 @@ pub fn run(cfg: Config) -> io::Result<()> {
         }
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
+    // Blocked by the old image across an upgrade's exec: pending ones
+    // reach the handlers now.
+    upgrade::exec::signal_mask(libc::SIG_UNBLOCK);
     let server =
         start_with(cfg, inherited).inspect_err(|_| SIGNAL_FD.store(-1, Ordering::SeqCst))?;
     notify_systemd("READY=1");
@@ -209,6 +212,7 @@ impl Server {
             listener: self.listener_fd,
             metrics: self.metrics_fd,
             made_socket_path: self.socket_path.is_some(),
+            pending_signals: &PENDING_SIGNALS,
         }
     }
 

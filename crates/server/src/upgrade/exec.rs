@@ -34,6 +34,9 @@ pub struct Running<'a> {
     pub listener: RawFd,
     pub metrics: Option<RawFd>,
     pub made_socket_path: bool,
+    /// Signals caught and not yet handled (one bit per number): raised
+    /// again, blocked, before the exec, so the new image handles them.
+    pub pending_signals: &'a std::sync::atomic::AtomicU64,
 }
 
 /// The binary this server was started from and its arguments: what an
@@ -106,7 +109,7 @@ fn try_upgrade(run: &Running<'_>, origin: &Origin) -> String {
         upgrades: board.done.load(Ordering::Relaxed),
         workers: records,
     };
-    let why = exec(&record, origin);
+    let why = exec(&record, origin, run.pending_signals);
     resume_workers(run.shared);
     why
 }
@@ -181,7 +184,7 @@ fn resume_workers(shared: &Shared) {
 }
 
 /// Execs the new binary with the record; returns why it could not.
-fn exec(record: &Record, origin: &Origin) -> String {
+fn exec(record: &Record, origin: &Origin, pending: &std::sync::atomic::AtomicU64) -> String {
     let memfd = match record.to_memfd() {
         Ok(fd) => fd,
         Err(e) => return format!("cannot write the state record: {e}"),
@@ -227,12 +230,42 @@ fn exec(record: &Record, origin: &Origin) -> String {
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
+    // The server's signals stay pending across the exec (the mask is
+    // inherited) until the new image has its handlers: a SIGTERM or
+    // another SIGUSR2 meanwhile neither kills it nor is lost.
+    signal_mask(libc::SIG_BLOCK);
+    // Those caught meanwhile (a SIGTERM during the pause): pending for this
+    // thread, which the exec keeps.
+    let caught = pending.swap(0, Ordering::SeqCst);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR2] {
+        if caught & (1 << sig) != 0 {
+            // SAFETY: raise(3) of a blocked signal: it stays pending.
+            unsafe { libc::raise(sig) };
+        }
+    }
     // SAFETY: NUL-terminated strings and arrays that outlive the call; on
     // success it does not return.
     unsafe { libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     let e = std::io::Error::last_os_error();
+    pending.fetch_or(caught, Ordering::SeqCst);
+    signal_mask(libc::SIG_UNBLOCK);
     restore_cloexec(&fds);
     format!("execve {} failed: {e}", origin.exe.display())
+}
+
+/// Blocks (`SIG_BLOCK`) or unblocks the signals the server handles, for
+/// the calling thread (`crate::run` unblocks them once its handlers are in).
+pub fn signal_mask(how: libc::c_int) {
+    // SAFETY: a sigset_t we own, filled by sigemptyset/sigaddset; the old
+    // mask is not wanted.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR2] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
 }
 
 fn restore_cloexec(fds: &[RawFd]) {
