@@ -41,7 +41,15 @@ Who may attach: the control socket is mode 660 (--socket-mode) and belongs to th
 or --socket-group, so root and members of that group attach; everyone else gets EACCES. \
 Use --socket-group GROUP and add the users to GROUP, or --socket-mode 666 to let every local user attach.\n\
 Signals: SIGTERM or SIGINT stop the server (logged with the number of attached hosts); \
-SIGHUP is logged and ignored (the server survives the end of a terminal or SSH session).\n\
+SIGHUP is logged and ignored (the server survives the end of a terminal or SSH session); \
+SIGUSR2 upgrades it in place (as --upgrade).\n\
+Hot upgrade: `tcps server --upgrade [--socket PATH]` asks the running server to exec the binary \
+it was started from (the file at that path now: install the new one there first) in place, same pid, \
+with the same options. It hands over its hosts (channels, registered memory), listeners, connections, \
+receive/accept rings and send queues; calls parked at the server are answered and re-issued by the \
+host library; hosts see a pause. It is refused (the old server keeps running, exit status 1, the reason \
+printed and logged) when the new binary cannot load the state record, remote (fabric) hosts are served, \
+queued sends do not finish within 2 s, or other state it cannot carry is present.\n\
 Logs: RUST_LOG=debug for every refused call and attach."
 )]
 pub struct ServerArgs {
@@ -201,6 +209,15 @@ pub struct ServerArgs {
     /// Read options from a config file (`key = value` lines)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Upgrade the running server (at --socket) in place: it execs the
+    /// binary it was started from, keeping every host and connection
+    /// (see below); exits 0 when done, 1 when refused
+    #[arg(long)]
+    pub upgrade: bool,
+    /// Exit 0 if this binary can load a hot upgrade's state record of
+    /// version N (asked by the running server before it execs this one)
+    #[arg(long, value_name = "N", hide = true)]
+    pub upgrade_check: Option<u32>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -277,7 +294,7 @@ fn config_keys() -> Vec<String> {
     ServerArgs::augment_args(clap::Command::new("server"))
         .get_arguments()
         .filter_map(|a| a.get_long().map(str::to_string))
-        .filter(|k| k != "config" && k != "help")
+        .filter(|k| !["config", "help", "upgrade", "upgrade-check"].contains(&k.as_str()))
         .collect()
 }
 
@@ -423,9 +440,68 @@ fn config(args: ServerArgs) -> Result<Config, String> {
 }
 
 pub fn run(args: ServerArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(v) = args.upgrade_check {
+        if tcps_server::upgrade::can_load(v) {
+            return Ok(());
+        }
+        let mine = tcps_server::upgrade::RECORD_VERSION;
+        eprintln!("tcps: cannot load state record version {v} (this binary: {mine})");
+        std::process::exit(1);
+    }
+    if args.upgrade {
+        return upgrade(&config(args)?.socket_path);
+    }
     init_logging(args.log_level.as_deref(), args.log_format);
     tcps_server::run(config(args)?)?;
     Ok(())
+}
+
+/// `tcps server --upgrade`: SIGUSR2 to the server at `socket` (its pid
+/// from `tcps stat`), then waits for its `server.upgrade` counters to say
+/// done (exit 0) or refused (the reason, exit 1).
+fn upgrade(socket: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let counts = |v: &serde_json::Value| {
+        let u = &v["server"]["upgrade"];
+        (
+            u["done"].as_u64().unwrap_or(0),
+            u["refused"].as_u64().unwrap_or(0),
+        )
+    };
+    let before = crate::stat_cmd::query(socket)?;
+    let pid = before["server"]["pid"].as_u64().unwrap_or(0) as libc::pid_t;
+    let (done, refused) = counts(&before);
+    // SAFETY: kill(2) with a pid the server reported.
+    if pid <= 0 || unsafe { libc::kill(pid, libc::SIGUSR2) } != 0 {
+        return Err(format!(
+            "cannot signal the server (pid {pid}): {}",
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        let Ok(now) = crate::stat_cmd::query(socket) else {
+            continue;
+        };
+        let (d, r) = counts(&now);
+        if d > done {
+            println!(
+                "tcps server (pid {pid}) upgraded in place: {d} upgrades, {} hosts carried",
+                now["server"]["hosts_attached"]
+            );
+            return Ok(());
+        }
+        if r > refused {
+            let why = now["server"]["upgrade"]["last_refusal"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            eprintln!("tcps: upgrade refused, the server (pid {pid}) keeps running: {why}");
+            std::process::exit(1);
+        }
+    }
+    Err("the server did not report the upgrade within 30 s".into())
 }
 
 /// Logs to stderr at `level` (else as RUST_LOG says, else info), as text or

@@ -18,8 +18,9 @@
 //! mid-queue), a fork-per-connection Python server under `tcps run`
 //! (killed parent or child, mid-fork), redis under `tcps run`, and the
 //! server itself killed under the first workload, with a native host and
-//! a program under `tcps run` blocked in recv. (Killing during a hot
-//! upgrade needs the upgrade, which does not exist yet.)
+//! a program under `tcps run` blocked in recv — also 0–15 ms after it was
+//! asked for a hot upgrade (SIGUSR2), which lands the kill before, during
+//! (workers pausing, the exec, the new binary restoring) or after it.
 //!
 //! The table is printed (and written to `$TCPS_FAULT_TABLE` if set);
 //! `TCPS_FAULT_SEED`, `TCPS_FAULT_FIRST` and `TCPS_FAULT_POINTS` (both
@@ -54,15 +55,18 @@ enum Scenario {
     Redis,
     /// The TCP server killed under the file-serving workload.
     Server,
+    /// The same, the kill 0–15 ms after SIGUSR2 (a hot upgrade).
+    Upgrade,
 }
 
-const SCENARIOS: [Scenario; 6] = [
+const SCENARIOS: [Scenario; 7] = [
     Scenario::HostAttach,
     Scenario::HostMidCall,
     Scenario::HostMidSendq,
     Scenario::HostMidFork,
     Scenario::Redis,
     Scenario::Server,
+    Scenario::Upgrade,
 ];
 
 /// Counts of the server's resources, compared before and after a point.
@@ -357,9 +361,10 @@ fn point_redis(m: &Matrix, rng: &mut Rng) -> Outcome {
     out
 }
 
-/// The server killed under file traffic, with a native host blocked in a
-/// recv: every host call returns within `PROMPT`; a new server serves.
-fn point_server(m: &mut Matrix, rng: &mut Rng) -> Outcome {
+/// The server killed under file traffic (`upgrading`: 0–15 ms after it
+/// was asked for a hot upgrade), with a native host blocked in a recv:
+/// every host call returns within `PROMPT`; a new server serves.
+fn point_server(m: &mut Matrix, rng: &mut Rng, upgrading: bool) -> Outcome {
     let mut out = Outcome::default();
     let mut serve = spawn_child(&m.srv, "fault-serve", "fault::child_fault_serve", &[]);
     let p: u16 = serve
@@ -395,6 +400,10 @@ fn point_server(m: &mut Matrix, rng: &mut Rng) -> Outcome {
     });
     std::thread::sleep(some_delay(rng));
     m.note_rss();
+    if upgrading {
+        m.srv.signal(libc::SIGUSR2);
+        std::thread::sleep(Duration::from_micros(rng.below(15_000)));
+    }
     m.srv.kill9();
     returns_promptly(&mut serve, "a host blocked in accept", &mut out);
     returns_promptly(&mut block, "a host blocked in recv", &mut out);
@@ -446,13 +455,14 @@ fn run_matrix(engine: &'static str, points: u64) {
     for i in first..first + points {
         let seed = seed0 ^ (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let mut rng = Rng::new(seed);
-        // The server's own death is the costliest point: one in twelve;
-        // the five host scenarios share the rest.
+        // The server's own death is the costliest point: one in twelve
+        // (half of them during an upgrade); the five host scenarios share
+        // the rest.
         let k = rng.below(12) as usize;
-        let sc = if k == 11 {
-            Scenario::Server
-        } else {
-            SCENARIOS[k % 5]
+        let sc = match k {
+            11 if rng.below(2) == 1 => Scenario::Upgrade,
+            11 => Scenario::Server,
+            _ => SCENARIOS[k % 5],
         };
         let mut out = match sc {
             Scenario::HostAttach => point_host_serve(&m, &mut rng, true),
@@ -460,7 +470,8 @@ fn run_matrix(engine: &'static str, points: u64) {
             Scenario::HostMidSendq => point_host_sendq(&m, &mut rng),
             Scenario::HostMidFork => point_host_fork(&m, &mut rng),
             Scenario::Redis => point_redis(&m, &mut rng),
-            Scenario::Server => point_server(&mut m, &mut rng),
+            Scenario::Server => point_server(&mut m, &mut rng, false),
+            Scenario::Upgrade => point_server(&mut m, &mut rng, true),
         };
         m.check_serves(&mut out);
         m.note_rss();

@@ -139,6 +139,28 @@ pub struct ServerCursor {
 }
 
 impl ServerCursor {
+    /// The cursor as four words (`req_head`, `cq_tail`, `outstanding`,
+    /// `cq_head_seen`): what a hot upgrade carries across exec.
+    pub fn to_words(&self) -> [u32; 4] {
+        [
+            self.req_head,
+            self.cq_tail,
+            self.outstanding,
+            self.cq_head_seen,
+        ]
+    }
+
+    /// The cursor [`to_words`](Self::to_words) gave (the server's own
+    /// record, never host memory).
+    pub fn from_words(w: [u32; 4]) -> ServerCursor {
+        ServerCursor {
+            req_head: w[0],
+            cq_tail: w[1],
+            outstanding: w[2],
+            cq_head_seen: w[3],
+        }
+    }
+
     /// Requests taken but not yet completed (parked calls).
     pub fn outstanding(&self) -> u32 {
         self.outstanding

@@ -23,6 +23,9 @@ pub struct NewHost {
     pub doorbell: OwnedFd,
     /// On another node (`fabric`): its `Socket` and `Bind` run here.
     pub remote: bool,
+    /// The region's memfd, kept for a hot upgrade to map it again (None:
+    /// a remote host's copy, which no upgrade carries).
+    pub memfd: Option<OwnedFd>,
 }
 
 /// A control reply the host's socket could not take yet (it does not read
@@ -60,6 +63,8 @@ pub struct Host {
     pub layout: Layout,
     pub cursors: Vec<ServerCursor>,
     pub control: OwnedFd,
+    /// The region's memfd (`NewHost::memfd`).
+    pub memfd: Option<OwnedFd>,
     /// Its doorbell: only this host rings it (`Token::HostBell`).
     pub doorbell: OwnedFd,
     /// The eventfd the server rings for this host's ring sleepers, once it
@@ -175,6 +180,7 @@ impl Host {
             layout,
             region: std::sync::Arc::new(h.region),
             control: h.control,
+            memfd: h.memfd,
             doorbell: h.doorbell,
             host_doorbell: Default::default(),
             outbox: VecDeque::new(),

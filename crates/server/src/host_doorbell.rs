@@ -24,7 +24,7 @@
 //! is the whole wake-up.
 
 use crate::sys;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use tcps_proto::ready_log::DOORBELL_SLOTS;
 
 /// One doorbell: a pipe.
@@ -62,6 +62,26 @@ impl HostDoorbells {
         bell.rx
             .try_clone()
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))
+    }
+
+    /// Every doorbell as (slot, write end, read end): what a hot upgrade
+    /// carries (`upgrade::record`).
+    pub fn carried(&self) -> Vec<(u32, RawFd, RawFd)> {
+        let made = self.bells.iter().enumerate();
+        made.filter_map(|(i, b)| {
+            let b = b.as_ref()?;
+            Some((i as u32, b.tx.as_raw_fd(), b.rx.as_raw_fd()))
+        })
+        .collect()
+    }
+
+    /// Puts back doorbell `slot` a hot upgrade carried (its two ends).
+    pub fn restore(&mut self, slot: u32, tx: OwnedFd, rx: OwnedFd) {
+        let i = (slot as usize).min(DOORBELL_SLOTS as usize - 1);
+        if self.bells.len() <= i {
+            self.bells.resize_with(i + 1, || None);
+        }
+        self.bells[i] = Some(Bell { tx, rx });
     }
 
     /// End of a worker pass: rings the doorbells the pass's publishes

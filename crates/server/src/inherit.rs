@@ -151,6 +151,12 @@ pub fn sweep() {
     }
 }
 
+/// Snapshots waiting for a child that can still claim them: a hot upgrade
+/// does not carry them and waits for (or refuses over) them.
+pub fn pending_count() -> usize {
+    pending().len()
+}
+
 /// `ControlMsg::Forked`: the parent's fork(2) of snapshot `nonce` made
 /// process `child` (0: it failed; the snapshot is dropped). A snapshot
 /// already claimed (the child was quick) or dropped is no error.

@@ -33,6 +33,7 @@ pub mod sockopt_policy;
 mod stats;
 mod sys;
 mod token;
+pub mod upgrade;
 mod worker;
 
 pub use config::{
@@ -69,21 +70,37 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Runs a server until SIGINT or SIGTERM, then shuts it down cleanly.
 /// SIGHUP (a closed terminal or SSH session, or an operator asking for a
 /// reload) is logged and ignored: the server keeps serving its hosts.
+/// SIGUSR2 upgrades it in place (`upgrade`). Started by an upgrade (the
+/// state record in `$TCPS_UPGRADE_STATE`), it takes over the old server's
+/// hosts and sockets.
 pub fn run(cfg: Config) -> io::Result<()> {
+    let origin = upgrade::exec::Origin::now();
+    let inherited = inherited_record()?;
     // Handlers first: a signal that arrives while the server starts must
     // still be handled (and a stop remove the socket file).
     let wake = sys::eventfd().map_err(io::Error::from_raw_os_error)?;
     SIGNAL_FD.store(wake.as_raw_fd(), Ordering::SeqCst);
-    // SAFETY: installing an async-signal-safe handler for three signals.
+    // SAFETY: installing an async-signal-safe handler for four signals.
     unsafe {
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR2] {
             libc::signal(sig, on_signal as *const () as libc::sighandler_t);
         }
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let server = start(cfg).inspect_err(|_| SIGNAL_FD.store(-1, Ordering::SeqCst))?;
+    // Blocked by the old image across an upgrade's exec: pending ones
+    // reach the handlers now.
+    upgrade::exec::signal_mask(libc::SIG_UNBLOCK);
+    let server =
+        start_with(cfg, inherited).inspect_err(|_| SIGNAL_FD.store(-1, Ordering::SeqCst))?;
     notify_systemd("READY=1");
-    let stop_signal = wait_for_stop_signal(&wake);
+    let stop_signal = loop {
+        match wait_for_stop_signal(&wake) {
+            Some(stop) => break stop,
+            None => {
+                upgrade::exec::upgrade(&server.running(), &origin);
+            }
+        }
+    };
     notify_systemd("STOPPING=1");
     info!(
         signal = stop_signal,
@@ -119,19 +136,43 @@ fn notify_systemd(state: &str) {
     }
 }
 
+/// The state record an upgrade left for this process, if it was started
+/// by one (`$TCPS_UPGRADE_STATE`, taken out of the environment).
+fn inherited_record() -> io::Result<Option<upgrade::record::Record>> {
+    let Some(v) = std::env::var_os(upgrade::record::STATE_ENV) else {
+        return Ok(None);
+    };
+    std::env::remove_var(upgrade::record::STATE_ENV);
+    let fd: i32 = v.to_string_lossy().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "TCPS_UPGRADE_STATE: not a descriptor",
+        )
+    })?;
+    let r = upgrade::record::Record::from_memfd(fd).map_err(|e| {
+        tracing::error!(error = %e, "hot upgrade failed after exec: cannot load the state record; the hosts lose this server");
+        e
+    })?;
+    Ok(Some(r))
+}
+
 /// Sleeps until SIGINT or SIGTERM arrives (returning its name), logging
-/// every SIGHUP on the way.
-fn wait_for_stop_signal(wake: &OwnedFd) -> &'static str {
+/// every SIGHUP on the way; None when SIGUSR2 asks for an upgrade.
+fn wait_for_stop_signal(wake: &OwnedFd) -> Option<&'static str> {
     loop {
         let pending = PENDING_SIGNALS.swap(0, Ordering::SeqCst);
         if pending & (1 << libc::SIGHUP) != 0 {
             info!("SIGHUP ignored: the server keeps running (it has no configuration to reload; restart it to change options)");
         }
         if pending & (1 << libc::SIGTERM) != 0 {
-            return "SIGTERM";
+            return Some("SIGTERM");
         }
         if pending & (1 << libc::SIGINT) != 0 {
-            return "SIGINT";
+            return Some("SIGINT");
+        }
+        if pending & (1 << libc::SIGUSR2) != 0 {
+            info!("SIGUSR2: hot upgrade");
+            return None;
         }
         // The eventfd is non-blocking: wait for it (or a signal: EINTR)
         // before draining it, or this loop would spin.
@@ -153,9 +194,28 @@ pub struct Server {
     /// The control socket file this server made (None: systemd's, kept).
     socket_path: Option<PathBuf>,
     shared: Arc<Shared>,
+    cfg: Arc<Config>,
+    /// The workers' own doorbells, the control socket's and the metrics
+    /// listener (what a hot upgrade needs).
+    doorbells: Vec<Arc<OwnedFd>>,
+    listener_fd: std::os::fd::RawFd,
+    metrics_fd: Option<std::os::fd::RawFd>,
 }
 
 impl Server {
+    /// What a hot upgrade needs of this server.
+    pub fn running(&self) -> upgrade::exec::Running<'_> {
+        upgrade::exec::Running {
+            cfg: &self.cfg,
+            shared: &self.shared,
+            doorbells: &self.doorbells,
+            listener: self.listener_fd,
+            metrics: self.metrics_fd,
+            made_socket_path: self.socket_path.is_some(),
+            pending_signals: &PENDING_SIGNALS,
+        }
+    }
+
     /// Asks every thread to stop.
     pub fn stop(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
@@ -221,6 +281,48 @@ fn raise_fd_limit() {
 
 /// Starts the acceptor and the workers in background threads.
 pub fn start(cfg: Config) -> io::Result<Server> {
+    start_with(cfg, None)
+}
+
+/// The control socket's listener, the socket file to remove at stop, the
+/// path to show, and the metrics listener: inherited from an upgrade's
+/// record, else systemd's socket or a new one.
+type Listeners = (
+    OwnedFd,
+    Option<PathBuf>,
+    PathBuf,
+    Option<std::net::TcpListener>,
+);
+
+fn listeners(cfg: &Config, inherited: Option<&upgrade::record::Record>) -> io::Result<Listeners> {
+    let metrics = |fd: Option<i32>| -> io::Result<Option<std::net::TcpListener>> {
+        match fd {
+            Some(fd) => Ok(Some(std::net::TcpListener::from(upgrade::record::own(fd)?))),
+            None => cfg.metrics_listen.map(metrics::listen).transpose(),
+        }
+    };
+    if let Some(r) = inherited {
+        let made = r.made_socket_path.then(|| cfg.socket_path.clone());
+        let l = upgrade::record::own(r.listener)?;
+        return Ok((l, made, cfg.socket_path.clone(), metrics(r.metrics)?));
+    }
+    let (l, made, shown) = match control::activated_listener()? {
+        Some((fd, path)) => {
+            info!(socket = %path.display(), "control socket from systemd (socket activation)");
+            (fd, None, path)
+        }
+        None => (
+            control::listen(&cfg.socket_path, cfg.socket_mode, cfg.socket_group)?,
+            Some(cfg.socket_path.clone()),
+            cfg.socket_path.clone(),
+        ),
+    };
+    Ok((l, made, shown, metrics(None)?))
+}
+
+/// Starts a server; with `inherited`, one that takes over the hosts and
+/// sockets an upgrade recorded.
+pub fn start_with(cfg: Config, inherited: Option<upgrade::record::Record>) -> io::Result<Server> {
     cfg.layout
         .validate()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.0))?;
@@ -234,42 +336,22 @@ pub fn start(cfg: Config) -> io::Result<Server> {
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
-    // systemd's socket (tcps.socket) if it started us, else our own.
-    let (listener, made_path, socket_shown) = match control::activated_listener()? {
-        Some((fd, path)) => {
-            info!(socket = %path.display(), "control socket from systemd (socket activation)");
-            (fd, None, path)
-        }
-        None => (
-            control::listen(&cfg.socket_path, cfg.socket_mode, cfg.socket_group)?,
-            Some(cfg.socket_path.clone()),
-            cfg.socket_path.clone(),
-        ),
-    };
-    let metrics_listener = cfg.metrics_listen.map(metrics::listen).transpose()?;
-    let mut threads = Vec::new();
-    let mut handles = Vec::new();
-    for index in 0..cfg.cpus.len().max(1) {
-        let doorbell = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
-        let inbox = Arc::new(worker::Inbox::default());
-        handles.push(control::WorkerHandle {
-            inbox: inbox.clone(),
-            doorbell: doorbell.clone(),
-        });
-        let w = worker::Worker::new(
-            index,
-            cfg.clone(),
-            shared.clone(),
-            doorbell,
-            inbox,
-            shutdown.as_raw_fd(),
-        )?;
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("tcps-worker-{index}"))
-                .spawn(move || w.run())?,
-        );
+    // An upgrade's, systemd's socket (tcps.socket) if it started us, else our own.
+    let (listener, made_path, socket_shown, metrics_listener) =
+        listeners(&cfg, inherited.as_ref())?;
+    let (listener_fd, metrics_fd) = (
+        listener.as_raw_fd(),
+        metrics_listener.as_ref().map(AsRawFd::as_raw_fd),
+    );
+    let (mut carried, mut last_id) = (Vec::new(), 0);
+    if let Some(r) = inherited {
+        shared
+            .refused_hosts
+            .store(r.refused_hosts, Ordering::Relaxed);
+        shared.upgrade.done.store(r.upgrades + 1, Ordering::Relaxed);
+        (carried, last_id) = (r.workers, r.last_host_id);
     }
+    let (mut threads, handles, doorbells) = spawn_workers(&cfg, &shared, &shutdown, carried)?;
     threads.extend(fabric::serve::start(
         &cfg,
         &shared,
@@ -283,7 +365,7 @@ pub fn start(cfg: Config) -> io::Result<Server> {
             .name("tcps-control".into())
             .spawn(move || {
                 let _keep = shutdown_keep;
-                control::serve(listener, sfd, c2, s2, handles)
+                control::serve(listener, sfd, c2, s2, handles, last_id)
             })?,
     );
     if let Some(l) = metrics_listener {
@@ -313,5 +395,57 @@ pub fn start(cfg: Config) -> io::Result<Server> {
         threads,
         socket_path: made_path,
         shared,
+        cfg,
+        doorbells,
+        listener_fd,
+        metrics_fd,
     })
+}
+
+/// The workers' threads (each given its share of the hosts an upgrade
+/// `carried`), their handles for the control thread, and their doorbells.
+type Workers = (
+    Vec<std::thread::JoinHandle<()>>,
+    Vec<control::WorkerHandle>,
+    Vec<Arc<OwnedFd>>,
+);
+
+fn spawn_workers(
+    cfg: &Arc<Config>,
+    shared: &Arc<Shared>,
+    shutdown: &OwnedFd,
+    carried: Vec<Vec<upgrade::record::HostRecord>>,
+) -> io::Result<Workers> {
+    let workers = cfg.cpus.len().max(1);
+    let mut per_worker: Vec<Vec<upgrade::record::HostRecord>> = vec![Vec::new(); workers];
+    for (i, hosts) in carried.into_iter().enumerate() {
+        per_worker[i % workers].extend(hosts);
+    }
+    let mut threads = Vec::new();
+    let mut handles = Vec::new();
+    let mut doorbells = Vec::new();
+    for (index, carried) in per_worker.into_iter().enumerate() {
+        let doorbell = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
+        let inbox = Arc::new(worker::Inbox::default());
+        handles.push(control::WorkerHandle {
+            inbox: inbox.clone(),
+            doorbell: doorbell.clone(),
+        });
+        doorbells.push(doorbell.clone());
+        let mut w = worker::Worker::new(
+            index,
+            cfg.clone(),
+            shared.clone(),
+            doorbell,
+            inbox,
+            shutdown.as_raw_fd(),
+        )?;
+        w.restore(carried)?;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("tcps-worker-{index}"))
+                .spawn(move || w.run())?,
+        );
+    }
+    Ok((threads, handles, doorbells))
 }

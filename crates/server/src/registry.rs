@@ -46,6 +46,8 @@ struct Entry {
     map: std::sync::Arc<Mapping>,
     /// Parked or queued calls pointing into the mapping.
     in_use: u32,
+    /// The memfd, kept for a hot upgrade to map it again (`upgrade`).
+    fd: OwnedFd,
 }
 
 #[derive(Default)]
@@ -133,6 +135,7 @@ impl Registry {
                 len: len as usize,
             }),
             in_use: 0,
+            fd,
         });
         Ok(())
     }
@@ -187,6 +190,20 @@ impl Registry {
     pub fn keep(&self, handle: u16) -> Option<crate::engine::Mapped> {
         let e = self.entries.get(handle as usize)?.as_ref()?;
         Some(e.map.clone())
+    }
+
+    /// Every registration as (handle, memfd, length): what a hot upgrade
+    /// carries (`upgrade::record`).
+    pub fn carried(&self) -> Vec<(u32, std::os::fd::RawFd, u64)> {
+        let live = self.entries.iter().enumerate();
+        live.filter_map(|(h, e)| {
+            Some((
+                h as u32,
+                e.as_ref()?.fd.as_raw_fd(),
+                e.as_ref()?.map.len as u64,
+            ))
+        })
+        .collect()
     }
 
     pub fn count(&self) -> usize {

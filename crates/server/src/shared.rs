@@ -17,6 +17,52 @@ pub struct Shared {
     pub conns_per_addr: AddrCounts,
     /// Hosts' counters and queue depths as the workers last published them (`tcps stat`).
     pub stats: Board,
+    /// A hot upgrade under way, and the upgrades so far (`upgrade`).
+    pub upgrade: UpgradeBoard,
+}
+
+/// What the workers do about a hot upgrade once they paused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Verdict {
+    /// Still deciding: the workers wait.
+    #[default]
+    Pending,
+    /// Refused or failed before exec: the workers resume.
+    Resume,
+}
+
+/// Where the thread that upgrades (`upgrade::exec`) and the workers meet:
+/// the request, each worker's report (its hosts' records as JSON, or why
+/// it cannot be carried), the verdict, and the control thread's gate (held
+/// by the upgrade while it runs: no host attaches meanwhile; connections
+/// wait in the listener's backlog, which the new server inherits).
+#[derive(Default)]
+pub struct UpgradeBoard {
+    pub requested: AtomicBool,
+    pub reports: std::sync::Mutex<Vec<(usize, Result<serde_json::Value, String>)>>,
+    pub verdict: std::sync::Mutex<Verdict>,
+    pub verdict_changed: std::sync::Condvar,
+    pub gate: std::sync::Mutex<()>,
+    /// Upgrades done (carried across them), refused, and the last refusal.
+    pub done: AtomicU64,
+    pub refused: AtomicU64,
+    pub last_refusal: std::sync::Mutex<String>,
+}
+
+impl UpgradeBoard {
+    /// `tcps stat`'s `server.upgrade`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let last = self
+            .last_refusal
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        serde_json::json!({
+            "done": self.done.load(Ordering::Relaxed),
+            "refused": self.refused.load(Ordering::Relaxed),
+            "last_refusal": last,
+        })
+    }
 }
 
 impl Shared {
@@ -35,11 +81,13 @@ impl Shared {
 
     /// The `tcps stat` reply for `uid` (see `stats::report`).
     pub fn stat_report(&self, uid: u32) -> serde_json::Value {
-        crate::stats::report(
+        let mut v = crate::stats::report(
             &self.stats,
             self.hosts.load(Ordering::Relaxed),
             self.refused_hosts.load(Ordering::Relaxed),
             uid,
-        )
+        );
+        v["server"]["upgrade"] = self.upgrade.to_json();
+        v
     }
 }

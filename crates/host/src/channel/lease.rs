@@ -189,17 +189,31 @@ impl<'a> Lease<'a> {
         if on_socket && self.conn.socks.closed_unanswered(req.sock) {
             return Err(errno(libc::EBADF));
         }
-        let intr = Interrupt {
-            mark: Mark::new(),
-            sock: req.sock,
-            cancelled: false,
+        let mark = Mark::new();
+        let c = loop {
+            let intr = Interrupt {
+                mark,
+                sock: req.sock,
+                cancelled: false,
+            };
+            let (seen, must_ring) = self.submit(&mut req)?;
+            if must_ring {
+                self.conn.ring_doorbell();
+            }
+            let c = self.wait(seen, must_ring, intr)?;
+            self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+            // The server answered the parked call before it finished and
+            // moved nothing (a hot upgrade): the same request again, to
+            // the server that runs now (`tcps_proto::msg::ERETRY`).
+            if c.errno != tcps_proto::msg::ERETRY {
+                break c;
+            }
+            // A signal handler ran meanwhile: the call is interrupted, as
+            // it would have been had the server answered its cancel.
+            if mark.seen() {
+                return Err(interrupt::eintr());
+            }
         };
-        let (seen, must_ring) = self.submit(&mut req)?;
-        if must_ring {
-            self.conn.ring_doorbell();
-        }
-        let c = self.wait(seen, must_ring, intr)?;
-        self.slot.stats.round_trips.fetch_add(1, Ordering::Relaxed);
         if c.op != req.op {
             return Err(errno(libc::EIO));
         }

@@ -17,6 +17,12 @@
 pub const CLOSE_NO_REPLY: u64 = 1;
 /// `Shutdown` flag (`args[1]`): execute the shutdown without a completion.
 pub const SHUTDOWN_NO_REPLY: u64 = 1;
+/// A completion's errno meaning "issue this call again": the server
+/// (a hot upgrade, `tcps server --upgrade`) answered a parked call before
+/// it finished and moved no byte for it. The host library re-issues the
+/// same request; applications never see it. 512 is Linux's internal
+/// ERESTARTSYS, which user space never gets from the kernel.
+pub const ERETRY: i32 = 512;
 
 /// A request record: 64 bytes, one ring slot.
 #[repr(C)]

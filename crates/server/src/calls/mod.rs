@@ -34,6 +34,9 @@ pub use eager::sweep::on_received;
 pub use sendq::poll_queues;
 pub use sendq::queue::prepare_sleep;
 pub use sendq::sent::on_sent;
+// A hot upgrade answers parked calls and polls (`upgrade::quiesce`).
+pub(crate) use finish::finish;
+pub(crate) use poll::finish_poll;
 
 use crate::host::Host;
 use crate::sys;

@@ -51,7 +51,8 @@ struct Pending {
     deadline: Instant,
 }
 
-/// Accepts hosts until the shutdown eventfd becomes readable.
+/// Accepts hosts until the shutdown eventfd becomes readable; host ids
+/// go on after `last_id` (a hot upgrade carried hosts up to it).
 ///
 /// Never waits for one connection while others are ready: accepted
 /// connections wait in a poll set (each with its own deadline) until their
@@ -62,9 +63,10 @@ pub fn serve(
     cfg: Arc<Config>,
     shared: Arc<Shared>,
     workers: Vec<WorkerHandle>,
+    last_id: u64,
 ) {
     let mut next_worker = 0usize;
-    let mut next_id = 0u64;
+    let mut next_id = last_id;
     let mut pending: Vec<Pending> = Vec::new();
     // While out of descriptors: when to try accept4 again, and whether
     // that was logged (once per episode).
@@ -110,6 +112,12 @@ pub fn serve(
         if shared.stopping.load(Ordering::Relaxed) || pfds[0].revents != 0 {
             return;
         }
+        // A hot upgrade holds the gate while it runs: new hosts wait.
+        let _gate = shared
+            .upgrade
+            .gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // First the connections whose Hello arrived (or that hung up)...
         let ready: Vec<bool> = pfds[2..].iter().map(|p| p.revents != 0).collect();
         pending = answer_ready(
@@ -321,6 +329,7 @@ fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Res
         control: conn,
         doorbell,
         remote: false,
+        memfd: Some(memfd),
     })
 }
 

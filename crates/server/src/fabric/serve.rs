@@ -301,6 +301,7 @@ fn new_remote_host(
         control: OwnedFd::from(a),
         doorbell,
         remote: true,
+        memfd: None,
     };
     if let Ok(mut inbox) = w.inbox.hosts.lock() {
         inbox.push(host);

@@ -12,6 +12,7 @@
 
 mod messages;
 mod panics;
+mod pause;
 mod scan;
 
 use crate::calls::{self, Ctx, Timers};
@@ -142,6 +143,9 @@ impl Worker {
         // Whether the last pass found no work.
         let mut idle = false;
         while !self.shared.stopping.load(Ordering::Relaxed) {
+            if self.upgrade_requested() {
+                self.upgrade_pause();
+            }
             let mut work = self.scan_channels();
             if work > 0 {
                 // The threads sleeping for these completions are woken with
@@ -516,31 +520,37 @@ impl Worker {
                 continue;
             }
             let host = Host::new(nh, self.cfg.max_pull_bytes_per_host);
-            let control = host.control.as_raw_fd();
-            let bell = host.doorbell.as_raw_fd();
-            // Replies never block the worker (see `send_reply`).
-            if let Err(e) = sys::set_nonblocking(control) {
-                warn!(
-                    errno = e,
-                    "cannot make a host's control socket non-blocking"
-                );
-            }
             let (id, pid) = (host.id, host.pid);
-            let hkey = self.hosts.insert(host);
-            self.awake.adopted(hkey);
-            for (fd, token) in [
-                (control, Token::Control { host: hkey }),
-                (bell, Token::HostBell { host: hkey }),
-            ] {
-                if let Err(e) = self.engine.arm(fd, token.encode(), libc::POLLIN as u32) {
-                    warn!(error = %e, "cannot watch a host's control socket or doorbell");
-                }
-            }
-            if let Some(h) = self.hosts.get(hkey) {
-                self.shared.stats.publish(std::iter::once(h));
-            }
+            self.install(host);
             debug!(worker = self.index, host = id, pid, "host adopted");
         }
+    }
+
+    /// Takes `host` on: its key; its control socket and doorbell watched.
+    fn install(&mut self, host: Host) -> usize {
+        let control = host.control.as_raw_fd();
+        let bell = host.doorbell.as_raw_fd();
+        // Replies never block the worker (see `send_reply`).
+        if let Err(e) = sys::set_nonblocking(control) {
+            warn!(
+                errno = e,
+                "cannot make a host's control socket non-blocking"
+            );
+        }
+        let hkey = self.hosts.insert(host);
+        self.awake.adopted(hkey);
+        for (fd, token) in [
+            (control, Token::Control { host: hkey }),
+            (bell, Token::HostBell { host: hkey }),
+        ] {
+            if let Err(e) = self.engine.arm(fd, token.encode(), libc::POLLIN as u32) {
+                warn!(error = %e, "cannot watch a host's control socket or doorbell");
+            }
+        }
+        if let Some(h) = self.hosts.get(hkey) {
+            self.shared.stats.publish(std::iter::once(h));
+        }
+        hkey
     }
 
     fn fire_timers(&mut self, now: Instant) -> usize {
