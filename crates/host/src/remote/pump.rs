@@ -20,7 +20,9 @@ use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
 use tcps_proto::msg::{Op, Request};
 use tcps_proto::region::{stamp, Region};
+use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::ring::HostCursor;
+use tcps_proto::wake::Woke;
 
 /// Offset of `server_sleeping` (and the server's two words after it).
 const SERVER_WORDS: usize = 64;
@@ -158,11 +160,32 @@ impl HostPump {
         (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
     }
 
-    /// Applies a batch from the server pump and wakes the sleepers of the
-    /// channels it completed into.
-    pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<(), Refused> {
+    /// The receive/accept ring whose server lines (1 or 2) `off` is in.
+    fn ring_of(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let first = l.recv_rings_offset();
+        let r = off.checked_sub(first)? / l.rq_stride();
+        let rel = off - l.recv_ring_offset(r as u32);
+        (r < l.recv_rings as usize && (64..192).contains(&rel)).then_some(r as u32)
+    }
+
+    /// The send queue whose server lines (1 or 2) `off` is in.
+    fn queue_of(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
+        let rel = off - l.send_queue_offset(q as u32);
+        (q < l.send_queues as usize && (64..192).contains(&rel)).then_some(q as u32)
+    }
+
+    /// Applies a batch from the server pump, then wakes whom it concerns
+    /// as the server would have: the sleepers of the channels it completed
+    /// into (futex), of the rings and queues it published into and of the
+    /// ready log (futex sleepers woken here; the doorbell sleepers are
+    /// returned, for the caller to ring their host doorbells).
+    pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<Woke, Refused> {
         let l = self.layout;
         let mut woken = Vec::new();
+        let (mut rings, mut queues, mut log) = (Vec::new(), Vec::new(), false);
         for span in wire::spans(header, data) {
             let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
             let mut off = off as usize;
@@ -197,14 +220,37 @@ impl HostPump {
                     woken.push(c);
                 }
             }
+            log |= off == READY_LOG_OFFSET;
+            if let Some(r) = self.ring_of(off).filter(|r| !rings.contains(r)) {
+                rings.push(r);
+            }
+            if let Some(q) = self.queue_of(off).filter(|q| !queues.contains(q)) {
+                queues.push(q);
+            }
         }
         for c in woken {
             if let Some(ch) = region.channel(c) {
                 HostCursor::wake_sleepers(&ch);
             }
         }
-        Ok(())
+        let mut woke = Woke::default();
+        for r in rings {
+            join(&mut woke, region.wake_recv_ring(r));
+        }
+        for q in queues {
+            join(&mut woke, region.wake_send_queue(q));
+        }
+        if log {
+            join(&mut woke, region.wake_ready_log());
+        }
+        Ok(woke)
     }
+}
+
+fn join(a: &mut Woke, b: Woke) {
+    a.thread |= b.thread;
+    a.bell |= b.bell;
+    a.bells |= b.bells;
 }
 
 /// Ships the arena bytes a request's call reads (its in-arguments), within

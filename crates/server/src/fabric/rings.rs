@@ -13,6 +13,7 @@
 use tcps_fabric::wire::Spans;
 use tcps_proto::eager::ctl::RQ_CTL_SIZE;
 use tcps_proto::layout::Layout;
+use tcps_proto::ready_log::{READY_LOG_OFFSET, READY_LOG_SLOTS};
 use tcps_proto::region::Region;
 
 const LINE: usize = 64;
@@ -32,6 +33,8 @@ pub struct Rings {
     /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
     /// `kicks_seen`, `owner`) as last shipped.
     queues: Vec<[u8; 36]>,
+    /// The ready log's `tail` as last shipped.
+    log_shipped: u32,
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -43,6 +46,7 @@ impl Rings {
         Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
             queues: vec![[0; 36]; l.send_queues as usize],
+            log_shipped: 0,
         }
     }
 
@@ -65,8 +69,39 @@ impl Rings {
         }
     }
 
+    /// The ready log's new slots, then its `tail` (read before the rings:
+    /// every publish it announces is in the ring lines read after it and
+    /// shipped before it).
+    fn collect_log(&mut self, region: &Region, tail: u32, out: &mut Spans) {
+        let n = tail.wrapping_sub(self.log_shipped).min(READY_LOG_SLOTS);
+        if n == 0 {
+            return;
+        }
+        let slots = READY_LOG_OFFSET + 2 * LINE;
+        let start = tail.wrapping_sub(n) % READY_LOG_SLOTS;
+        let first = n.min(READY_LOG_SLOTS - start);
+        for (at, len) in [(start, first), (0, n - first)] {
+            let mut b = vec![0u8; 4 * len as usize];
+            let off = slots + 4 * at as usize;
+            if len > 0 && region.read_span(off, &mut b).is_ok() {
+                out.push(off as u32, &b);
+            }
+        }
+        out.push(READY_LOG_OFFSET as u32, &tail.to_le_bytes());
+        self.log_shipped = tail;
+    }
+
     pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        let mut log_tail = [0u8; 4];
+        let log_read = region.read_span(READY_LOG_OFFSET, &mut log_tail).is_ok();
         self.collect_queues(l, region, out);
+        self.collect_rings(l, region, out);
+        if log_read {
+            self.collect_log(region, u32::from_le_bytes(log_tail), out);
+        }
+    }
+
+    fn collect_rings(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
         let size = l.rq_bytes;
         for (r, sh) in self.shadow.iter_mut().enumerate() {
             let base = l.recv_ring_offset(r as u32);

@@ -175,6 +175,9 @@ pub fn serve(fabric: Fabric, srv: Server) {
             let Some(conn) = conns.get_mut(&tag) else {
                 continue;
             };
+            if let State::Live(l) = &mut conn.state {
+                l.heard = Instant::now();
+            }
             let keep = match &mut conn.state {
                 State::Attaching(a) => {
                     let step = a.on_message(&fabric.secret, m.id, &m.header);
