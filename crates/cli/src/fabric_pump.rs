@@ -57,6 +57,9 @@ pub struct PumpArgs {
 /// the server's `fabric::serve`).
 const KEEPALIVE: Duration = Duration::from_millis(250);
 const SILENCE: Duration = Duration::from_millis(800);
+/// The pump's backstop: what the library writes without ringing the
+/// doorbell (ring heads, `cq_head` credits) goes out at least this often.
+const TICK_MS: i32 = 5;
 /// Offset of `server_alive` in the region header.
 const SERVER_ALIVE: usize = 68;
 
@@ -234,8 +237,8 @@ struct Pump {
     ctl: OwnedFd,
     /// The eventfd the library rings when it posts a request.
     doorbell: OwnedFd,
-    /// The host doorbell pipes' write ends, by slot.
-    bells: Vec<Option<OwnedFd>>,
+    /// The host doorbell pipes (read end, write end), by slot.
+    bells: Vec<Option<(OwnedFd, OwnedFd)>>,
     heard: Instant,
     sent: Instant,
 }
@@ -282,7 +285,7 @@ impl Pump {
                         revents: 0,
                     });
                 // SAFETY: a valid array of three pollfds.
-                unsafe { libc::poll(pfds.as_mut_ptr(), 3, 1) };
+                unsafe { libc::poll(pfds.as_mut_ptr(), 3, TICK_MS) };
             }
             w.progress();
             if !self.control() {
@@ -334,8 +337,8 @@ impl Pump {
     }
 
     fn ring_bells(&self, bells: u64) {
-        for (slot, tx) in self.bells.iter().enumerate().take(64) {
-            if let Some(tx) = tx.as_ref().filter(|_| bells & (1u64 << slot) != 0) {
+        for (slot, bell) in self.bells.iter().enumerate().take(64) {
+            if let Some((_, tx)) = bell.as_ref().filter(|_| bells & (1u64 << slot) != 0) {
                 // SAFETY: one byte from a constant; a full pipe is rung already.
                 unsafe { libc::write(tx.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
             }
@@ -375,15 +378,20 @@ impl Pump {
         }
     }
 
-    /// Host doorbell `slot`: a new pipe; its read end to hand out.
+    /// Host doorbell `slot`, made on first request: a duplicate of its
+    /// read end to hand out (as the server's `host_doorbell`).
     fn bell(&mut self, slot: u32) -> io::Result<OwnedFd> {
         let cell = self
             .bells
             .get_mut(slot as usize)
             .ok_or(os(libc::EINVAL))?;
-        let (rx, tx) = pipe()?;
-        *cell = Some(tx);
-        Ok(rx)
+        if cell.is_none() {
+            *cell = Some(pipe()?);
+        }
+        match cell {
+            Some((rx, _)) => rx.try_clone(),
+            None => Err(os(libc::EIO)),
+        }
     }
 
     /// The server is gone: the copy says so, every sleeper wakes.

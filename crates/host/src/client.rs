@@ -86,6 +86,13 @@ impl Client {
         self.conn.detach();
     }
 
+    /// Attached to a server on another node (`TCPS_REMOTE`): sockets have
+    /// no descriptor in this process, and descriptor passing, memory
+    /// registration and fork inheritance are not available.
+    pub fn is_remote(&self) -> bool {
+        self.conn.remote
+    }
+
     /// False once the server died or the client was detached.
     pub fn is_attached(&self) -> bool {
         self.conn.is_open()

@@ -199,14 +199,17 @@ impl HostPump {
                 }
             }
             let ring = self.ring_line2(off);
-            let mut owner = [0u8; 4];
+            // `owner` and `binds`: either changed, the ring was bound anew.
+            let mut was = [0u8; 16];
             if ring.is_some() {
-                let _ = region.read_span(off, &mut owner);
+                let _ = region.read_span(off, &mut was);
             }
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
-            if let Some(r) = ring.filter(|_| bytes.get(..4) != Some(&owner[..])) {
+            let rebound = bytes.get(..4) != Some(&was[..4])
+                || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
+            if let Some(r) = ring.filter(|_| rebound) {
                 // Bound anew: the server's bind stored head = 0 in its copy;
                 // head is the host's to write here.
                 let at = self.layout.recv_ring_offset(r as u32);

@@ -9,9 +9,11 @@
 
 use std::collections::HashMap;
 use tcps_fabric::wire::{self, Spans};
+use tcps_proto::eager::ctl::BELL_SLEEPER;
 use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
 use tcps_proto::msg::{Completion, Op, Request};
+use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::Region;
 use tcps_proto::ring::HostCursor;
 
@@ -60,6 +62,32 @@ impl ServerPump {
             rings: super::rings::Rings::new(&layout),
             header: [0xff; 12],
         }
+    }
+
+    /// Makes the server's copy of a remote host's region look watched
+    /// everywhere, so that the worker reports every publish for the host
+    /// as it would for a local host's sleepers: each channel's
+    /// `host_waiting` (a completion puts the channel in `wakes_owed`), and
+    /// a doorbell sleeper on slot 0 on every ring, queue and the ready log
+    /// (a publish owes doorbell 0). The worker rings doorbell 0 — a pipe
+    /// this pump asked for — instead of waking a copy nobody sleeps on
+    /// (`worker::wake_hosts`), and the pump ships at once. These are host
+    /// fields the host pump never ships.
+    pub fn init(region: &Region) {
+        let l = *region.layout();
+        let mut sleeper = [0u8; 12];
+        sleeper[..4].copy_from_slice(&BELL_SLEEPER.to_le_bytes());
+        sleeper[4..].copy_from_slice(&1u64.to_le_bytes());
+        for c in 0..l.n_channels {
+            let _ = region.apply_span(Writer::Host, l.channel_offset(c) + 64, &1u32.to_le_bytes());
+        }
+        for r in 0..l.recv_rings {
+            let _ = region.apply_span(Writer::Host, l.recv_ring_offset(r) + 4, &sleeper);
+        }
+        for q in 0..l.send_queues {
+            let _ = region.apply_span(Writer::Host, l.send_queue_offset(q) + 4, &sleeper);
+        }
+        let _ = region.apply_span(Writer::Host, READY_LOG_OFFSET + 64, &sleeper);
     }
 
     /// Applies a batch from the host. `Ok(true)`: a request was published

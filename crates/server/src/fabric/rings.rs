@@ -2,8 +2,9 @@
 //! each pass ships what the server published since the last — the ring's
 //! new bytes (one or two spans at the wrap), then its line 1 (`tail`,
 //! `end`, `end_errno`, `paused`, `since`) and line 2 (`owner`, `kind`,
-//! `kicks_seen`) — so the host's copy sees an ordinary publish. A bind
-//! restarts a ring at 0 (a new `owner`): shipping restarts there too.
+//! `kicks_seen`, `binds`) — so the host's copy sees an ordinary publish. A
+//! bind restarts a ring at 0 (a new `owner`, or the same socket id bound
+//! again: a new `binds`): shipping restarts there too.
 //! And the send queues' server lines (credits: `done`; errors) when they
 //! change.
 //!
@@ -17,14 +18,24 @@ use tcps_proto::ready_log::{READY_LOG_OFFSET, READY_LOG_SLOTS};
 use tcps_proto::region::Region;
 
 const LINE: usize = 64;
-/// Line 1's five words and line 2's three.
+/// Line 1's five words and line 2's four (`owner`, `kind`, `kicks_seen`,
+/// `binds`).
 const L1: usize = 20;
-const L2: usize = 12;
+const L2: usize = 16;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Shadow {
     shipped: u32,
     lines: [u8; L1 + L2],
+}
+
+impl Default for Shadow {
+    fn default() -> Shadow {
+        Shadow {
+            shipped: 0,
+            lines: [0; L1 + L2],
+        }
+    }
 }
 
 pub struct Rings {
@@ -116,7 +127,8 @@ impl Rings {
             if lines == sh.lines {
                 continue;
             }
-            if lines[L1..L1 + 4] != sh.lines[L1..L1 + 4] {
+            let (owner, binds) = (L1..L1 + 4, L1 + 12..L1 + 16);
+            if lines[owner.clone()] != sh.lines[owner] || lines[binds.clone()] != sh.lines[binds] {
                 sh.shipped = 0; // bound anew: the ring restarts at 0
             }
             let tail = word(&lines);

@@ -29,6 +29,7 @@ use tcps_fabric::wire::{
     Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
+use tcps_proto::handshake::ControlMsg;
 use tcps_proto::layout::Layout;
 use tcps_proto::Region;
 use tracing::{info, warn};
@@ -40,11 +41,51 @@ struct Live {
     pump: ServerPump,
     doorbell: OwnedFd,
     /// The worker's `NewHost::control` is the other end: dropping this
-    /// frees the host.
-    _control: OwnedFd,
+    /// frees the host. On it the pump asks for the host's doorbell 0.
+    control: OwnedFd,
+    /// Doorbell 0's read end (once the worker answered): readable when the
+    /// worker published for the host (`ServerPump::init`).
+    bell: Option<OwnedFd>,
     /// When the host was last heard from, and last sent anything.
     heard: Instant,
     sent: Instant,
+}
+
+/// How long the pump sleeps at most while remote hosts are attached: the
+/// worker's doorbell 0 wakes it when it published; this is the backstop
+/// for what it publishes without a wake (a ring's `paused`, line 2).
+const BACKSTOP_MS: i32 = 5;
+
+impl Live {
+    /// What the pump sleeps on for this host: doorbell 0, or the control
+    /// socket until the worker's answer with it arrived.
+    fn watched(&self) -> RawFd {
+        match &self.bell {
+            Some(b) => b.as_raw_fd(),
+            None => self.control.as_raw_fd(),
+        }
+    }
+
+    /// Takes the worker's answer (doorbell 0) if it came; empties the bell.
+    fn drain_bell(&mut self) {
+        let mut b = [0u8; 64];
+        if let Some(bell) = &self.bell {
+            // SAFETY: reading a non-blocking pipe into a local buffer.
+            while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+            return;
+        }
+        let fd = self.control.as_raw_fd();
+        if let Ok((n, mut got)) = tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT)
+        {
+            let ok = matches!(
+                ControlMsg::decode(&b[..n]),
+                Some(ControlMsg::Reply { errno: 0, .. })
+            );
+            if ok && got.len() == 1 {
+                self.bell = got.pop();
+            }
+        }
+    }
 }
 
 /// A host sends at least this often (a keepalive when it has nothing
@@ -141,14 +182,27 @@ pub fn serve(fabric: Fabric, srv: Server) {
     loop {
         let any_live = conns.values().any(|c| matches!(c.state, State::Live(_)));
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
-            let wait = if any_live { 1 } else { 100 };
-            let mut pfds = [srv.shutdown_fd, fabric.worker.event_fd()].map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            // SAFETY: a valid array of two pollfds.
-            unsafe { libc::poll(pfds.as_mut_ptr(), 2, wait) };
+            let wait = if any_live { BACKSTOP_MS } else { 100 };
+            let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
+            fds.extend(conns.values().filter_map(|c| match &c.state {
+                State::Live(l) => Some(l.watched()),
+                State::Attaching(_) => None,
+            }));
+            let mut pfds: Vec<libc::pollfd> = fds
+                .into_iter()
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: a valid array of pollfds of that length.
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait) };
+        }
+        for c in conns.values_mut() {
+            if let State::Live(l) = &mut c.state {
+                l.drain_bell();
+            }
         }
         if srv.shared.stopping.load(Ordering::Relaxed) {
             return;
@@ -293,9 +347,12 @@ fn new_remote_host(
     let io = std::io::Error::from_raw_os_error;
     let (memfd, region) = host_region(cfg)?;
     let pump_region = Region::map(memfd.as_fd(), cfg.layout)?;
+    ServerPump::init(&pump_region);
     let doorbell = sys::eventfd().map_err(io)?;
     let pump_doorbell = doorbell.try_clone()?;
     let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let ask = ControlMsg::HostDoorbell { handle: 0 }.encode();
+    tcps_proto::fdpass::send_with_fds(b.as_raw_fd(), &ask, &[])?;
     let host = NewHost {
         id,
         pid,
@@ -314,7 +371,8 @@ fn new_remote_host(
         pump: ServerPump::new(cfg.layout),
         region: pump_region,
         doorbell: pump_doorbell,
-        _control: OwnedFd::from(b),
+        control: OwnedFd::from(b),
+        bell: None,
         heard: Instant::now(),
         sent: Instant::now(),
     })

@@ -269,6 +269,12 @@ impl Worker {
     /// publish found a doorbell sleeper of.
     fn wake_hosts(&mut self) {
         for (_, h) in self.hosts.iter_mut() {
+            if h.remote && !h.wakes_owed.is_empty() {
+                // Nobody sleeps on a remote host's copy: its fabric pump is
+                // told instead, by doorbell 0 (`fabric::pump::ServerPump::init`).
+                h.wakes_owed.clear();
+                h.stats.bells_owed |= 1;
+            }
             if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
             }
