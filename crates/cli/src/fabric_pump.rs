@@ -129,7 +129,8 @@ impl Link {
         let fail = |e: String| (libc::ECONNREFUSED, format!("tcps fabric-pump: {e}"));
         let secret = Secret::read(&args.fabric_auth)
             .map_err(|e| (libc::EACCES, format!("--fabric-auth: {e}")))?;
-        let ctx = Context::new(&ContextOptions::default()).map_err(|e| fail(format!("UCX: {e}")))?;
+        let ctx =
+            Context::new(&ContextOptions::default()).map_err(|e| fail(format!("UCX: {e}")))?;
         let worker = Worker::new(&ctx).map_err(|e| fail(format!("UCX: {e}")))?;
         for id in [
             wire::AM_CHALLENGE,
@@ -278,12 +279,16 @@ impl Pump {
         loop {
             let w = &self.link.worker;
             if w.progress() == 0 && w.arm() {
-                let mut pfds = [self.ctl.as_raw_fd(), self.doorbell.as_raw_fd(), w.event_fd()]
-                    .map(|fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    });
+                let mut pfds = [
+                    self.ctl.as_raw_fd(),
+                    self.doorbell.as_raw_fd(),
+                    w.event_fd(),
+                ]
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
                 // SAFETY: a valid array of three pollfds.
                 unsafe { libc::poll(pfds.as_mut_ptr(), 3, TICK_MS) };
             }
@@ -381,10 +386,7 @@ impl Pump {
     /// Host doorbell `slot`, made on first request: a duplicate of its
     /// read end to hand out (as the server's `host_doorbell`).
     fn bell(&mut self, slot: u32) -> io::Result<OwnedFd> {
-        let cell = self
-            .bells
-            .get_mut(slot as usize)
-            .ok_or(os(libc::EINVAL))?;
+        let cell = self.bells.get_mut(slot as usize).ok_or(os(libc::EINVAL))?;
         if cell.is_none() {
             *cell = Some(pipe()?);
         }

@@ -492,9 +492,18 @@ fn cluster_web_server_serves_curl_across_namespaces() {
 /// redis-cli script gets the answers redis gives.
 #[test]
 fn cluster_nginx_and_redis_unmodified_across_namespaces() {
-    for p in ["nginx", "redis-server", "redis-benchmark", "redis-cli", "curl"] {
+    for p in [
+        "nginx",
+        "redis-server",
+        "redis-benchmark",
+        "redis-cli",
+        "curl",
+    ] {
         assert!(
-            Command::new("which").arg(p).output().is_ok_and(|o| o.status.success()),
+            Command::new("which")
+                .arg(p)
+                .output()
+                .is_ok_and(|o| o.status.success()),
             "{p} is not installed (scripts/test.sh installs it)"
         );
     }
@@ -524,7 +533,13 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
         &n,
         &addr,
         d,
-        &["nginx", "-c", c.to_str().unwrap(), "-p", d.to_str().unwrap()],
+        &[
+            "nginx",
+            "-c",
+            c.to_str().unwrap(),
+            "-p",
+            d.to_str().unwrap(),
+        ],
         &out,
     );
     let logs = || {
@@ -545,8 +560,15 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
         d,
         // Clients come from another node: not loopback-only.
         &[
-            "redis-server", "--port", "6379", "--save", "", "--appendonly", "no",
-            "--protected-mode", "no",
+            "redis-server",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
         ],
         &out,
     );
@@ -563,7 +585,11 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     {
         if t.elapsed() > Duration::from_secs(15) {
             let ss = in_ns(&n.srv, &["ss", "-tanp"]).output().unwrap();
-            let stat = Command::new(TCPS).args(["stat", "--socket"]).arg(&socket).output().unwrap();
+            let stat = Command::new(TCPS)
+                .args(["stat", "--socket"])
+                .arg(&socket)
+                .output()
+                .unwrap();
             panic!(
                 "redis: {}\n{}\n{}",
                 logs(),
@@ -576,15 +602,30 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     let bench = in_ns(
         &n.cli,
         &[
-            "timeout", "120", "redis-benchmark", "-h", h, "-t", "get,set,lpush,lrange", "-n",
-            "2000", "-c", "10", "-q", "--csv",
+            "timeout",
+            "120",
+            "redis-benchmark",
+            "-h",
+            h,
+            "-t",
+            "get,set,lpush,lrange",
+            "-n",
+            "2000",
+            "-c",
+            "10",
+            "-q",
+            "--csv",
         ],
     )
     .output()
     .unwrap();
     let text = String::from_utf8_lossy(&bench.stdout).to_string()
         + &String::from_utf8_lossy(&bench.stderr);
-    assert!(bench.status.success(), "redis-benchmark:\n{text}\n{}", logs());
+    assert!(
+        bench.status.success(),
+        "redis-benchmark:\n{text}\n{}",
+        logs()
+    );
     assert!(!text.to_lowercase().contains("error"), "{text}");
     for t in ["SET", "GET", "LPUSH", "LRANGE_100"] {
         assert!(text.contains(&format!("\"{t}")), "no {t} result:\n{text}");
@@ -597,7 +638,11 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    cli.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    cli.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
     let answers = cli.wait_with_output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&answers.stdout),
@@ -644,7 +689,12 @@ fn cluster_cut_link_fails_calls_within_a_second() {
     let server_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let exe = std::env::current_exe().unwrap();
     let mut cmd = in_ns(&n.app, &[exe.to_str().unwrap()]);
-    cmd.args(["--exact", "cluster_blocked_host_child", "--ignored", "--nocapture"]);
+    cmd.args([
+        "--exact",
+        "cluster_blocked_host_child",
+        "--ignored",
+        "--nocapture",
+    ]);
     let mut host = InNs(
         remote_env(&mut cmd, &n, &addr, dir.path())
             .stdout(Stdio::piped())

@@ -134,9 +134,7 @@ fn handshake(ctl: OwnedFd, at: &str) -> Result<Attached, Failure> {
     let (bytes, fds) = recv_welcome(ctl.as_raw_fd()).map_err(|e| match e.raw_os_error() {
         Some(libc::EAGAIN) => Failure::new(
             libc::ETIMEDOUT,
-            format!(
-                "tcps: the server at {at} did not answer the attach request"
-            ),
+            format!("tcps: the server at {at} did not answer the attach request"),
         ),
         _ => os_fail("cannot receive the server's Welcome", e),
     })?;

@@ -19,8 +19,8 @@ use tcps_fabric::wire::{self, Spans};
 use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
 use tcps_proto::msg::{Op, Request};
-use tcps_proto::region::{stamp, Region};
 use tcps_proto::ready_log::READY_LOG_OFFSET;
+use tcps_proto::region::{stamp, Region};
 use tcps_proto::ring::HostCursor;
 use tcps_proto::wake::Woke;
 

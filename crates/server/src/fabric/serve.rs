@@ -182,22 +182,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
     loop {
         let any_live = conns.values().any(|c| matches!(c.state, State::Live(_)));
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
-            let wait = if any_live { BACKSTOP_MS } else { 100 };
-            let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
-            fds.extend(conns.values().filter_map(|c| match &c.state {
-                State::Live(l) => Some(l.watched()),
-                State::Attaching(_) => None,
-            }));
-            let mut pfds: Vec<libc::pollfd> = fds
-                .into_iter()
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            // SAFETY: a valid array of pollfds of that length.
-            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait) };
+            sleep(&fabric, &srv, &conns, any_live);
         }
         for c in conns.values_mut() {
             if let State::Live(l) = &mut c.state {
@@ -257,38 +242,65 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 conns.remove(&tag);
             }
         }
-        let now = Instant::now();
-        conns.retain(|_, c| match &mut c.state {
-            State::Attaching(a) if a.expired(now) => {
-                welcome(
-                    &c.ep,
-                    libc::ETIMEDOUT,
-                    [0; 8],
-                    "tcps: attach timed out".into(),
-                );
-                false
+        ship(&mut conns);
+    }
+}
+
+/// Sleeps until the fabric, a worker's bell or the shutdown fd wakes the
+/// thread, at most the backstop while remote hosts are attached.
+fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bool) {
+    let wait = if any_live { BACKSTOP_MS } else { 100 };
+    let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
+    fds.extend(conns.values().filter_map(|c| match &c.state {
+        State::Live(l) => Some(l.watched()),
+        State::Attaching(_) => None,
+    }));
+    let mut pfds: Vec<libc::pollfd> = fds
+        .into_iter()
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid array of pollfds of that length.
+    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait) };
+}
+
+/// Each host's batch of what the server wrote (or a keepalive); drops
+/// hosts silent too long and attaches that take too long.
+fn ship(conns: &mut HashMap<u64, Conn>) {
+    let now = Instant::now();
+    conns.retain(|_, c| match &mut c.state {
+        State::Attaching(a) if a.expired(now) => {
+            welcome(
+                &c.ep,
+                libc::ETIMEDOUT,
+                [0; 8],
+                "tcps: attach timed out".into(),
+            );
+            false
+        }
+        State::Attaching(_) => true,
+        State::Live(l) => {
+            if now.duration_since(l.heard) > SILENCE {
+                warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
+                return false;
             }
-            State::Attaching(_) => true,
-            State::Live(l) => {
-                if now.duration_since(l.heard) > SILENCE {
-                    warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
-                    return false;
-                }
-                let mut out = Spans::new();
-                l.pump.collect(&l.region, &mut out);
-                if out.is_empty() {
-                    if now.duration_since(l.sent) < KEEPALIVE {
-                        return true;
-                    }
-                    l.sent = now;
-                    return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
+            let mut out = Spans::new();
+            l.pump.collect(&l.region, &mut out);
+            if out.is_empty() {
+                if now.duration_since(l.sent) < KEEPALIVE {
+                    return true;
                 }
                 l.sent = now;
-                let (h, d) = out.take();
-                c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
+                return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
             }
-        });
-    }
+            l.sent = now;
+            let (h, d) = out.take();
+            c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
+        }
+    });
 }
 
 /// Carries out an attach step; false: drop the endpoint.
