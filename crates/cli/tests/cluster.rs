@@ -488,7 +488,8 @@ fn cluster_web_server_serves_curl_across_namespaces() {
 
 /// Unmodified nginx, then redis, under `tcps run --remote` on the
 /// application node, their clients on the client node: nginx serves the
-/// files byte-identical; redis-benchmark runs without errors and a
+/// files byte-identical (with sendfile: read on the application node and
+/// sent through the server); redis-benchmark runs without errors and a
 /// redis-cli script gets the answers redis gives.
 #[test]
 fn cluster_nginx_and_redis_unmodified_across_namespaces() {
@@ -520,7 +521,7 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     let conf = format!(
         "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {d}/nginx.pid;\n\
          error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
+         http {{\n access_log off;\n sendfile on;\n client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
          fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
          server {{ listen 8081; root {}; }}\n}}\n",
         root.display(),

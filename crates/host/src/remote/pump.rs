@@ -4,11 +4,12 @@
 //! after the arena bytes it reads, the channel's line 0 (`cq_head`: the
 //! server's completion credits), `channels_used` — into one batch, and
 //! applies the server pump's batches to the host's copy, waking the
-//! channels' sleepers as the server would. First cut: the channels (the
+//! sleepers as the server would: the channels' (futex), and the rings',
+//! send queues' and ready log's (`Region::wake_*`; the doorbell sleepers
+//! are returned for the caller to ring). Shipped: the channels (the
 //! synchronous calls), the receive/accept rings' `head` (a ring bound
-//! anew restarts at 0 here too) and the send queues' descriptors and
-//! `head`; waking a ring's or queue's sleepers and the ready log are still
-//! to come.
+//! anew — a new `owner` or `binds` — restarts at 0 here too) and the send
+//! queues' descriptors and `head`.
 //!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the

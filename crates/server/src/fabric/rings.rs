@@ -7,9 +7,10 @@
 //! again: a new `binds`): shipping restarts there too.
 //! And the send queues' server lines (credits: `done`; errors) when they
 //! change.
+//! And the ready log's new slots, then its `tail`.
 //!
-//! First cut: every ring's two lines are read each pass (32 bytes each);
-//! the worker's per-host bell would name the rings that moved.
+//! Every ring's two lines are read each pass (36 bytes each); a bell that
+//! named the rings that moved would make that O(moved).
 
 use tcps_fabric::wire::Spans;
 use tcps_proto::eager::ctl::RQ_CTL_SIZE;

@@ -8,9 +8,10 @@
 //! host's spans in, and, each pass, what the server wrote back out in one
 //! message.
 //!
-//! First cut: the pump looks at its hosts' regions every millisecond
-//! while any is attached (the worker does not tell it when it completes);
-//! a per-host bell rung by the worker is the next step.
+//! The worker tells the thread when it published for a host: it rings
+//! the host's doorbell 0, a pipe this thread asks for on the stand-in
+//! control socket (`ServerPump::init` makes the worker owe it); the
+//! thread sleeps on those, with a 5 ms backstop.
 
 use super::attach::{Attach, Step};
 use super::pump::ServerPump;
