@@ -32,7 +32,7 @@ use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, Hello, Welcome, CONTROL_MSG_LEN};
 use tcps_proto::layout::{Layout, VERSION};
 use tcps_proto::mirror::Writer;
-use tcps_proto::ready_log::DOORBELL_SLOTS;
+use tcps_proto::ready_log::{DOORBELL_SLOTS, READY_LOG_OFFSET};
 use tcps_proto::ring::HostCursor;
 use tcps_proto::Region;
 
@@ -60,6 +60,8 @@ const SILENCE: Duration = Duration::from_millis(800);
 /// The pump's backstop: what the library writes without ringing the
 /// doorbell (ring heads, `cq_head` credits) goes out at least this often.
 const TICK_MS: i32 = 5;
+/// How often the ready log's sleepers are looked at regardless (`sweep`).
+const SWEEP: Duration = Duration::from_millis(10);
 /// Offset of `server_alive` in the region header.
 const SERVER_ALIVE: usize = 68;
 
@@ -242,6 +244,8 @@ struct Pump {
     bells: Vec<Option<(OwnedFd, OwnedFd)>>,
     heard: Instant,
     sent: Instant,
+    /// The ready log's `tail` at the last sweep, and when that was.
+    swept: (u32, Instant),
 }
 
 impl Pump {
@@ -271,6 +275,7 @@ impl Pump {
             bells: (0..DOORBELL_SLOTS).map(|_| None).collect(),
             heard: Instant::now(),
             sent: Instant::now(),
+            swept: (0, Instant::now()),
         })
     }
 
@@ -323,6 +328,7 @@ impl Pump {
                 .map_err(|e| format!("a bad batch from the server ({e:?})"))?;
             self.ring_bells(woke.bells);
         }
+        self.sweep();
         if self.heard.elapsed() > SILENCE {
             return Err(format!("the server was silent for {SILENCE:?}"));
         }
@@ -339,6 +345,22 @@ impl Pump {
         };
         self.sent = Instant::now();
         r.map_err(|e| format!("cannot send to the server: {e}"))
+    }
+
+    /// Every `SWEEP`: if the ready log moved since the last sweep, rings
+    /// the doorbells of whoever sleeps on it now, a backstop for a wake-up
+    /// lost on the way (as the server's own periodic sweep is).
+    fn sweep(&mut self) {
+        if self.swept.1.elapsed() < SWEEP {
+            return;
+        }
+        let mut tail = [0u8; 4];
+        let _ = self.region.read_span(READY_LOG_OFFSET, &mut tail);
+        let tail = u32::from_le_bytes(tail);
+        if tail != self.swept.0 {
+            self.ring_bells(self.region.wake_ready_log().bells);
+        }
+        self.swept = (tail, Instant::now());
     }
 
     fn ring_bells(&self, bells: u64) {

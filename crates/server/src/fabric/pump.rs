@@ -142,6 +142,11 @@ impl ServerPump {
     /// channel's server line; the header's server words if they changed.
     pub fn collect(&mut self, region: &Region, out: &mut Spans) {
         let l = self.layout;
+        // Completions are read first and shipped after the rings: one may
+        // name a ring the server bound before it (setup with accept).
+        let mut done = Spans::new();
+        let out_rings = out;
+        let out = &mut done;
         for c in 0..l.n_channels {
             let Some(ch) = region.channel(c) else {
                 continue;
@@ -178,7 +183,9 @@ impl ServerPump {
                 out.push((base + 2 * SERVER_WORDS) as u32, &line);
             }
         }
-        self.rings.collect(&l, region, out);
+        self.rings.collect(&l, region, out_rings);
+        out_rings.append(&mut done);
+        let out = out_rings;
         let mut words = [0u8; 12];
         if region.read_span(SERVER_WORDS, &mut words).is_ok() && words != self.header {
             self.header = words;

@@ -13,7 +13,7 @@
 //! named the rings that moved would make that O(moved).
 
 use tcps_fabric::wire::Spans;
-use tcps_proto::eager::ctl::RQ_CTL_SIZE;
+use tcps_proto::eager::ctl::{KIND_ACCEPT, RQ_CTL_SIZE};
 use tcps_proto::layout::Layout;
 use tcps_proto::ready_log::{READY_LOG_OFFSET, READY_LOG_SLOTS};
 use tcps_proto::region::Region;
@@ -113,45 +113,62 @@ impl Rings {
         }
     }
 
+    /// The receive and accept rings. An accept record (and a completion,
+    /// see `pump`) names a receive ring the server bound before it: the
+    /// accept rings are read first and shipped last, so the receive rings'
+    /// lines in the same batch are at least as new as what they announce
+    /// and are applied before it.
     fn collect_rings(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        let mut accepts = Spans::new();
+        let is_accept = |r: usize| {
+            let mut kind = [0u8; 4];
+            let at = l.recv_ring_offset(r as u32) + 2 * LINE + 4;
+            region.read_span(at, &mut kind).is_ok() && u32::from_le_bytes(kind) == KIND_ACCEPT
+        };
+        let kinds: Vec<bool> = (0..self.shadow.len()).map(is_accept).collect();
+        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| **a) {
+            self.collect_ring(l, region, r, &mut accepts);
+        }
+        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| !**a) {
+            self.collect_ring(l, region, r, out);
+        }
+        out.append(&mut accepts);
+    }
+
+    /// Ring `r`'s new bytes, then its lines, if they changed.
+    fn collect_ring(&mut self, l: &Layout, region: &Region, r: usize, out: &mut Spans) {
         let size = l.rq_bytes;
-        for (r, sh) in self.shadow.iter_mut().enumerate() {
-            let base = l.recv_ring_offset(r as u32);
-            let mut lines = [0u8; L1 + L2];
-            // Line 2 and line 1 first (acquire): the bytes they publish after.
-            let (l1, l2) = lines.split_at_mut(L1);
-            if region.read_span(base + 2 * LINE, l2).is_err()
-                || region.read_span(base + LINE, l1).is_err()
-            {
-                continue;
-            }
-            if lines == sh.lines {
-                continue;
-            }
-            let (owner, binds) = (L1..L1 + 4, L1 + 12..L1 + 16);
-            if lines[owner.clone()] != sh.lines[owner] || lines[binds.clone()] != sh.lines[binds] {
-                sh.shipped = 0; // bound anew: the ring restarts at 0
-            }
-            let tail = word(&lines);
-            let n = tail.wrapping_sub(sh.shipped).min(size);
-            if n > 0 {
-                let start = (tail.wrapping_sub(n) % size) as usize;
-                let first = (n as usize).min(size as usize - start);
-                for (at, len) in [(start, first), (0, n as usize - first)] {
-                    if len == 0 {
-                        continue;
-                    }
-                    let mut b = vec![0u8; len];
-                    if region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
-                        out.push((base + RQ_CTL_SIZE + at) as u32, &b);
-                    }
+        let sh = &mut self.shadow[r];
+        let base = l.recv_ring_offset(r as u32);
+        let mut lines = [0u8; L1 + L2];
+        // Line 2 and line 1 first (acquire): the bytes they publish after.
+        let (l1, l2) = lines.split_at_mut(L1);
+        if region.read_span(base + 2 * LINE, l2).is_err()
+            || region.read_span(base + LINE, l1).is_err()
+            || lines == sh.lines
+        {
+            return;
+        }
+        let (owner, binds) = (L1..L1 + 4, L1 + 12..L1 + 16);
+        if lines[owner.clone()] != sh.lines[owner] || lines[binds.clone()] != sh.lines[binds] {
+            sh.shipped = 0; // bound anew: the ring restarts at 0
+        }
+        let tail = word(&lines);
+        let n = tail.wrapping_sub(sh.shipped).min(size);
+        if n > 0 {
+            let start = (tail.wrapping_sub(n) % size) as usize;
+            let first = (n as usize).min(size as usize - start);
+            for (at, len) in [(start, first), (0, n as usize - first)] {
+                let mut b = vec![0u8; len];
+                if len > 0 && region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
+                    out.push((base + RQ_CTL_SIZE + at) as u32, &b);
                 }
             }
-            sh.shipped = tail;
-            out.push((base + LINE) as u32, &lines[..L1]);
-            out.push((base + 2 * LINE) as u32, &lines[L1..]);
-            sh.lines = lines;
         }
+        sh.shipped = tail;
+        out.push((base + LINE) as u32, &lines[..L1]);
+        out.push((base + 2 * LINE) as u32, &lines[L1..]);
+        sh.lines = lines;
     }
 }
 
