@@ -429,6 +429,79 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// The same socket id bound again (same `owner`, a new `binds`): the
+    /// host's `head` restarts at 0 as for a new owner.
+    #[test]
+    fn a_rebind_to_the_same_socket_id_resets_the_head() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let ring = l.recv_ring_offset(1);
+        let line2 = |binds: u32| {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&2u32.to_le_bytes()); // owner
+            b[12..].copy_from_slice(&binds.to_le_bytes());
+            b
+        };
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(1));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        host.apply_span(Writer::Host, ring, &10u32.to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(2));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        let mut head = [0u8; 4];
+        host.read_span(ring, &mut head).unwrap();
+        assert_eq!(head, [0; 4], "bound again: head restarts");
+        // Unchanged lines shipped again: no reset.
+        host.apply_span(Writer::Host, ring, &7u32.to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(2));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        host.read_span(ring, &mut head).unwrap();
+        assert_eq!(u32::from_le_bytes(head), 7);
+    }
+
+    /// A publish into a ring a doorbell sleeper watches (and into the
+    /// ready log) reports its doorbell slot, as the server's publish does.
+    #[test]
+    fn a_publish_reports_the_doorbell_sleepers_of_the_ring_and_the_log() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let ring = l.recv_ring_offset(1);
+        let tail = |t: u32| {
+            let mut s = Spans::new();
+            s.push((ring + 64) as u32, &t.to_le_bytes());
+            s.take()
+        };
+        let (h, d) = tail(5);
+        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 0, "nobody waits");
+        // A sleeper on doorbell 3 registers on the ring (host_waiting,
+        // bell_slots), one on doorbell 5 on the ready log.
+        let mut w = [0u8; 12];
+        w[..4].copy_from_slice(&tcps_proto::eager::ctl::BELL_SLEEPER.to_le_bytes());
+        w[4..].copy_from_slice(&(1u64 << 3).to_le_bytes());
+        host.apply_span(Writer::Host, ring + 4, &w).unwrap();
+        let (h, d) = tail(9);
+        let woke = pump.apply(&host, &h, &d).unwrap();
+        assert!(woke.bell && woke.bells == 1 << 3, "{woke:?}");
+        // The log's `host_waiting`, padding, `bell_slots`.
+        let log = READY_LOG_OFFSET + 64;
+        host.apply_span(Writer::Host, log, &w[..4]).unwrap();
+        host.apply_span(Writer::Host, log + 8, &(1u64 << 5).to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push(READY_LOG_OFFSET as u32, &1u32.to_le_bytes());
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 1 << 5);
+    }
+
     #[test]
     fn send_queue_descriptors_go_before_their_head_and_before_the_kick() {
         let l = layout();

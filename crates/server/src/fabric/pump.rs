@@ -87,7 +87,11 @@ impl ServerPump {
         for q in 0..l.send_queues {
             let _ = region.apply_span(Writer::Host, l.send_queue_offset(q) + 4, &sleeper);
         }
-        let _ = region.apply_span(Writer::Host, READY_LOG_OFFSET + 64, &sleeper);
+        // The log's `host_waiting`, then (after 4 bytes of padding) its
+        // `bell_slots`.
+        let log = READY_LOG_OFFSET + 64;
+        let _ = region.apply_span(Writer::Host, log, &BELL_SLEEPER.to_le_bytes());
+        let _ = region.apply_span(Writer::Host, log + 8, &1u64.to_le_bytes());
     }
 
     /// Applies a batch from the host. `Ok(true)`: a request was published
@@ -254,6 +258,27 @@ mod tests {
             s.push(off as u32, &b);
         }
         s
+    }
+
+    /// After `init` every publish of the worker owes doorbell 0 (the
+    /// pump's): on each ring, each queue and the ready log.
+    #[test]
+    fn init_makes_every_publish_owe_doorbell_0() {
+        let l = layout();
+        let server = region(l);
+        for r in 0..l.recv_rings {
+            assert_eq!(server.wake_recv_ring(r).bells, 0);
+        }
+        ServerPump::init(&server);
+        for r in 0..l.recv_rings {
+            let w = server.wake_recv_ring(r);
+            assert!(w.bell && !w.thread && w.bells == 1, "ring {r}: {w:?}");
+        }
+        for q in 0..l.send_queues {
+            assert_eq!(server.wake_send_queue(q).bells, 1, "queue {q}");
+        }
+        let w = server.wake_ready_log();
+        assert!(w.bell && w.bells == 1, "ready log: {w:?}");
     }
 
     #[test]

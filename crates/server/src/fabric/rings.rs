@@ -260,6 +260,56 @@ mod tests {
         assert_eq!(ship(&mut rings, &l, &server, &host), 0);
     }
 
+    /// An accept ring is shipped after the receive rings (its record
+    /// names one the server bound before it), whatever their indexes.
+    #[test]
+    fn accept_rings_are_shipped_after_the_receive_rings() {
+        let l = layout();
+        let server = region(l);
+        let mut rings = Rings::new(&l);
+        // Ring 0 accepts (kind 2), ring 1 receives.
+        let r0 = l.recv_ring_offset(0);
+        let mut line2 = [0u8; 8];
+        line2[..4].copy_from_slice(&1u32.to_le_bytes());
+        line2[4..].copy_from_slice(&KIND_ACCEPT.to_le_bytes());
+        server
+            .apply_span(Writer::Server, r0 + 2 * LINE, &line2)
+            .unwrap();
+        server
+            .apply_span(Writer::Server, r0 + LINE, &64u32.to_le_bytes())
+            .unwrap();
+        publish(&server, &l, 0, b"request", 2);
+        let mut out = Spans::new();
+        rings.collect(&l, &server, &mut out);
+        let (h, d) = out.take();
+        let offs: Vec<usize> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
+        let r1 = l.recv_ring_offset(1);
+        let last_r1 = offs.iter().rposition(|&o| o >= r1).unwrap();
+        let first_r0 = offs.iter().position(|&o| o >= r0 && o < r1).unwrap();
+        assert!(last_r1 < first_r0, "{offs:?}");
+    }
+
+    /// The same socket id bound again (a new `binds`, same `owner`): the
+    /// ring is shipped from 0 again.
+    #[test]
+    fn a_rebind_to_the_same_socket_id_restarts_the_ring() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        publish(&server, &l, 0, b"old connection", 2);
+        ship(&mut rings, &l, &server, &host);
+        let base = l.recv_ring_offset(1);
+        server
+            .apply_span(Writer::Server, base + 2 * LINE + 12, &1u32.to_le_bytes())
+            .unwrap();
+        publish(&server, &l, 0, b"new", 2);
+        ship(&mut rings, &l, &server, &host);
+        assert_eq!(ring_bytes(&host, &l, 0, 3), b"new");
+        let mut tail = [0u8; 4];
+        host.read_span(base + LINE, &mut tail).unwrap();
+        assert_eq!(u32::from_le_bytes(tail), 3);
+    }
+
     #[test]
     fn published_bytes_reach_the_host_copy_across_the_wrap_and_a_rebind() {
         let l = layout();
