@@ -60,6 +60,8 @@ const SILENCE: Duration = Duration::from_millis(800);
 /// The pump's backstop: what the library writes without ringing the
 /// doorbell (ring heads, `cq_head` credits) goes out at least this often.
 const TICK_MS: i32 = 5;
+/// A gap in the pump's own loop this long means it was not running.
+const STARVED: Duration = Duration::from_millis(200);
 /// How often the ready log's sleepers are looked at regardless (`sweep`).
 const SWEEP: Duration = Duration::from_millis(10);
 /// Offset of `server_alive` in the region header.
@@ -246,6 +248,8 @@ struct Pump {
     sent: Instant,
     /// The ready log's `tail` at the last sweep, and when that was.
     swept: (u32, Instant),
+    /// When the loop last ran.
+    looped: Instant,
 }
 
 impl Pump {
@@ -276,6 +280,7 @@ impl Pump {
             heard: Instant::now(),
             sent: Instant::now(),
             swept: (0, Instant::now()),
+            looped: Instant::now(),
         })
     }
 
@@ -317,6 +322,13 @@ impl Pump {
         if let Some((_, e)) = w.take_failures().into_iter().next() {
             return Err(format!("the server's endpoint failed: {e}"));
         }
+        // Silence counts only while this process runs: after a gap in its
+        // own loop (it was not scheduled: an overloaded machine) the server
+        // gets a fresh window, or a starved helper would cut a live link.
+        if self.looped.elapsed() > STARVED {
+            self.heard = Instant::now();
+        }
+        self.looped = Instant::now();
         while let Some(m) = w.take_am() {
             self.heard = Instant::now();
             if m.id != wire::AM_SPANS {

@@ -216,7 +216,10 @@ fn host_libraries_do_not_link_ucx() {
     for lib in ["libtcps.so", "libtcps_preload.so"] {
         let d = needed(&dir.join(lib));
         assert!(d.contains("libc.so"), "{lib}: {d}");
-        assert!(!d.contains("libucp") && !d.contains("libucs"), "{lib} links UCX:\n{d}");
+        assert!(
+            !d.contains("libucp") && !d.contains("libucs"),
+            "{lib} links UCX:\n{d}"
+        );
     }
     assert!(needed(std::path::Path::new(TCPS)).contains("libucp"));
 }

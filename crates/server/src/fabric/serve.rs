@@ -52,6 +52,12 @@ struct Live {
     sent: Instant,
 }
 
+/// A gap this long in the thread's own loop (it sleeps at most
+/// `BACKSTOP_MS` while hosts are attached) means it was not running (an
+/// overloaded machine): the hosts' silence restarts, so a starved server
+/// does not drop live hosts.
+const STARVED: Duration = Duration::from_millis(200);
+
 /// How long the pump sleeps at most while remote hosts are attached: the
 /// worker's doorbell 0 wakes it when it published; this is the backstop
 /// for what it publishes without a wake (a ring's `paused`, line 2).
@@ -180,7 +186,17 @@ pub fn serve(fabric: Fabric, srv: Server) {
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut next_id = 1u64 << 48; // ids apart from local hosts'
     let mut next_worker = 0usize;
+    let mut looped = Instant::now();
     loop {
+        // Silence counts only while this thread runs (see `STARVED`).
+        if looped.elapsed() > STARVED {
+            for c in conns.values_mut() {
+                if let State::Live(l) = &mut c.state {
+                    l.heard = Instant::now();
+                }
+            }
+        }
+        looped = Instant::now();
         let any_live = conns.values().any(|c| matches!(c.state, State::Live(_)));
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
             sleep(&fabric, &srv, &conns, any_live);
