@@ -4,6 +4,7 @@ mod bench;
 mod bench_web;
 mod demo;
 mod docs_cmd;
+mod fabric_pump;
 mod harness;
 mod run_cmd;
 mod server_cmd;
@@ -35,6 +36,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run an unmodified program with its TCP sockets served by the TCP server (preload library).
     Run(run_cmd::RunArgs),
+    /// The host's half of a channel to a TCP server on another node (UCX): started by the host library when TCPS_REMOTE is set, not by hand.
+    FabricPump(fabric_pump::PumpArgs),
     /// Show what a running TCP server is doing: per attached host and in total, calls by type, round trips, process-ahead, bytes, refusals and queue depths.
     Stat(stat_cmd::StatArgs),
     /// Write the manual pages (tcps.1, tcps-SUBCOMMAND.1) into DIR (for `make install`).
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Stat(args) => stat_cmd::run(args),
+        Command::FabricPump(args) => fabric_pump::run(args),
         Command::Man { dir } => docs_cmd::write_man_pages(Cli::command(), &dir).map_err(Into::into),
         Command::Completions { shell } => {
             print!("{}", docs_cmd::completion(Cli::command(), shell));

@@ -1,4 +1,5 @@
-//! `tcps run [--socket PATH] [--fallback kernel|fail] -- PROGRAM [ARGS...]`:
+//! `tcps run [--socket PATH | --remote ADDR:PORT --fabric-auth FILE]
+//! [--fallback kernel|fail] -- PROGRAM [ARGS...]`:
 //! runs an unmodified program with `libtcps_preload.so` preloaded, so its
 //! TCP sockets are served by the TCP server (see docs/PRELOAD.md).
 //!
@@ -48,6 +49,17 @@ pub struct RunArgs {
     /// is starting) before the fallback applies
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub wait: f64,
+    /// Attach to a TCP server on another node over UCX, at its
+    /// `--fabric-listen ADDR:PORT` (sets TCPS_REMOTE; needs --fabric-auth).
+    /// Each process of the program starts a `tcps fabric-pump` helper; its
+    /// sockets are the server's (no fork inheritance of sockets across
+    /// nodes, no registered memory)
+    #[arg(long, value_name = "ADDR:PORT", requires = "fabric_auth")]
+    pub remote: Option<std::net::SocketAddr>,
+    /// The secret shared with that server, a file as its --fabric-auth
+    /// (sets TCPS_FABRIC_AUTH)
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub fabric_auth: Option<PathBuf>,
     /// The program and its arguments
     #[arg(
         required = true,
@@ -251,6 +263,19 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.env("TCPS_SOCKET", &socket);
+    if let (Some(remote), Some(auth)) = (args.remote, &args.fabric_auth) {
+        let auth = std::path::absolute(auth)?;
+        let exe = std::env::current_exe()?;
+        // Here too: the probe below attaches as the program will.
+        for (k, v) in [
+            ("TCPS_REMOTE", std::ffi::OsString::from(remote.to_string())),
+            ("TCPS_FABRIC_AUTH", auth.into_os_string()),
+            ("TCPS_BIN", exe.into_os_string()),
+        ] {
+            std::env::set_var(k, &v);
+            cmd.env(k, v);
+        }
+    }
     // The program keeps this pid (exec): the library knows it is the one
     // `tcps run` started and writes its summary line even without sockets.
     cmd.env("TCPS_RUN_PID", std::process::id().to_string());

@@ -197,3 +197,29 @@ fn remote_host_serves_a_connection_with_synchronous_calls() {
     }
     assert_eq!(hosts_attached(&srv), 0);
 }
+
+/// The host libraries do not load UCX: a program that only uses a local
+/// server never initialises libucs (remote attach runs UCX in the helper
+/// process, `tcps fabric-pump`); the `tcps` binary does link it.
+#[test]
+fn host_libraries_do_not_link_ucx() {
+    let dir = std::path::Path::new(TCPS).parent().unwrap();
+    let needed = |f: &std::path::Path| {
+        let out = std::process::Command::new("readelf")
+            .arg("-d")
+            .arg(f)
+            .output()
+            .expect("readelf (binutils)");
+        assert!(out.status.success(), "readelf -d {}", f.display());
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for lib in ["libtcps.so", "libtcps_preload.so"] {
+        let d = needed(&dir.join(lib));
+        assert!(d.contains("libc.so"), "{lib}: {d}");
+        assert!(
+            !d.contains("libucp") && !d.contains("libucs"),
+            "{lib} links UCX:\n{d}"
+        );
+    }
+    assert!(needed(std::path::Path::new(TCPS)).contains("libucp"));
+}

@@ -31,6 +31,9 @@ impl Drop for ListenerInner {
             // SAFETY: a request of this listener not accepted or rejected.
             unsafe { sys::ucp_listener_reject(self.raw, req) };
         }
+        if self.raw.is_null() {
+            return; // its creation failed (e.g. the address is in use)
+        }
         // SAFETY: the listener is live and destroyed once; no ConnRequest
         // is left (each holds an Rc of this).
         unsafe { sys::ucp_listener_destroy(self.raw) };

@@ -114,6 +114,17 @@ fn am_round_trip(tls: &str) {
     assert_eq!(m.id, 2);
     assert_eq!(m.header, vec![9; 8]);
     assert!(m.data == big, "rendezvous data differs");
+    // A large message then small ones: taken in the order sent (the
+    // eager ones arrive first but wait behind the rendezvous one).
+    for i in 0..3u32 {
+        let data = if i == 0 { big.clone() } else { Vec::new() };
+        p.c_ep.am_send(2, &i.to_le_bytes(), data, true).unwrap();
+    }
+    for i in 0..3u32 {
+        let m = recv(&p, true);
+        assert_eq!(m.header, i.to_le_bytes().to_vec(), "out of order");
+        assert_eq!(m.data.len(), if i == 0 { big.len() } else { 0 });
+    }
     // A burst keeps its order.
     for i in 0..100u32 {
         p.c_ep

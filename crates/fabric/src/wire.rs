@@ -98,6 +98,12 @@ impl Spans {
         self.count == 0
     }
 
+    /// Moves `other`'s spans after this batch's (it is empty again).
+    pub fn append(&mut self, other: &mut Spans) {
+        self.buf.append(&mut other.buf);
+        self.count += std::mem::take(&mut other.count);
+    }
+
     /// Bytes gathered so far (to cut a batch that grows too large).
     pub fn bytes(&self) -> usize {
         self.buf.len()

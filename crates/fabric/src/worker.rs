@@ -29,8 +29,9 @@ pub(crate) enum Keep {
     Nothing,
     Bytes(#[allow(dead_code)] Vec<u8>, #[allow(dead_code)] Vec<u8>),
     Mem(#[allow(dead_code)] Arc<MemInner>),
-    /// A rendezvous receive: the message is queued when it completes.
-    Recv(AmMessage),
+    /// A rendezvous receive: the message fills its place in the queue
+    /// (`seq`) when it completes.
+    Recv(u64, AmMessage),
 }
 
 struct Pending {
@@ -45,6 +46,17 @@ struct Rndv {
     desc: *mut libc::c_void,
     msg: AmMessage,
     len: usize,
+    seq: u64,
+}
+
+/// A received message in arrival order: a rendezvous one holds its place
+/// (`msg` None) until its data is in, so that messages of one endpoint
+/// are taken in the order they were sent (a later eager message does not
+/// overtake an earlier large one; the channel's spans depend on it).
+struct Arrived {
+    seq: u64,
+    from: Option<u64>,
+    msg: Option<AmMessage>,
 }
 
 struct Handler {
@@ -56,7 +68,8 @@ pub(crate) struct WorkerInner {
     _ctx: Context,
     pub(crate) raw: sys::ucp_worker_h,
     efd: i32,
-    am: RefCell<VecDeque<AmMessage>>,
+    am: RefCell<VecDeque<Arrived>>,
+    next_seq: Cell<u64>,
     rndv: RefCell<Vec<Rndv>>,
     /// Boxed: the callbacks' `arg` points into each, so they must not move.
     #[allow(clippy::vec_box)]
@@ -94,9 +107,29 @@ impl WorkerInner {
     }
 
     fn finished(&self, keep: Keep) {
-        if let Keep::Recv(msg) = keep {
-            self.am.borrow_mut().push_back(msg);
+        if let Keep::Recv(seq, msg) = keep {
+            if let Some(a) = self.am.borrow_mut().iter_mut().find(|a| a.seq == seq) {
+                a.msg = Some(msg);
+            }
         }
+    }
+
+    /// A message's place in the queue.
+    fn arrive(&self, from: Option<u64>, msg: Option<AmMessage>) -> u64 {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        self.am.borrow_mut().push_back(Arrived { seq, from, msg });
+        seq
+    }
+
+    /// A rendezvous receive that failed gives up its place.
+    fn forget(&self, seq: u64) {
+        self.am.borrow_mut().retain(|a| a.seq != seq);
+    }
+
+    /// Messages ready to take.
+    fn ready(&self) -> usize {
+        self.am.borrow().iter().filter(|a| a.msg.is_some()).count()
     }
 
     /// Moves completed operations' keeps out (drops them, queues received
@@ -125,8 +158,10 @@ impl WorkerInner {
             }
         }
         for (status, keep) in keeps {
-            if status == sys::UCS_OK {
-                self.finished(keep);
+            match keep {
+                Keep::Recv(seq, _) if status != sys::UCS_OK => self.forget(seq),
+                keep if status == sys::UCS_OK => self.finished(keep),
+                _ => {}
             }
         }
         n
@@ -155,7 +190,13 @@ impl WorkerInner {
             };
             // A failed rendezvous drops the message (its sender's endpoint
             // reports the failure).
-            let _ = self.track(p, None, Keep::Recv(msg), "ucp_am_recv_data_nbx");
+            let seq = r.seq;
+            if self
+                .track(p, None, Keep::Recv(seq, msg), "ucp_am_recv_data_nbx")
+                .is_err()
+            {
+                self.forget(seq);
+            }
         }
     }
 }
@@ -210,10 +251,12 @@ unsafe extern "C" fn am_callback(
         from,
     };
     if param.recv_attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV != 0 {
+        let seq = w.arrive(from, None);
         w.rndv.borrow_mut().push(Rndv {
             desc: data,
             msg,
             len,
+            seq,
         });
         return sys::UCS_INPROGRESS;
     }
@@ -222,7 +265,7 @@ unsafe extern "C" fn am_callback(
         // the duration of the call (UCS_OK is returned: UCX keeps them).
         msg.data = unsafe { std::slice::from_raw_parts(data as *const u8, len) }.to_vec();
     }
-    w.am.borrow_mut().push_back(msg);
+    w.arrive(from, Some(msg));
     sys::UCS_OK
 }
 
@@ -257,6 +300,7 @@ impl Worker {
             efd,
             am: RefCell::new(VecDeque::new()),
             rndv: RefCell::new(Vec::new()),
+            next_seq: Cell::new(0),
             handlers: RefCell::new(Vec::new()),
             pending: RefCell::new(Vec::new()),
             eps: RefCell::new(HashMap::new()),
@@ -311,8 +355,20 @@ impl Worker {
     }
 
     /// The next active message received, if any.
+    /// Messages of one endpoint come in the order they were sent: one
+    /// waits behind an earlier rendezvous message of its sender that is
+    /// still being received.
     pub fn take_am(&self) -> Option<AmMessage> {
-        self.0.am.borrow_mut().pop_front()
+        let mut am = self.0.am.borrow_mut();
+        let mut waiting: Vec<Option<u64>> = Vec::new();
+        let i = am.iter().position(|a| {
+            if a.msg.is_none() {
+                waiting.push(a.from);
+                return false;
+            }
+            !waiting.contains(&a.from)
+        })?;
+        am.remove(i).and_then(|a| a.msg)
     }
 
     /// Endpoints that failed since the last call (tag, UCX status): their
@@ -346,7 +402,7 @@ impl Worker {
     /// Progresses; if nothing happened, sleeps on the event fd up to
     /// `timeout` (None: until something arrives). Returns what progressed.
     pub fn wait(&self, timeout: Option<Duration>) -> usize {
-        let n = self.progress() + self.0.am.borrow().len();
+        let n = self.progress() + self.0.ready();
         if n > 0 {
             return n;
         }

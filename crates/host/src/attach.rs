@@ -82,6 +82,17 @@ pub fn attach(path: &Path) -> io::Result<Attached> {
 }
 
 fn attach_inner(path: &Path) -> Result<Attached, Failure> {
+    if let Some(remote) = crate::remote::address() {
+        // Over a fabric: the helper answers the same handshake
+        // (`crate::remote`).
+        let ctl = crate::remote::start_pump(&remote).map_err(|e| {
+            Failure::new(
+                e.raw_os_error().unwrap_or(libc::EINVAL),
+                format!("tcps: cannot start `tcps fabric-pump` for TCPS_REMOTE={remote}: {e}"),
+            )
+        })?;
+        return handshake(ctl, &format!("TCPS_REMOTE={remote}"));
+    }
     let ctl = connect(path).map_err(|e| {
         let errno = e.raw_os_error().unwrap_or(libc::ECONNREFUSED);
         let errno = match errno {
@@ -105,6 +116,12 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
             ),
         )
     })?;
+    handshake(ctl, &path.display().to_string())
+}
+
+/// Hello, then the server's Welcome with the region and the doorbell, on
+/// a connected control socket (`at` names the server in errors).
+fn handshake(ctl: OwnedFd, at: &str) -> Result<Attached, Failure> {
     let os_fail = |what: &str, e: io::Error| {
         Failure::new(
             e.raw_os_error().unwrap_or(libc::EIO),
@@ -117,10 +134,7 @@ fn attach_inner(path: &Path) -> Result<Attached, Failure> {
     let (bytes, fds) = recv_welcome(ctl.as_raw_fd()).map_err(|e| match e.raw_os_error() {
         Some(libc::EAGAIN) => Failure::new(
             libc::ETIMEDOUT,
-            format!(
-                "tcps: the server at {} did not answer the attach request",
-                path.display()
-            ),
+            format!("tcps: the server at {at} did not answer the attach request"),
         ),
         _ => os_fail("cannot receive the server's Welcome", e),
     })?;

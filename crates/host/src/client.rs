@@ -86,6 +86,13 @@ impl Client {
         self.conn.detach();
     }
 
+    /// Attached to a server on another node (`TCPS_REMOTE`): sockets have
+    /// no descriptor in this process, and descriptor passing, memory
+    /// registration and fork inheritance are not available.
+    pub fn is_remote(&self) -> bool {
+        self.conn.remote
+    }
+
     /// False once the server died or the client was detached.
     pub fn is_attached(&self) -> bool {
         self.conn.is_open()
@@ -194,7 +201,21 @@ impl Client {
     /// The kernel socket is created in this process, under its own
     /// credentials (so are `bind`, `listen` and socket options; see
     /// `kernelfd`), and handed to the server once.
+    ///
+    /// Attached over a fabric (`TCPS_REMOTE`), the server creates it (and
+    /// binds it), checking what the kernel would against the uid the
+    /// server maps this host to.
     pub fn socket(&self, domain: i32, ty: i32, protocol: i32) -> io::Result<u32> {
+        if self.conn.remote {
+            let c = self.simple_call(Call::Socket {
+                domain,
+                ty: ty & !libc::SOCK_CLOEXEC,
+                protocol,
+            })?;
+            let id = socket_id(&c)?;
+            self.new_socket_record(id, ty & libc::SOCK_NONBLOCK != 0, 0, None, false);
+            return Ok(id);
+        }
         self.new_kernel_socket(domain, ty, protocol)
     }
 
@@ -213,13 +234,20 @@ impl Client {
             addr::AddrError::TooShort => errno(libc::EINVAL),
             addr::AddrError::UnsupportedFamily(_) => errno(libc::EAFNOSUPPORT),
         })?;
+        if self.conn.remote {
+            return self
+                .with_input(|addr| Call::Bind { sock: s, addr }, sockaddr)
+                .map(drop);
+        }
         self.kernel_bind(s, sockaddr)
     }
 
     /// listen(2): this process listens on its own descriptor, then the
     /// server takes the listener over (its accept ring is set up).
     pub fn listen(&self, s: u32, backlog: i32) -> io::Result<()> {
-        self.kernel_listen(s, backlog)?;
+        if !self.conn.remote {
+            self.kernel_listen(s, backlog)?;
+        }
         let c = self.simple_call(Call::Listen { sock: s, backlog })?;
         self.eager_listened(s, c.aux);
         Ok(())

@@ -36,7 +36,7 @@ pub mod interrupt;
 mod kernelfd;
 mod memory;
 mod optcache;
-mod remote;
+pub mod remote;
 mod ring_wait;
 mod sendq;
 mod settings;

@@ -100,10 +100,15 @@ fn attach() {
     IN_ATTACH.with(|a| a.set(false));
     match result {
         Ok(c) => {
-            info!(
-                "attached to the TCP server at {}: TCP sockets are offloaded",
-                path.display()
-            );
+            match tcps::setting_str("TCPS_REMOTE").and_then(Result::ok) {
+                Some(r) if c.is_remote() => {
+                    info!("attached to the TCP server at {r} (TCPS_REMOTE, over UCX): TCP sockets are offloaded")
+                }
+                _ => info!(
+                    "attached to the TCP server at {}: TCP sockets are offloaded",
+                    path.display()
+                ),
+            }
             take_direct(&c);
             state::at_exit_once();
             state::install(c);
@@ -143,7 +148,7 @@ static BALANCE: tcps::Switch = tcps::Switch::new("TCPS_BALANCE");
 /// (`sock.rs`). A server that does not know the message cuts the host
 /// off, so an error here is only logged.
 fn take_direct(c: &Client) {
-    if !BALANCE.on() {
+    if !BALANCE.on() || c.is_remote() {
         debug!("TCPS_BALANCE off: every connection stays offloaded");
         return;
     }

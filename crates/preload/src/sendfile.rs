@@ -137,6 +137,10 @@ unsafe fn offloaded_sendfile(
             libc::EINVAL
         });
     }
+    if c.is_remote() {
+        // The server is on another node: it cannot open this file.
+        return remote_sendfile(c, out_fd, id, in_fd, offset, start, count);
+    }
     let (file, size) = match file_handle(in_fd) {
         Ok(h) => h,
         Err(e) => return fail(e),
@@ -173,6 +177,58 @@ unsafe fn offloaded_sendfile(
     }
     COUNTERS.sendfile_bytes.fetch_add(total, Ordering::Relaxed);
     debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
+    let end = start + total as off64_t;
+    if offset.is_null() {
+        libc::lseek64(in_fd, end, libc::SEEK_SET);
+    } else {
+        *offset = end;
+    }
+    if total == 0 && err != 0 {
+        return fail_sending(err);
+    }
+    total as ssize_t
+}
+
+/// sendfile when attached to a server on another node (`TCPS_REMOTE`):
+/// the file's bytes read here and sent as ordinary sends, 64 KiB at a
+/// time, until `count`, a short send or an error.
+unsafe fn remote_sendfile(
+    c: &tcps::Client,
+    out_fd: c_int,
+    id: u32,
+    in_fd: c_int,
+    offset: *mut off64_t,
+    start: off64_t,
+    count: size_t,
+) -> ssize_t {
+    let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+    let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    let mut buf = vec![0u8; count.min(64 << 10)];
+    let (mut total, mut err) = (0usize, 0);
+    while total < count {
+        let want = (count - total).min(buf.len());
+        let at = start + total as off64_t;
+        let n = libc::pread64(in_fd, buf.as_mut_ptr().cast(), want, at);
+        if n <= 0 {
+            err = if n < 0 { crate::errno::last_errno() } else { 0 };
+            break;
+        }
+        match c.send(id, &buf[..n as usize], flags) {
+            Ok(sent) => {
+                total += sent;
+                if sent < n as usize {
+                    break;
+                }
+            }
+            Err(e) => {
+                err = crate::errno::errno_of(&e);
+                break;
+            }
+        }
+    }
+    COUNTERS
+        .sendfile_bytes
+        .fetch_add(total as u64, Ordering::Relaxed);
     let end = start + total as off64_t;
     if offset.is_null() {
         libc::lseek64(in_fd, end, libc::SEEK_SET);

@@ -14,6 +14,7 @@
 use crate::layout::{Layout, CTL_SIZE, HEADER_SIZE};
 use crate::ready_log::{READY_LOG_OFFSET, READY_LOG_SIZE};
 use crate::region::Region;
+use crate::wake::Woke;
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, Ordering};
 
 /// Who writes a zone.
@@ -226,6 +227,36 @@ impl Region {
         // SAFETY: off..end is inside the mapping; a byte copy.
         unsafe { std::ptr::copy_nonoverlapping(base.add(off), out.as_mut_ptr(), out.len()) };
         Ok(())
+    }
+}
+
+/// The producer's half of the wake-up handshake, for a pump that applied
+/// a peer's publish to this copy (`apply_span`): a fence, then whom the
+/// consumer side's `host_waiting` names, as the server does after its own
+/// publish. Futex sleepers are woken here; doorbell sleepers are reported
+/// ([`Woke::bell`], [`Woke::bells`]) for the caller to ring.
+impl Region {
+    /// After receive/accept ring `r`'s line 1 (`tail`, `end`) or line 2
+    /// (an unbind) was applied.
+    pub fn wake_recv_ring(&self, r: u32) -> Woke {
+        match self.recv_ring(r) {
+            Some(ring) => crate::eager::recv::wake_if_waiting(ring.ctl(), None),
+            None => Woke::default(),
+        }
+    }
+
+    /// After send queue `q`'s server lines (`done`, an error) were applied.
+    pub fn wake_send_queue(&self, q: u32) -> Woke {
+        match self.send_queue(q) {
+            Some(sq) => crate::sendq::queue::wake_if_waiting(sq.ctl()),
+            None => Woke::default(),
+        }
+    }
+
+    /// After the ready log's `tail` was applied: its doorbell sleepers.
+    pub fn wake_ready_log(&self) -> Woke {
+        fence(Ordering::SeqCst);
+        crate::ready_log::sleepers(self.ready_log())
     }
 }
 

@@ -186,6 +186,9 @@ pub(crate) struct Conn {
     /// Bytes moved by registered (zero-copy) synchronous calls.
     pub(super) registered_sent: AtomicU64,
     pub(super) registered_received: AtomicU64,
+    /// Attached over a fabric (`crate::remote`): no socket of this host
+    /// has a descriptor here; `socket` and `bind` run at the server.
+    pub(crate) remote: bool,
 }
 
 impl Conn {
@@ -214,6 +217,7 @@ impl Conn {
             registered_sent: AtomicU64::new(0),
             room_waits: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
+            remote: crate::remote::address().is_some(),
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             region: a.region,
             ctl: Control::new(a.ctl),

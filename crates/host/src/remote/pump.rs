@@ -4,11 +4,12 @@
 //! after the arena bytes it reads, the channel's line 0 (`cq_head`: the
 //! server's completion credits), `channels_used` — into one batch, and
 //! applies the server pump's batches to the host's copy, waking the
-//! channels' sleepers as the server would. First cut: the channels (the
+//! sleepers as the server would: the channels' (futex), and the rings',
+//! send queues' and ready log's (`Region::wake_*`; the doorbell sleepers
+//! are returned for the caller to ring). Shipped: the channels (the
 //! synchronous calls), the receive/accept rings' `head` (a ring bound
-//! anew restarts at 0 here too) and the send queues' descriptors and
-//! `head`; waking a ring's or queue's sleepers and the ready log are still
-//! to come.
+//! anew — a new `owner` or `binds` — restarts at 0 here too) and the send
+//! queues' descriptors and `head`.
 //!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the
@@ -19,8 +20,10 @@ use tcps_fabric::wire::{self, Spans};
 use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
 use tcps_proto::msg::{Op, Request};
+use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::{stamp, Region};
 use tcps_proto::ring::HostCursor;
+use tcps_proto::wake::Woke;
 
 /// Offset of `server_sleeping` (and the server's two words after it).
 const SERVER_WORDS: usize = 64;
@@ -158,11 +161,32 @@ impl HostPump {
         (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
     }
 
-    /// Applies a batch from the server pump and wakes the sleepers of the
-    /// channels it completed into.
-    pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<(), Refused> {
+    /// The receive/accept ring whose server lines (1 or 2) `off` is in.
+    fn ring_of(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let first = l.recv_rings_offset();
+        let r = off.checked_sub(first)? / l.rq_stride();
+        let rel = off - l.recv_ring_offset(r as u32);
+        (r < l.recv_rings as usize && (64..192).contains(&rel)).then_some(r as u32)
+    }
+
+    /// The send queue whose server lines (1 or 2) `off` is in.
+    fn queue_of(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
+        let rel = off - l.send_queue_offset(q as u32);
+        (q < l.send_queues as usize && (64..192).contains(&rel)).then_some(q as u32)
+    }
+
+    /// Applies a batch from the server pump, then wakes whom it concerns
+    /// as the server would have: the sleepers of the channels it completed
+    /// into (futex), of the rings and queues it published into and of the
+    /// ready log (futex sleepers woken here; the doorbell sleepers are
+    /// returned, for the caller to ring their host doorbells).
+    pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<Woke, Refused> {
         let l = self.layout;
         let mut woken = Vec::new();
+        let (mut rings, mut queues, mut log) = (Vec::new(), Vec::new(), false);
         for span in wire::spans(header, data) {
             let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
             let mut off = off as usize;
@@ -176,14 +200,17 @@ impl HostPump {
                 }
             }
             let ring = self.ring_line2(off);
-            let mut owner = [0u8; 4];
+            // `owner` and `binds`: either changed, the ring was bound anew.
+            let mut was = [0u8; 16];
             if ring.is_some() {
-                let _ = region.read_span(off, &mut owner);
+                let _ = region.read_span(off, &mut was);
             }
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
-            if let Some(r) = ring.filter(|_| bytes.get(..4) != Some(&owner[..])) {
+            let rebound = bytes.get(..4) != Some(&was[..4])
+                || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
+            if let Some(r) = ring.filter(|_| rebound) {
                 // Bound anew: the server's bind stored head = 0 in its copy;
                 // head is the host's to write here.
                 let at = self.layout.recv_ring_offset(r as u32);
@@ -197,14 +224,37 @@ impl HostPump {
                     woken.push(c);
                 }
             }
+            log |= off == READY_LOG_OFFSET;
+            if let Some(r) = self.ring_of(off).filter(|r| !rings.contains(r)) {
+                rings.push(r);
+            }
+            if let Some(q) = self.queue_of(off).filter(|q| !queues.contains(q)) {
+                queues.push(q);
+            }
         }
         for c in woken {
             if let Some(ch) = region.channel(c) {
                 HostCursor::wake_sleepers(&ch);
             }
         }
-        Ok(())
+        let mut woke = Woke::default();
+        for r in rings {
+            join(&mut woke, region.wake_recv_ring(r));
+        }
+        for q in queues {
+            join(&mut woke, region.wake_send_queue(q));
+        }
+        if log {
+            join(&mut woke, region.wake_ready_log());
+        }
+        Ok(woke)
     }
+}
+
+fn join(a: &mut Woke, b: Woke) {
+    a.thread |= b.thread;
+    a.bell |= b.bell;
+    a.bells |= b.bells;
 }
 
 /// Ships the arena bytes a request's call reads (its in-arguments), within
@@ -377,6 +427,79 @@ mod tests {
         assert_eq!(head, [0; 4]);
         pump.collect(&host, &mut out);
         assert!(out.is_empty());
+    }
+
+    /// The same socket id bound again (same `owner`, a new `binds`): the
+    /// host's `head` restarts at 0 as for a new owner.
+    #[test]
+    fn a_rebind_to_the_same_socket_id_resets_the_head() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let ring = l.recv_ring_offset(1);
+        let line2 = |binds: u32| {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&2u32.to_le_bytes()); // owner
+            b[12..].copy_from_slice(&binds.to_le_bytes());
+            b
+        };
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(1));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        host.apply_span(Writer::Host, ring, &10u32.to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(2));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        let mut head = [0u8; 4];
+        host.read_span(ring, &mut head).unwrap();
+        assert_eq!(head, [0; 4], "bound again: head restarts");
+        // Unchanged lines shipped again: no reset.
+        host.apply_span(Writer::Host, ring, &7u32.to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push((ring + 128) as u32, &line2(2));
+        let (h, d) = s.take();
+        pump.apply(&host, &h, &d).unwrap();
+        host.read_span(ring, &mut head).unwrap();
+        assert_eq!(u32::from_le_bytes(head), 7);
+    }
+
+    /// A publish into a ring a doorbell sleeper watches (and into the
+    /// ready log) reports its doorbell slot, as the server's publish does.
+    #[test]
+    fn a_publish_reports_the_doorbell_sleepers_of_the_ring_and_the_log() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let ring = l.recv_ring_offset(1);
+        let tail = |t: u32| {
+            let mut s = Spans::new();
+            s.push((ring + 64) as u32, &t.to_le_bytes());
+            s.take()
+        };
+        let (h, d) = tail(5);
+        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 0, "nobody waits");
+        // A sleeper on doorbell 3 registers on the ring (host_waiting,
+        // bell_slots), one on doorbell 5 on the ready log.
+        let mut w = [0u8; 12];
+        w[..4].copy_from_slice(&tcps_proto::eager::ctl::BELL_SLEEPER.to_le_bytes());
+        w[4..].copy_from_slice(&(1u64 << 3).to_le_bytes());
+        host.apply_span(Writer::Host, ring + 4, &w).unwrap();
+        let (h, d) = tail(9);
+        let woke = pump.apply(&host, &h, &d).unwrap();
+        assert!(woke.bell && woke.bells == 1 << 3, "{woke:?}");
+        // The log's `host_waiting`, padding, `bell_slots`.
+        let log = READY_LOG_OFFSET + 64;
+        host.apply_span(Writer::Host, log, &w[..4]).unwrap();
+        host.apply_span(Writer::Host, log + 8, &(1u64 << 5).to_le_bytes())
+            .unwrap();
+        let mut s = Spans::new();
+        s.push(READY_LOG_OFFSET as u32, &1u32.to_le_bytes());
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 1 << 5);
     }
 
     #[test]

@@ -147,7 +147,10 @@ impl Client {
         };
         let sock = conn.socks.get_or_insert(s)?;
         let g = self.send_side(s, sock)?;
-        let Some(q) = g.queue else {
+        // A host on another node has no staging pool (registered memory,
+        // `crate::remote`): its copied sends run synchronously.
+        let remote_copy = conn.remote && matches!(src, Source::Copy(_));
+        let Some(q) = g.queue.filter(|_| !remote_copy) else {
             drop(g);
             return self.fallback(s, &src, len, flags);
         };

@@ -62,7 +62,12 @@ pub struct RecvRingCtl {
     pub kind: AtomicU32,
     /// Server-written: `Op::RecvKick` requests of this ring taken.
     pub kicks_seen: AtomicU32,
-    _pad2: [u8; 52],
+    /// Server-written: binds of this ring (free-running), stored before
+    /// `owner`: a pump over a fabric tells a rebind to the same socket id
+    /// from the same binding by it (`docs/ARCHITECTURE.md`, "The channel
+    /// over a fabric"). Local hosts need not read it.
+    pub binds: AtomicU32,
+    _pad2: [u8; 48],
 }
 
 // Under loom the atomics are loom's (bigger); the block is then never mapped.
@@ -87,7 +92,8 @@ impl RecvRingCtl {
             owner: AtomicU32::new(0),
             kind: AtomicU32::new(0),
             kicks_seen: AtomicU32::new(0),
-            _pad2: [0; 52],
+            binds: AtomicU32::new(0),
+            _pad2: [0; 48],
         }
     }
 }

@@ -254,6 +254,7 @@ impl<'a> RecvRingProducer<'a> {
         ctl.since.store(0, Ordering::Relaxed);
         ctl.kicks_seen.store(0, Ordering::Relaxed);
         ctl.kind.store(kind, Ordering::Relaxed);
+        ctl.binds.fetch_add(1, Ordering::Relaxed);
         ctl.owner.store(sid + 1, Ordering::Release);
     }
 

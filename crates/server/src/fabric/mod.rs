@@ -4,7 +4,8 @@
 //! channel, and `serve`, the thread (`--fabric-listen`) that drives them
 //! (a socketpair stands in for the host's control socket: its hang-up
 //! frees the host, as for a local one), and `calls`: `Socket` and `Bind`
-//! of a remote host, run here. To come: the rings' and send queues' spans.
+//! of a remote host, run here; `rings`: the receive/accept rings', send
+//! queues' and ready log's spans.
 
 pub mod attach;
 pub mod calls;

@@ -9,9 +9,11 @@
 
 use std::collections::HashMap;
 use tcps_fabric::wire::{self, Spans};
+use tcps_proto::eager::ctl::BELL_SLEEPER;
 use tcps_proto::layout::Layout;
 use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
 use tcps_proto::msg::{Completion, Op, Request};
+use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::Region;
 use tcps_proto::ring::HostCursor;
 
@@ -60,6 +62,36 @@ impl ServerPump {
             rings: super::rings::Rings::new(&layout),
             header: [0xff; 12],
         }
+    }
+
+    /// Makes the server's copy of a remote host's region look watched
+    /// everywhere, so that the worker reports every publish for the host
+    /// as it would for a local host's sleepers: each channel's
+    /// `host_waiting` (a completion puts the channel in `wakes_owed`), and
+    /// a doorbell sleeper on slot 0 on every ring, queue and the ready log
+    /// (a publish owes doorbell 0). The worker rings doorbell 0 — a pipe
+    /// this pump asked for — instead of waking a copy nobody sleeps on
+    /// (`worker::wake_hosts`), and the pump ships at once. These are host
+    /// fields the host pump never ships.
+    pub fn init(region: &Region) {
+        let l = *region.layout();
+        let mut sleeper = [0u8; 12];
+        sleeper[..4].copy_from_slice(&BELL_SLEEPER.to_le_bytes());
+        sleeper[4..].copy_from_slice(&1u64.to_le_bytes());
+        for c in 0..l.n_channels {
+            let _ = region.apply_span(Writer::Host, l.channel_offset(c) + 64, &1u32.to_le_bytes());
+        }
+        for r in 0..l.recv_rings {
+            let _ = region.apply_span(Writer::Host, l.recv_ring_offset(r) + 4, &sleeper);
+        }
+        for q in 0..l.send_queues {
+            let _ = region.apply_span(Writer::Host, l.send_queue_offset(q) + 4, &sleeper);
+        }
+        // The log's `host_waiting`, then (after 4 bytes of padding) its
+        // `bell_slots`.
+        let log = READY_LOG_OFFSET + 64;
+        let _ = region.apply_span(Writer::Host, log, &BELL_SLEEPER.to_le_bytes());
+        let _ = region.apply_span(Writer::Host, log + 8, &1u64.to_le_bytes());
     }
 
     /// Applies a batch from the host. `Ok(true)`: a request was published
@@ -114,6 +146,11 @@ impl ServerPump {
     /// channel's server line; the header's server words if they changed.
     pub fn collect(&mut self, region: &Region, out: &mut Spans) {
         let l = self.layout;
+        // Completions are read first and shipped after the rings: one may
+        // name a ring the server bound before it (setup with accept).
+        let mut done = Spans::new();
+        let out_rings = out;
+        let out = &mut done;
         for c in 0..l.n_channels {
             let Some(ch) = region.channel(c) else {
                 continue;
@@ -150,7 +187,9 @@ impl ServerPump {
                 out.push((base + 2 * SERVER_WORDS) as u32, &line);
             }
         }
-        self.rings.collect(&l, region, out);
+        self.rings.collect(&l, region, out_rings);
+        out_rings.append(&mut done);
+        let out = out_rings;
         let mut words = [0u8; 12];
         if region.read_span(SERVER_WORDS, &mut words).is_ok() && words != self.header {
             self.header = words;
@@ -219,6 +258,27 @@ mod tests {
             s.push(off as u32, &b);
         }
         s
+    }
+
+    /// After `init` every publish of the worker owes doorbell 0 (the
+    /// pump's): on each ring, each queue and the ready log.
+    #[test]
+    fn init_makes_every_publish_owe_doorbell_0() {
+        let l = layout();
+        let server = region(l);
+        for r in 0..l.recv_rings {
+            assert_eq!(server.wake_recv_ring(r).bells, 0);
+        }
+        ServerPump::init(&server);
+        for r in 0..l.recv_rings {
+            let w = server.wake_recv_ring(r);
+            assert!(w.bell && !w.thread && w.bells == 1, "ring {r}: {w:?}");
+        }
+        for q in 0..l.send_queues {
+            assert_eq!(server.wake_send_queue(q).bells, 1, "queue {q}");
+        }
+        let w = server.wake_ready_log();
+        assert!(w.bell && w.bells == 1, "ready log: {w:?}");
     }
 
     #[test]

@@ -2,28 +2,41 @@
 //! each pass ships what the server published since the last — the ring's
 //! new bytes (one or two spans at the wrap), then its line 1 (`tail`,
 //! `end`, `end_errno`, `paused`, `since`) and line 2 (`owner`, `kind`,
-//! `kicks_seen`) — so the host's copy sees an ordinary publish. A bind
-//! restarts a ring at 0 (a new `owner`): shipping restarts there too.
+//! `kicks_seen`, `binds`) — so the host's copy sees an ordinary publish. A
+//! bind restarts a ring at 0 (a new `owner`, or the same socket id bound
+//! again: a new `binds`): shipping restarts there too.
 //! And the send queues' server lines (credits: `done`; errors) when they
 //! change.
+//! And the ready log's new slots, then its `tail`.
 //!
-//! First cut: every ring's two lines are read each pass (32 bytes each);
-//! the worker's per-host bell would name the rings that moved.
+//! Every ring's two lines are read each pass (36 bytes each); a bell that
+//! named the rings that moved would make that O(moved).
 
 use tcps_fabric::wire::Spans;
-use tcps_proto::eager::ctl::RQ_CTL_SIZE;
+use tcps_proto::eager::ctl::{KIND_ACCEPT, RQ_CTL_SIZE};
 use tcps_proto::layout::Layout;
+use tcps_proto::ready_log::{READY_LOG_OFFSET, READY_LOG_SLOTS};
 use tcps_proto::region::Region;
 
 const LINE: usize = 64;
-/// Line 1's five words and line 2's three.
+/// Line 1's five words and line 2's four (`owner`, `kind`, `kicks_seen`,
+/// `binds`).
 const L1: usize = 20;
-const L2: usize = 12;
+const L2: usize = 16;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Shadow {
     shipped: u32,
     lines: [u8; L1 + L2],
+}
+
+impl Default for Shadow {
+    fn default() -> Shadow {
+        Shadow {
+            shipped: 0,
+            lines: [0; L1 + L2],
+        }
+    }
 }
 
 pub struct Rings {
@@ -32,6 +45,8 @@ pub struct Rings {
     /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
     /// `kicks_seen`, `owner`) as last shipped.
     queues: Vec<[u8; 36]>,
+    /// The ready log's `tail` as last shipped.
+    log_shipped: u32,
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -43,6 +58,7 @@ impl Rings {
         Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
             queues: vec![[0; 36]; l.send_queues as usize],
+            log_shipped: 0,
         }
     }
 
@@ -65,45 +81,94 @@ impl Rings {
         }
     }
 
+    /// The ready log's new slots, then its `tail` (read before the rings:
+    /// every publish it announces is in the ring lines read after it and
+    /// shipped before it).
+    fn collect_log(&mut self, region: &Region, tail: u32, out: &mut Spans) {
+        let n = tail.wrapping_sub(self.log_shipped).min(READY_LOG_SLOTS);
+        if n == 0 {
+            return;
+        }
+        let slots = READY_LOG_OFFSET + 2 * LINE;
+        let start = tail.wrapping_sub(n) % READY_LOG_SLOTS;
+        let first = n.min(READY_LOG_SLOTS - start);
+        for (at, len) in [(start, first), (0, n - first)] {
+            let mut b = vec![0u8; 4 * len as usize];
+            let off = slots + 4 * at as usize;
+            if len > 0 && region.read_span(off, &mut b).is_ok() {
+                out.push(off as u32, &b);
+            }
+        }
+        out.push(READY_LOG_OFFSET as u32, &tail.to_le_bytes());
+        self.log_shipped = tail;
+    }
+
     pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        let mut log_tail = [0u8; 4];
+        let log_read = region.read_span(READY_LOG_OFFSET, &mut log_tail).is_ok();
         self.collect_queues(l, region, out);
+        self.collect_rings(l, region, out);
+        if log_read {
+            self.collect_log(region, u32::from_le_bytes(log_tail), out);
+        }
+    }
+
+    /// The receive and accept rings. An accept record (and a completion,
+    /// see `pump`) names a receive ring the server bound before it: the
+    /// accept rings are read first and shipped last, so the receive rings'
+    /// lines in the same batch are at least as new as what they announce
+    /// and are applied before it.
+    fn collect_rings(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+        let mut accepts = Spans::new();
+        let is_accept = |r: usize| {
+            let mut kind = [0u8; 4];
+            let at = l.recv_ring_offset(r as u32) + 2 * LINE + 4;
+            region.read_span(at, &mut kind).is_ok() && u32::from_le_bytes(kind) == KIND_ACCEPT
+        };
+        let kinds: Vec<bool> = (0..self.shadow.len()).map(is_accept).collect();
+        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| **a) {
+            self.collect_ring(l, region, r, &mut accepts);
+        }
+        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| !**a) {
+            self.collect_ring(l, region, r, out);
+        }
+        out.append(&mut accepts);
+    }
+
+    /// Ring `r`'s new bytes, then its lines, if they changed.
+    fn collect_ring(&mut self, l: &Layout, region: &Region, r: usize, out: &mut Spans) {
         let size = l.rq_bytes;
-        for (r, sh) in self.shadow.iter_mut().enumerate() {
-            let base = l.recv_ring_offset(r as u32);
-            let mut lines = [0u8; L1 + L2];
-            // Line 2 and line 1 first (acquire): the bytes they publish after.
-            let (l1, l2) = lines.split_at_mut(L1);
-            if region.read_span(base + 2 * LINE, l2).is_err()
-                || region.read_span(base + LINE, l1).is_err()
-            {
-                continue;
-            }
-            if lines == sh.lines {
-                continue;
-            }
-            if lines[L1..L1 + 4] != sh.lines[L1..L1 + 4] {
-                sh.shipped = 0; // bound anew: the ring restarts at 0
-            }
-            let tail = word(&lines);
-            let n = tail.wrapping_sub(sh.shipped).min(size);
-            if n > 0 {
-                let start = (tail.wrapping_sub(n) % size) as usize;
-                let first = (n as usize).min(size as usize - start);
-                for (at, len) in [(start, first), (0, n as usize - first)] {
-                    if len == 0 {
-                        continue;
-                    }
-                    let mut b = vec![0u8; len];
-                    if region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
-                        out.push((base + RQ_CTL_SIZE + at) as u32, &b);
-                    }
+        let sh = &mut self.shadow[r];
+        let base = l.recv_ring_offset(r as u32);
+        let mut lines = [0u8; L1 + L2];
+        // Line 2 and line 1 first (acquire): the bytes they publish after.
+        let (l1, l2) = lines.split_at_mut(L1);
+        if region.read_span(base + 2 * LINE, l2).is_err()
+            || region.read_span(base + LINE, l1).is_err()
+            || lines == sh.lines
+        {
+            return;
+        }
+        let (owner, binds) = (L1..L1 + 4, L1 + 12..L1 + 16);
+        if lines[owner.clone()] != sh.lines[owner] || lines[binds.clone()] != sh.lines[binds] {
+            sh.shipped = 0; // bound anew: the ring restarts at 0
+        }
+        let tail = word(&lines);
+        let n = tail.wrapping_sub(sh.shipped).min(size);
+        if n > 0 {
+            let start = (tail.wrapping_sub(n) % size) as usize;
+            let first = (n as usize).min(size as usize - start);
+            for (at, len) in [(start, first), (0, n as usize - first)] {
+                let mut b = vec![0u8; len];
+                if len > 0 && region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
+                    out.push((base + RQ_CTL_SIZE + at) as u32, &b);
                 }
             }
-            sh.shipped = tail;
-            out.push((base + LINE) as u32, &lines[..L1]);
-            out.push((base + 2 * LINE) as u32, &lines[L1..]);
-            sh.lines = lines;
         }
+        sh.shipped = tail;
+        out.push((base + LINE) as u32, &lines[..L1]);
+        out.push((base + 2 * LINE) as u32, &lines[L1..]);
+        sh.lines = lines;
     }
 }
 
@@ -193,6 +258,56 @@ mod tests {
         host.read_span(q + LINE, &mut done).unwrap();
         assert_eq!(u32::from_le_bytes(done), 5);
         assert_eq!(ship(&mut rings, &l, &server, &host), 0);
+    }
+
+    /// An accept ring is shipped after the receive rings (its record
+    /// names one the server bound before it), whatever their indexes.
+    #[test]
+    fn accept_rings_are_shipped_after_the_receive_rings() {
+        let l = layout();
+        let server = region(l);
+        let mut rings = Rings::new(&l);
+        // Ring 0 accepts (kind 2), ring 1 receives.
+        let r0 = l.recv_ring_offset(0);
+        let mut line2 = [0u8; 8];
+        line2[..4].copy_from_slice(&1u32.to_le_bytes());
+        line2[4..].copy_from_slice(&KIND_ACCEPT.to_le_bytes());
+        server
+            .apply_span(Writer::Server, r0 + 2 * LINE, &line2)
+            .unwrap();
+        server
+            .apply_span(Writer::Server, r0 + LINE, &64u32.to_le_bytes())
+            .unwrap();
+        publish(&server, &l, 0, b"request", 2);
+        let mut out = Spans::new();
+        rings.collect(&l, &server, &mut out);
+        let (h, d) = out.take();
+        let offs: Vec<usize> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
+        let r1 = l.recv_ring_offset(1);
+        let last_r1 = offs.iter().rposition(|&o| o >= r1).unwrap();
+        let first_r0 = offs.iter().position(|&o| o >= r0 && o < r1).unwrap();
+        assert!(last_r1 < first_r0, "{offs:?}");
+    }
+
+    /// The same socket id bound again (a new `binds`, same `owner`): the
+    /// ring is shipped from 0 again.
+    #[test]
+    fn a_rebind_to_the_same_socket_id_restarts_the_ring() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        publish(&server, &l, 0, b"old connection", 2);
+        ship(&mut rings, &l, &server, &host);
+        let base = l.recv_ring_offset(1);
+        server
+            .apply_span(Writer::Server, base + 2 * LINE + 12, &1u32.to_le_bytes())
+            .unwrap();
+        publish(&server, &l, 0, b"new", 2);
+        ship(&mut rings, &l, &server, &host);
+        assert_eq!(ring_bytes(&host, &l, 0, 3), b"new");
+        let mut tail = [0u8; 4];
+        host.read_span(base + LINE, &mut tail).unwrap();
+        assert_eq!(u32::from_le_bytes(tail), 3);
     }
 
     #[test]

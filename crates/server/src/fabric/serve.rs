@@ -8,9 +8,10 @@
 //! host's spans in, and, each pass, what the server wrote back out in one
 //! message.
 //!
-//! First cut: the pump looks at its hosts' regions every millisecond
-//! while any is attached (the worker does not tell it when it completes);
-//! a per-host bell rung by the worker is the next step.
+//! The worker tells the thread when it published for a host: it rings
+//! the host's doorbell 0, a pipe this thread asks for on the stand-in
+//! control socket (`ServerPump::init` makes the worker owe it); the
+//! thread sleeps on those, with a 5 ms backstop.
 
 use super::attach::{Attach, Step};
 use super::pump::ServerPump;
@@ -29,6 +30,7 @@ use tcps_fabric::wire::{
     Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
+use tcps_proto::handshake::ControlMsg;
 use tcps_proto::layout::Layout;
 use tcps_proto::Region;
 use tracing::{info, warn};
@@ -40,11 +42,57 @@ struct Live {
     pump: ServerPump,
     doorbell: OwnedFd,
     /// The worker's `NewHost::control` is the other end: dropping this
-    /// frees the host.
-    _control: OwnedFd,
+    /// frees the host. On it the pump asks for the host's doorbell 0.
+    control: OwnedFd,
+    /// Doorbell 0's read end (once the worker answered): readable when the
+    /// worker published for the host (`ServerPump::init`).
+    bell: Option<OwnedFd>,
     /// When the host was last heard from, and last sent anything.
     heard: Instant,
     sent: Instant,
+}
+
+/// A gap this long in the thread's own loop (it sleeps at most
+/// `BACKSTOP_MS` while hosts are attached) means it was not running (an
+/// overloaded machine): the hosts' silence restarts, so a starved server
+/// does not drop live hosts.
+const STARVED: Duration = Duration::from_millis(200);
+
+/// How long the pump sleeps at most while remote hosts are attached: the
+/// worker's doorbell 0 wakes it when it published; this is the backstop
+/// for what it publishes without a wake (a ring's `paused`, line 2).
+const BACKSTOP_MS: i32 = 5;
+
+impl Live {
+    /// What the pump sleeps on for this host: doorbell 0, or the control
+    /// socket until the worker's answer with it arrived.
+    fn watched(&self) -> RawFd {
+        match &self.bell {
+            Some(b) => b.as_raw_fd(),
+            None => self.control.as_raw_fd(),
+        }
+    }
+
+    /// Takes the worker's answer (doorbell 0) if it came; empties the bell.
+    fn drain_bell(&mut self) {
+        let mut b = [0u8; 64];
+        if let Some(bell) = &self.bell {
+            // SAFETY: reading a non-blocking pipe into a local buffer.
+            while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+            return;
+        }
+        let fd = self.control.as_raw_fd();
+        if let Ok((n, mut got)) = tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT)
+        {
+            let ok = matches!(
+                ControlMsg::decode(&b[..n]),
+                Some(ControlMsg::Reply { errno: 0, .. })
+            );
+            if ok && got.len() == 1 {
+                self.bell = got.pop();
+            }
+        }
+    }
 }
 
 /// A host sends at least this often (a keepalive when it has nothing
@@ -138,17 +186,25 @@ pub fn serve(fabric: Fabric, srv: Server) {
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut next_id = 1u64 << 48; // ids apart from local hosts'
     let mut next_worker = 0usize;
+    let mut looped = Instant::now();
     loop {
+        // Silence counts only while this thread runs (see `STARVED`).
+        if looped.elapsed() > STARVED {
+            for c in conns.values_mut() {
+                if let State::Live(l) = &mut c.state {
+                    l.heard = Instant::now();
+                }
+            }
+        }
+        looped = Instant::now();
         let any_live = conns.values().any(|c| matches!(c.state, State::Live(_)));
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
-            let wait = if any_live { 1 } else { 100 };
-            let mut pfds = [srv.shutdown_fd, fabric.worker.event_fd()].map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            // SAFETY: a valid array of two pollfds.
-            unsafe { libc::poll(pfds.as_mut_ptr(), 2, wait) };
+            sleep(&fabric, &srv, &conns, any_live);
+        }
+        for c in conns.values_mut() {
+            if let State::Live(l) = &mut c.state {
+                l.drain_bell();
+            }
         }
         if srv.shared.stopping.load(Ordering::Relaxed) {
             return;
@@ -175,6 +231,9 @@ pub fn serve(fabric: Fabric, srv: Server) {
             let Some(conn) = conns.get_mut(&tag) else {
                 continue;
             };
+            if let State::Live(l) = &mut conn.state {
+                l.heard = Instant::now();
+            }
             let keep = match &mut conn.state {
                 State::Attaching(a) => {
                     let step = a.on_message(&fabric.secret, m.id, &m.header);
@@ -200,38 +259,65 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 conns.remove(&tag);
             }
         }
-        let now = Instant::now();
-        conns.retain(|_, c| match &mut c.state {
-            State::Attaching(a) if a.expired(now) => {
-                welcome(
-                    &c.ep,
-                    libc::ETIMEDOUT,
-                    [0; 8],
-                    "tcps: attach timed out".into(),
-                );
-                false
+        ship(&mut conns);
+    }
+}
+
+/// Sleeps until the fabric, a worker's bell or the shutdown fd wakes the
+/// thread, at most the backstop while remote hosts are attached.
+fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bool) {
+    let wait = if any_live { BACKSTOP_MS } else { 100 };
+    let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
+    fds.extend(conns.values().filter_map(|c| match &c.state {
+        State::Live(l) => Some(l.watched()),
+        State::Attaching(_) => None,
+    }));
+    let mut pfds: Vec<libc::pollfd> = fds
+        .into_iter()
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid array of pollfds of that length.
+    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait) };
+}
+
+/// Each host's batch of what the server wrote (or a keepalive); drops
+/// hosts silent too long and attaches that take too long.
+fn ship(conns: &mut HashMap<u64, Conn>) {
+    let now = Instant::now();
+    conns.retain(|_, c| match &mut c.state {
+        State::Attaching(a) if a.expired(now) => {
+            welcome(
+                &c.ep,
+                libc::ETIMEDOUT,
+                [0; 8],
+                "tcps: attach timed out".into(),
+            );
+            false
+        }
+        State::Attaching(_) => true,
+        State::Live(l) => {
+            if now.duration_since(l.heard) > SILENCE {
+                warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
+                return false;
             }
-            State::Attaching(_) => true,
-            State::Live(l) => {
-                if now.duration_since(l.heard) > SILENCE {
-                    warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
-                    return false;
-                }
-                let mut out = Spans::new();
-                l.pump.collect(&l.region, &mut out);
-                if out.is_empty() {
-                    if now.duration_since(l.sent) < KEEPALIVE {
-                        return true;
-                    }
-                    l.sent = now;
-                    return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
+            let mut out = Spans::new();
+            l.pump.collect(&l.region, &mut out);
+            if out.is_empty() {
+                if now.duration_since(l.sent) < KEEPALIVE {
+                    return true;
                 }
                 l.sent = now;
-                let (h, d) = out.take();
-                c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
+                return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
             }
-        });
-    }
+            l.sent = now;
+            let (h, d) = out.take();
+            c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
+        }
+    });
 }
 
 /// Carries out an attach step; false: drop the endpoint.
@@ -290,9 +376,12 @@ fn new_remote_host(
     let io = std::io::Error::from_raw_os_error;
     let (memfd, region) = host_region(cfg)?;
     let pump_region = Region::map(memfd.as_fd(), cfg.layout)?;
+    ServerPump::init(&pump_region);
     let doorbell = sys::eventfd().map_err(io)?;
     let pump_doorbell = doorbell.try_clone()?;
     let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let ask = ControlMsg::HostDoorbell { handle: 0 }.encode();
+    tcps_proto::fdpass::send_with_fds(b.as_raw_fd(), &ask, &[])?;
     let host = NewHost {
         id,
         pid,
@@ -312,7 +401,8 @@ fn new_remote_host(
         pump: ServerPump::new(cfg.layout),
         region: pump_region,
         doorbell: pump_doorbell,
-        _control: OwnedFd::from(b),
+        control: OwnedFd::from(b),
+        bell: None,
         heard: Instant::now(),
         sent: Instant::now(),
     })

@@ -288,6 +288,12 @@ impl Worker {
                 let now = *now.get_or_insert_with(Instant::now);
                 calls::eager::acceptwake::due(h, now);
             }
+            if h.remote && !h.wakes_owed.is_empty() {
+                // Nobody sleeps on a remote host's copy: its fabric pump is
+                // told instead, by doorbell 0 (`fabric::pump::ServerPump::init`).
+                h.wakes_owed.clear();
+                h.stats.bells_owed |= 1;
+            }
             if !h.wakes_owed.is_empty() {
                 calls::wake_owed(h);
             }

@@ -1,0 +1,454 @@
+//! `tcps fabric-pump`: the host's half of the channel over a fabric, in a
+//! helper process of its own (`docs/ARCHITECTURE.md`, "The channel over a
+//! fabric"). The host library starts it when `TCPS_REMOTE` is set
+//! (`tcps::remote`), handing it one end of a socketpair that stands in
+//! for the control socket. It attaches to the TCP server over UCX (the
+//! HMAC answer to the server's nonce), makes the host's copy of the region
+//! and a doorbell eventfd and answers the library's `Hello` with them, as
+//! a local server does; then it pumps: the library's writes out
+//! (`tcps::remote::pump::HostPump::collect`, once per millisecond and at
+//! once when a request rings the doorbell), the server's batches in,
+//! waking the library's sleepers — futexes, and the host doorbell pipes
+//! it hands out for `HostDoorbell` — as the server would.
+//!
+//! Failure: the server's endpoint failing, or the server silent for
+//! 800 ms (it sends a keepalive every 250 ms), ends the link: the copy's
+//! `server_alive` goes to 0, every sleeper is woken and the process exits,
+//! closing the library's control socket and doorbell pipes — the library
+//! sees a dead server (ECONNRESET/ENOTCONN). The library's end closing
+//! (the program exited) ends the helper, and the server frees the host.
+
+use clap::Args;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tcps::remote::pump::HostPump;
+use tcps_fabric::auth::{Secret, NONCE_LEN};
+use tcps_fabric::wire::{self, auth_context, Spans};
+use tcps_fabric::{Context, ContextOptions, Endpoint, Worker};
+use tcps_proto::fdpass;
+use tcps_proto::handshake::{ControlMsg, Hello, Welcome, CONTROL_MSG_LEN};
+use tcps_proto::layout::{Layout, VERSION};
+use tcps_proto::mirror::Writer;
+use tcps_proto::ready_log::{DOORBELL_SLOTS, READY_LOG_OFFSET};
+use tcps_proto::ring::HostCursor;
+use tcps_proto::Region;
+
+#[derive(Args, Debug)]
+pub struct PumpArgs {
+    /// The TCP server's fabric address (its --fabric-listen)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub remote: SocketAddr,
+    /// The secret shared with the server (its --fabric-auth FILE)
+    #[arg(long, value_name = "FILE")]
+    pub fabric_auth: PathBuf,
+    /// The descriptor of the host library's control socketpair end
+    #[arg(long, value_name = "FD", default_value_t = 3)]
+    pub fd: RawFd,
+    /// Fork; the parent exits at once (the library waits for it), so the
+    /// helper is not left as the program's child
+    #[arg(long)]
+    pub detach: bool,
+}
+
+/// Keepalive period, and the silence after which the server is gone (as
+/// the server's `fabric::serve`).
+const KEEPALIVE: Duration = Duration::from_millis(250);
+const SILENCE: Duration = Duration::from_millis(800);
+/// The pump's backstop: what the library writes without ringing the
+/// doorbell (ring heads, `cq_head` credits) goes out at least this often.
+const TICK_MS: i32 = 5;
+/// A gap in the pump's own loop this long means it was not running.
+const STARVED: Duration = Duration::from_millis(200);
+/// How often the ready log's sleepers are looked at regardless (`sweep`).
+const SWEEP: Duration = Duration::from_millis(10);
+/// Offset of `server_alive` in the region header.
+const SERVER_ALIVE: usize = 68;
+
+fn os(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+pub fn run(args: PumpArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // SAFETY: fcntl on a number; checks it is an open descriptor.
+    if unsafe { libc::fcntl(args.fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(format!("--fd {}: {}", args.fd, io::Error::last_os_error()).into());
+    }
+    // SAFETY: an open descriptor our parent gave us; owned from here on.
+    let ctl = unsafe { OwnedFd::from_raw_fd(args.fd) };
+    if args.detach {
+        // SAFETY: this process is single-threaded here (no UCX yet).
+        match unsafe { libc::fork() } {
+            -1 => return Err(io::Error::last_os_error().into()),
+            // SAFETY: the parent only exits.
+            0 => unsafe {
+                libc::setsid();
+            },
+            _ => unsafe { libc::_exit(0) },
+        }
+    }
+    let pid = read_hello(&ctl)?;
+    let link = match Link::attach(&args, pid) {
+        Ok(l) => l,
+        Err((errno, message)) => {
+            let w = Welcome::refused(errno, message);
+            let _ = fdpass::send_with_fds(ctl.as_raw_fd(), &w.encode(), &[]);
+            return Ok(());
+        }
+    };
+    let mut p = Pump::new(link, ctl)?;
+    p.run();
+    Ok(())
+}
+
+/// The library's `Hello`: its pid (named in the HMAC answer).
+fn read_hello(ctl: &OwnedFd) -> io::Result<u32> {
+    let mut p = libc::pollfd {
+        fd: ctl.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut p, 1, 10_000) } <= 0 {
+        return Err(os(libc::ETIMEDOUT));
+    }
+    let mut b = [0u8; 64];
+    let (n, _) = fdpass::recv_with_fds(ctl.as_raw_fd(), &mut b, 0)?;
+    let h = Hello::decode(&b[..n]).ok_or(os(libc::EPROTO))?;
+    Ok(h.pid)
+}
+
+/// The attached fabric link.
+struct Link {
+    worker: Worker,
+    ep: Endpoint,
+    layout: Layout,
+}
+
+impl Link {
+    /// Connects, authenticates and gets the geometry; `Err((errno, why))`.
+    fn attach(args: &PumpArgs, pid: u32) -> Result<Link, (i32, String)> {
+        let fail = |e: String| (libc::ECONNREFUSED, format!("tcps fabric-pump: {e}"));
+        let secret = Secret::read(&args.fabric_auth)
+            .map_err(|e| (libc::EACCES, format!("--fabric-auth: {e}")))?;
+        let ctx =
+            Context::new(&ContextOptions::default()).map_err(|e| fail(format!("UCX: {e}")))?;
+        let worker = Worker::new(&ctx).map_err(|e| fail(format!("UCX: {e}")))?;
+        for id in [
+            wire::AM_CHALLENGE,
+            wire::AM_WELCOME,
+            wire::AM_SPANS,
+            wire::AM_KEEPALIVE,
+        ] {
+            worker
+                .set_am_handler(id)
+                .map_err(|e| fail(format!("UCX: {e}")))?;
+        }
+        let at = args.remote;
+        let ep = worker
+            .connect(at)
+            .map_err(|e| fail(format!("cannot reach {at}: {e}")))?;
+        let send = |id, h: &[u8]| ep.am_send(id, h, Vec::new(), true);
+        send(wire::AM_HELLO, &Hello::new(pid).encode()).map_err(|e| fail(format!("{at}: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if Instant::now() > deadline {
+                return Err((libc::ETIMEDOUT, format!("{at} did not answer the attach")));
+            }
+            worker.wait(Some(Duration::from_millis(20)));
+            if let Some((_, e)) = worker.take_failures().into_iter().next() {
+                return Err(fail(format!("{at}: {e}")));
+            }
+            let Some(m) = worker.take_am() else { continue };
+            match m.id {
+                wire::AM_CHALLENGE => {
+                    let n: [u8; NONCE_LEN] = m
+                        .header
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| (libc::EPROTO, "a malformed challenge".to_string()))?;
+                    let mac = secret.answer(&n, &auth_context(VERSION, pid));
+                    send(wire::AM_AUTH, &mac).map_err(|e| fail(format!("{at}: {e}")))?;
+                }
+                wire::AM_WELCOME => {
+                    let w = wire::Welcome::decode(&m.header)
+                        .ok_or((libc::EPROTO, "a malformed welcome".to_string()))?;
+                    if w.status != 0 {
+                        return Err((w.status, w.message));
+                    }
+                    let layout = layout_of(&w.geometry)
+                        .ok_or((libc::EPROTO, "the server's geometry is invalid".to_string()))?;
+                    return Ok(Link { worker, ep, layout });
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn layout_of(g: &[u32; 8]) -> Option<Layout> {
+    let l = Layout {
+        n_channels: g[0],
+        ring_entries: g[1],
+        arena_size: g[2],
+        send_queues: g[3],
+        sq_entries: g[4],
+        recv_rings: g[5],
+        rq_bytes: g[6],
+    };
+    l.validate().ok().map(|_| l)
+}
+
+/// A fresh memfd of `len` bytes.
+fn memfd(len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create with a valid name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"tcps-remote".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn check(rc: i32) -> io::Result<i32> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// A pipe (read end, write end), both non-blocking and close-on-exec.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+    // SAFETY: fresh descriptors, owned from here on.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The helper's state while attached.
+struct Pump {
+    link: Link,
+    region: Region,
+    pump: HostPump,
+    ctl: OwnedFd,
+    /// The eventfd the library rings when it posts a request.
+    doorbell: OwnedFd,
+    /// The host doorbell pipes (read end, write end), by slot.
+    bells: Vec<Option<(OwnedFd, OwnedFd)>>,
+    heard: Instant,
+    sent: Instant,
+    /// The ready log's `tail` at the last sweep, and when that was.
+    swept: (u32, Instant),
+    /// When the loop last ran.
+    looped: Instant,
+}
+
+impl Pump {
+    /// Makes the copy and the doorbell and answers the library's Hello.
+    fn new(link: Link, ctl: OwnedFd) -> io::Result<Pump> {
+        let l = link.layout;
+        let fd = memfd(l.region_size())?;
+        let region = Region::map(std::os::fd::AsFd::as_fd(&fd), l)?;
+        region.init_header();
+        HostPump::init(&region);
+        // SAFETY: eventfd with constant flags; checked.
+        let efd = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: a fresh descriptor, owned from here on.
+        let doorbell = unsafe { OwnedFd::from_raw_fd(efd) };
+        let w = Welcome::accepted(l.region_size() as u64);
+        fdpass::send_with_fds(
+            ctl.as_raw_fd(),
+            &w.encode(),
+            &[fd.as_raw_fd(), doorbell.as_raw_fd()],
+        )?;
+        Ok(Pump {
+            pump: HostPump::new(l),
+            link,
+            region,
+            ctl,
+            doorbell,
+            bells: (0..DOORBELL_SLOTS).map(|_| None).collect(),
+            heard: Instant::now(),
+            sent: Instant::now(),
+            swept: (0, Instant::now()),
+            looped: Instant::now(),
+        })
+    }
+
+    /// Until the library hangs up or the link fails.
+    fn run(&mut self) {
+        loop {
+            let w = &self.link.worker;
+            if w.progress() == 0 && w.arm() {
+                let mut pfds = [
+                    self.ctl.as_raw_fd(),
+                    self.doorbell.as_raw_fd(),
+                    w.event_fd(),
+                ]
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                // SAFETY: a valid array of three pollfds.
+                unsafe { libc::poll(pfds.as_mut_ptr(), 3, TICK_MS) };
+            }
+            w.progress();
+            if !self.control() {
+                return; // the library is gone: so is the host
+            }
+            let mut b = [0u8; 8];
+            // SAFETY: reading the eventfd's counter into a local buffer.
+            unsafe { libc::read(self.doorbell.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+            if let Err(why) = self.exchange() {
+                self.link_down(&why);
+                return;
+            }
+        }
+    }
+
+    /// The server's batches in, the library's writes out, keepalives.
+    fn exchange(&mut self) -> Result<(), String> {
+        let w = &self.link.worker;
+        if let Some((_, e)) = w.take_failures().into_iter().next() {
+            return Err(format!("the server's endpoint failed: {e}"));
+        }
+        // Silence counts only while this process runs: after a gap in its
+        // own loop (it was not scheduled: an overloaded machine) the server
+        // gets a fresh window, or a starved helper would cut a live link.
+        if self.looped.elapsed() > STARVED {
+            self.heard = Instant::now();
+        }
+        self.looped = Instant::now();
+        while let Some(m) = w.take_am() {
+            self.heard = Instant::now();
+            if m.id != wire::AM_SPANS {
+                continue;
+            }
+            let woke = self
+                .pump
+                .apply(&self.region, &m.header, &m.data)
+                .map_err(|e| format!("a bad batch from the server ({e:?})"))?;
+            self.ring_bells(woke.bells);
+        }
+        self.sweep();
+        if self.heard.elapsed() > SILENCE {
+            return Err(format!("the server was silent for {SILENCE:?}"));
+        }
+        let mut out = Spans::new();
+        self.pump.collect(&self.region, &mut out);
+        let ep = &self.link.ep;
+        let r = if !out.is_empty() {
+            let (h, d) = out.take();
+            ep.am_send(wire::AM_SPANS, &h, d, true)
+        } else if self.sent.elapsed() >= KEEPALIVE {
+            ep.am_send(wire::AM_KEEPALIVE, &[], Vec::new(), true)
+        } else {
+            return Ok(());
+        };
+        self.sent = Instant::now();
+        r.map_err(|e| format!("cannot send to the server: {e}"))
+    }
+
+    /// Every `SWEEP`: if the ready log moved since the last sweep, rings
+    /// the doorbells of whoever sleeps on it now, a backstop for a wake-up
+    /// lost on the way (as the server's own periodic sweep is).
+    fn sweep(&mut self) {
+        if self.swept.1.elapsed() < SWEEP {
+            return;
+        }
+        let mut tail = [0u8; 4];
+        let _ = self.region.read_span(READY_LOG_OFFSET, &mut tail);
+        let tail = u32::from_le_bytes(tail);
+        if tail != self.swept.0 {
+            self.ring_bells(self.region.wake_ready_log().bells);
+        }
+        self.swept = (tail, Instant::now());
+    }
+
+    fn ring_bells(&self, bells: u64) {
+        for (slot, bell) in self.bells.iter().enumerate().take(64) {
+            if let Some((_, tx)) = bell.as_ref().filter(|_| bells & (1u64 << slot) != 0) {
+                // SAFETY: one byte from a constant; a full pipe is rung already.
+                unsafe { libc::write(tx.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+            }
+        }
+    }
+
+    /// Answers the library's control messages; false when it hung up.
+    fn control(&mut self) -> bool {
+        loop {
+            let mut b = [0u8; CONTROL_MSG_LEN + 1];
+            let fd = self.ctl.as_raw_fd();
+            let (n, _fds) = match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+                Ok(got) => got,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return true,
+                Err(_) => return false,
+            };
+            if n == 0 {
+                return false;
+            }
+            let Some(msg) = ControlMsg::decode(&b[..n]) else {
+                return false;
+            };
+            let handle = msg.handle();
+            let (errno, give) = match msg {
+                ControlMsg::HostDoorbell { handle: slot } => match self.bell(slot) {
+                    Ok(rx) => (0, Some(rx)),
+                    Err(e) => (e.raw_os_error().unwrap_or(libc::EIO), None),
+                },
+                // Descriptors, registrations, fork snapshots: not across nodes.
+                _ => (libc::EOPNOTSUPP, None),
+            };
+            let reply = ControlMsg::Reply { handle, errno }.encode();
+            let fds: Vec<RawFd> = give.iter().map(|f| f.as_raw_fd()).collect();
+            if fdpass::send_with_fds(fd, &reply, &fds).is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Host doorbell `slot`, made on first request: a duplicate of its
+    /// read end to hand out (as the server's `host_doorbell`).
+    fn bell(&mut self, slot: u32) -> io::Result<OwnedFd> {
+        let cell = self.bells.get_mut(slot as usize).ok_or(os(libc::EINVAL))?;
+        if cell.is_none() {
+            *cell = Some(pipe()?);
+        }
+        match cell {
+            Some((rx, _)) => rx.try_clone(),
+            None => Err(os(libc::EIO)),
+        }
+    }
+
+    /// The server is gone: the copy says so, every sleeper wakes.
+    fn link_down(&mut self, why: &str) {
+        eprintln!("tcps fabric-pump: {why}: the TCP server is gone");
+        let r = &self.region;
+        let _ = r.apply_span(Writer::Server, SERVER_ALIVE, &0u32.to_le_bytes());
+        let l = self.link.layout;
+        for c in 0..l.n_channels {
+            if let Some(ch) = r.channel(c) {
+                HostCursor::wake_sleepers(&ch);
+            }
+        }
+        for i in 0..l.recv_rings {
+            let _ = r.wake_recv_ring(i);
+        }
+        for q in 0..l.send_queues {
+            let _ = r.wake_send_queue(q);
+        }
+        // Closing the pipes' write ends wakes their sleepers with an end
+        // of file; closing the control socket tells the library.
+        self.bells.clear();
+    }
+}
