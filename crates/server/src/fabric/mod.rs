@@ -12,3 +12,31 @@ pub mod calls;
 pub mod pump;
 pub mod rings;
 pub mod serve;
+
+/// A small region for the pumps' tests (`n_channels` channels, two rings
+/// and two send queues), mapped from a fresh memfd and initialised.
+#[cfg(test)]
+pub(crate) mod test_region {
+    use std::os::fd::AsFd;
+    use tcps_proto::layout::Layout;
+    use tcps_proto::region::Region;
+
+    pub fn layout(n_channels: u32) -> Layout {
+        Layout {
+            n_channels,
+            ring_entries: 8,
+            arena_size: 4096,
+            send_queues: 2,
+            sq_entries: 8,
+            recv_rings: 2,
+            rq_bytes: 4096,
+        }
+    }
+
+    pub fn region(l: Layout) -> Region {
+        let fd = crate::sys::memfd(c"fabric-test", l.region_size()).unwrap();
+        let r = Region::map(fd.as_fd(), l).unwrap();
+        r.init_header();
+        r
+    }
+}

@@ -224,26 +224,12 @@ fn out_len(call: Call, done: &Completion) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
     use tcps_proto::ring::ServerCursor;
 
-    fn layout() -> Layout {
-        Layout {
-            n_channels: 2,
-            ring_entries: 8,
-            arena_size: 4096,
-            send_queues: 2,
-            sq_entries: 8,
-            recv_rings: 2,
-            rq_bytes: 4096,
-        }
-    }
+    use crate::fabric::test_region::region;
 
-    fn region(l: Layout) -> Region {
-        let fd = crate::sys::memfd(c"pump-test", l.region_size()).unwrap();
-        let r = Region::map(fd.as_fd(), l).unwrap();
-        r.init_header();
-        r
+    fn layout() -> Layout {
+        crate::fabric::test_region::layout(2)
     }
 
     /// The host's half, by hand: the request slot and channel lines 0/1.

@@ -175,27 +175,13 @@ impl Rings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
     use tcps_fabric::wire;
     use tcps_proto::mirror::Writer;
 
-    fn layout() -> Layout {
-        Layout {
-            n_channels: 1,
-            ring_entries: 8,
-            arena_size: 4096,
-            send_queues: 2,
-            sq_entries: 8,
-            recv_rings: 2,
-            rq_bytes: 4096,
-        }
-    }
+    use crate::fabric::test_region::region;
 
-    fn region(l: Layout) -> Region {
-        let fd = crate::sys::memfd(c"rings-test", l.region_size()).unwrap();
-        let r = Region::map(fd.as_fd(), l).unwrap();
-        r.init_header();
-        r
+    fn layout() -> Layout {
+        crate::fabric::test_region::layout(1)
     }
 
     /// The server's publish, by hand: bytes at `pos`, then tail and owner.
