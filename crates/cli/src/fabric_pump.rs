@@ -178,27 +178,18 @@ impl Link {
                     if w.status != 0 {
                         return Err((w.status, w.message));
                     }
-                    let layout = layout_of(&w.geometry)
-                        .ok_or((libc::EPROTO, "the server's geometry is invalid".to_string()))?;
+                    let layout = Layout::from_words(&w.geometry).map_err(|e| {
+                        (
+                            libc::EPROTO,
+                            format!("the server's geometry is invalid: {e}"),
+                        )
+                    })?;
                     return Ok(Link { worker, ep, layout });
                 }
                 _ => {}
             }
         }
     }
-}
-
-fn layout_of(g: &[u32; 8]) -> Option<Layout> {
-    let l = Layout {
-        n_channels: g[0],
-        ring_entries: g[1],
-        arena_size: g[2],
-        send_queues: g[3],
-        sq_entries: g[4],
-        recv_rings: g[5],
-        rq_bytes: g[6],
-    };
-    l.validate().ok().map(|_| l)
 }
 
 /// A fresh memfd of `len` bytes.

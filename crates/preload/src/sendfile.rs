@@ -175,18 +175,8 @@ unsafe fn offloaded_sendfile(
     if total < count {
         crate::fdtable::note_full(id);
     }
-    COUNTERS.sendfile_bytes.fetch_add(total, Ordering::Relaxed);
     debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
-    let end = start + total as off64_t;
-    if offset.is_null() {
-        libc::lseek64(in_fd, end, libc::SEEK_SET);
-    } else {
-        *offset = end;
-    }
-    if total == 0 && err != 0 {
-        return fail_sending(err);
-    }
-    total as ssize_t
+    finish(in_fd, offset, start, total as usize, err)
 }
 
 /// sendfile when attached to a server on another node (`TCPS_REMOTE`):
@@ -226,6 +216,19 @@ unsafe fn remote_sendfile(
             }
         }
     }
+    finish(in_fd, offset, start, total, err)
+}
+
+/// A sendfile moved `total` bytes from `start` (then met `err`, 0 if
+/// none): counted, the file offset (or `*offset`) moved past them, and its
+/// result — the bytes, or the error if none moved.
+unsafe fn finish(
+    in_fd: c_int,
+    offset: *mut off64_t,
+    start: off64_t,
+    total: usize,
+    err: i32,
+) -> ssize_t {
     COUNTERS
         .sendfile_bytes
         .fetch_add(total as u64, Ordering::Relaxed);

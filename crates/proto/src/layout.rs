@@ -163,6 +163,35 @@ impl Default for Layout {
 }
 
 impl Layout {
+    /// The geometry as eight words (the seven numbers, then 0), as the
+    /// fabric attach's `Welcome` carries it.
+    pub fn to_words(&self) -> [u32; 8] {
+        [
+            self.n_channels,
+            self.ring_entries,
+            self.arena_size,
+            self.send_queues,
+            self.sq_entries,
+            self.recv_rings,
+            self.rq_bytes,
+            0,
+        ]
+    }
+
+    /// The geometry [`to_words`](Self::to_words) wrote, validated.
+    pub fn from_words(g: &[u32; 8]) -> Result<Layout, LayoutError> {
+        let l = Layout {
+            n_channels: g[0],
+            ring_entries: g[1],
+            arena_size: g[2],
+            send_queues: g[3],
+            sq_entries: g[4],
+            recv_rings: g[5],
+            rq_bytes: g[6],
+        };
+        l.validate().map(|()| l)
+    }
+
     /// Checks that the geometry is sane and small enough to map.
     pub fn validate(&self) -> Result<(), LayoutError> {
         if self.n_channels == 0 || self.n_channels > 4096 {
@@ -279,6 +308,15 @@ mod tests {
         assert_eq!(l.sq_stride() % 64, 0);
         assert_eq!(l.rq_stride() % 64, 0);
         assert_eq!(l.recv_rings_offset() % PAGE, 0);
+    }
+
+    #[test]
+    fn geometry_words_round_trip_and_are_validated() {
+        let l = Layout::default();
+        assert_eq!(Layout::from_words(&l.to_words()), Ok(l));
+        let mut bad = l.to_words();
+        bad[0] = 0;
+        assert!(Layout::from_words(&bad).is_err());
     }
 
     #[test]

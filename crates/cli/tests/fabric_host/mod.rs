@@ -102,18 +102,7 @@ pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
 
 /// The geometry of a `Welcome`.
 pub fn layout_of(w: &Welcome) -> Layout {
-    let g = w.geometry;
-    let layout = Layout {
-        n_channels: g[0],
-        ring_entries: g[1],
-        arena_size: g[2],
-        send_queues: g[3],
-        sq_entries: g[4],
-        recv_rings: g[5],
-        rq_bytes: g[6],
-    };
-    layout.validate().expect("a valid geometry");
-    layout
+    Layout::from_words(&w.geometry).expect("a valid geometry")
 }
 
 /// The host's own copy of the region (a memfd of the announced geometry).

@@ -31,7 +31,6 @@ use tcps_fabric::wire::{
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
 use tcps_proto::handshake::ControlMsg;
-use tcps_proto::layout::Layout;
 use tcps_proto::Region;
 use tracing::{info, warn};
 
@@ -157,19 +156,6 @@ impl Fabric {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.listener.local_addr().ok()
     }
-}
-
-fn geometry(l: &Layout) -> [u32; 8] {
-    [
-        l.n_channels,
-        l.ring_entries,
-        l.arena_size,
-        l.send_queues,
-        l.sq_entries,
-        l.recv_rings,
-        l.rq_bytes,
-        0,
-    ]
 }
 
 fn welcome(ep: &Endpoint, status: i32, geometry: [u32; 8], message: String) {
@@ -350,7 +336,7 @@ fn attach_step(
             match new_remote_host(*next_id, &srv.cfg, pid, uid, w) {
                 Ok(live) => {
                     info!(host = live.id, pid, uid, "remote host attached");
-                    welcome(&conn.ep, 0, geometry(&srv.cfg.layout), String::new());
+                    welcome(&conn.ep, 0, srv.cfg.layout.to_words(), String::new());
                     conn.state = State::Live(Box::new(live));
                     true
                 }
