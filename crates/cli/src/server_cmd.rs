@@ -148,8 +148,8 @@ pub struct ServerArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Also accept hosts on other nodes over UCX at ADDR:PORT (port 0: any;
     /// the address is logged), beside local ones; needs --fabric-auth
-    /// (docs/DEPLOYMENT.md). Not yet: rings, send queues and remote
-    /// socket/bind (docs/ARCHITECTURE.md, "The channel over a fabric")
+    /// (docs/DEPLOYMENT.md; how the channel maps onto UCX:
+    /// docs/ARCHITECTURE.md, "The channel over a fabric")
     #[arg(long, value_name = "ADDR:PORT", requires = "fabric_auth")]
     pub fabric_listen: Option<std::net::SocketAddr>,
     /// The shared-secret file remote hosts authenticate with (mode 600; the
@@ -160,6 +160,14 @@ pub struct ServerArgs {
     /// none
     #[arg(long, value_name = "UID", default_value_t = 65534)]
     pub fabric_uid: u32,
+    /// A directory tree this node sees at the same paths, holding the same
+    /// files, as the application nodes (a replicated or read-only image, a
+    /// synced copy): a remote host's sendfile of a file inside it is read
+    /// here, opened with the host's mapped uid's permissions, and no file
+    /// byte crosses the fabric. Files elsewhere, changed (size or mtime
+    /// differ) or on a network file system are sent by the host as bytes
+    #[arg(long, value_name = "DIR", requires = "fabric_listen")]
+    pub shared_files: Option<std::path::PathBuf>,
     /// Also serve per-host series (tcps_host_*, labelled with each host's
     /// pid and uid) at /metrics. Anyone who reaches the metrics address sees
     /// every user's hosts (`tcps stat` shows a user only their own): bind it
@@ -389,6 +397,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
             listen,
             auth: auth.clone(),
             uid: args.fabric_uid,
+            shared_files: args.shared_files.clone(),
         }),
         _ => None,
     };

@@ -14,14 +14,6 @@ use fabric_host::*;
 use std::time::{Duration, Instant};
 use tcps_proto::msg::Op;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn hosts_attached(srv: &Server) -> u64 {
     srv.stat_json()["server"]["hosts_attached"]
         .as_u64()

@@ -637,14 +637,35 @@ impl Client {
     /// Hands the server the open regular file `fd` (this process keeps its
     /// copy) for [`Client::sendfile`], named `file` from now on
     /// (`ControlMsg::FileOpen`).
+    ///
+    /// On a server on another node (`TCPS_REMOTE`) no descriptor can cross:
+    /// the server opens the file at the same path itself (`Op::FileOpen`),
+    /// which it does only under `tcps server --shared-files DIR` for a path
+    /// inside DIR holding the same file (size and modification time as
+    /// here); otherwise this fails (EOPNOTSUPP, EACCES, ENOENT, ESTALE, …)
+    /// and the caller sends the file's bytes itself.
     pub fn file_open(&self, file: u32, fd: std::os::fd::RawFd) -> io::Result<()> {
+        if self.conn.remote {
+            let (path, size, mtime_ns) = crate::sys::file_identity(fd)?;
+            let open = |path| Call::FileOpen {
+                handle: file,
+                path,
+                size,
+                mtime_ns,
+            };
+            return self.with_input(open, &path).map(drop);
+        }
         let msg = tcps_proto::handshake::ControlMsg::FileOpen { handle: file };
         self.conn.control().call(&msg, &[fd]).map(drop)
     }
 
-    /// The server forgets file `file` (`ControlMsg::FileClose`); ranges of
-    /// it already queued (`sendfile_async`) are still sent.
+    /// The server forgets file `file` (`ControlMsg::FileClose`, a request
+    /// on a server on another node); ranges of it already queued
+    /// (`sendfile_async`) are still sent.
     pub fn file_close(&self, file: u32) -> io::Result<()> {
+        if self.conn.remote {
+            return self.simple_call(Call::FileClose { handle: file }).map(drop);
+        }
         let msg = tcps_proto::handshake::ControlMsg::FileClose { handle: file };
         self.conn.control().call(&msg, &[]).map(drop)
     }

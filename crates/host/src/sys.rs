@@ -99,3 +99,28 @@ pub(crate) fn getsockopt(fd: RawFd, level: i32, name: i32, out: &mut [u8]) -> io
 pub(crate) fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
 }
+
+/// What names open file `fd` on another node that sees the same tree
+/// (`Client::file_open` on a remote server): its path (from
+/// `/proc/self/fd`), size and modification time in nanoseconds. A regular
+/// file only (EINVAL otherwise); a deleted one has no path (ENOENT).
+pub(crate) fn file_identity(fd: RawFd) -> io::Result<(Vec<u8>, u64, u64)> {
+    // SAFETY: fstat into a zeroed stat we own; `fd` is only read.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(last_errno());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let path = std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
+    let path = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec();
+    if !path.starts_with(b"/") || path.ends_with(b" (deleted)") {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    let mtime_ns = (st.st_mtime as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(st.st_mtime_nsec as u64);
+    Ok((path, st.st_size as u64, mtime_ns))
+}

@@ -45,11 +45,6 @@ pub fn exchange_fds(msg: ControlMsg, fds: &[RawFd]) -> Result<(ControlMsg, Vec<O
     exchange_on(c, msg, fds)
 }
 
-/// Sends `msg` (with `fds`) and returns the server's reply.
-pub fn exchange(msg: ControlMsg, fds: &[RawFd]) -> Result<ControlMsg, i32> {
-    exchange_fds(msg, fds).map(|(m, _)| m)
-}
-
 /// A message answered by `Reply { handle, errno }`: Ok on errno 0.
 pub fn call_on(c: &tcps::Client, msg: ControlMsg) -> Result<(), i32> {
     match exchange_on(c, msg, &[])?.0 {

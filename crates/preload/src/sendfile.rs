@@ -1,12 +1,20 @@
 //! sendfile / sendfile64 to an offloaded socket: the TCP server reads the
 //! file itself and no file byte passes through this process or the channel.
 //!
-//! The open file is handed to the server once (`ControlMsg::FileOpen`,
-//! SCM_RIGHTS on the control socket) and cached here by (device, inode,
-//! size, mtime), so a file served again — nginx opens it anew for every
-//! request — costs one fstat. At most [`MAX_FILES`] files are kept open at
-//! the server; when the cache is full it is emptied (ranges already queued
-//! keep their file open at the server until they are sent).
+//! The open file is handed to the server once (`Client::file_open`:
+//! `ControlMsg::FileOpen`, SCM_RIGHTS on the control socket) and cached
+//! here by (device, inode, size, mtime), so a file served again — nginx
+//! opens it anew for every request — costs one fstat. At most
+//! [`MAX_FILES`] files are kept open at the server; when the cache is full
+//! it is emptied (ranges already queued keep their file open at the server
+//! until they are sent).
+//!
+//! **On a server on another node** (`TCPS_REMOTE`) the server opens the
+//! file at the same path itself (`Op::FileOpen`) if it shares the tree
+//! (`tcps server --shared-files DIR`), and everything below runs as on one
+//! node. A file it refuses (not shared, differs there, no permission) is
+//! remembered as refused, and its bytes are read here and sent as
+//! ordinary sends ([`remote_sendfile`]).
 //!
 //! **Asynchronous** (the default; `docs/PRELOAD.md`, "Sends"): the range is
 //! queued on the socket's send queue (`Client::sendfile_async`, a
@@ -33,13 +41,12 @@
 
 use crate::errno::fail;
 use crate::log::{debug, COUNTERS};
+use crate::real;
 use crate::sock::on_socket;
-use crate::{control, real};
 use libc::{c_int, off64_t, size_t, ssize_t};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
-use tcps_proto::handshake::ControlMsg;
 
 /// Largest range per request (the server's limit).
 const MAX_CHUNK: u64 = 1 << 30;
@@ -53,6 +60,8 @@ pub struct Files {
     generation: u64,
     next: u32,
     handles: HashMap<FileKey, u32>,
+    /// Files the (remote) server would not open: their bytes are sent.
+    refused: HashSet<FileKey>,
 }
 
 static FILES: Mutex<Option<Files>> = Mutex::new(None);
@@ -65,7 +74,7 @@ pub fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<Files>> {
 
 /// The server's handle for the regular file open as `fd`, and the file's
 /// size now.
-fn file_handle(fd: c_int) -> Result<(u32, u64), i32> {
+fn file_handle(c: &tcps::Client, fd: c_int) -> Result<(u32, u64), i32> {
     // SAFETY: fstat into a zeroed stat we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -91,23 +100,33 @@ fn file_handle(fd: c_int) -> Result<(u32, u64), i32> {
             generation,
             next: 1,
             handles: HashMap::new(),
+            refused: HashSet::new(),
         }),
     };
     let size = st.st_size.max(0) as u64;
     if let Some(&h) = files.handles.get(&key) {
         return Ok((h, size));
     }
+    if files.refused.contains(&key) {
+        return Err(libc::EOPNOTSUPP);
+    }
     if files.handles.len() >= MAX_FILES {
         for (_, h) in files.handles.drain() {
-            let _ = control::call(ControlMsg::FileClose { handle: h }, h);
+            let _ = c.file_close(h);
         }
     }
     let h = files.next;
     files.next = files.next.wrapping_add(1).max(1);
-    match control::exchange(ControlMsg::FileOpen { handle: h }, &[fd])? {
-        ControlMsg::Reply { handle, errno: 0 } if handle == h => {}
-        ControlMsg::Reply { handle, errno } if handle == h => return Err(errno),
-        _ => return Err(libc::EPROTO),
+    if let Err(e) = c.file_open(h, fd) {
+        let e = crate::errno::errno_of(&e);
+        if c.is_remote() {
+            debug!("sendfile: the server does not share file (dev {}, inode {}): errno {e}; its bytes are sent", key.0, key.1);
+            if files.refused.len() >= MAX_FILES {
+                files.refused.clear();
+            }
+            files.refused.insert(key);
+        }
+        return Err(e);
     }
     debug!(
         "sendfile: file (dev {}, inode {}) handed to the server as file {h}",
@@ -137,12 +156,12 @@ unsafe fn offloaded_sendfile(
             libc::EINVAL
         });
     }
-    if c.is_remote() {
-        // The server is on another node: it cannot open this file.
-        return remote_sendfile(c, out_fd, id, in_fd, offset, start, count);
-    }
-    let (file, size) = match file_handle(in_fd) {
+    let (file, size) = match file_handle(c, in_fd) {
         Ok(h) => h,
+        // The server on another node does not see this file: the bytes go.
+        Err(_) if c.is_remote() => {
+            return remote_sendfile(c, out_fd, id, in_fd, offset, start, count)
+        }
         Err(e) => return fail(e),
     };
     // The kernel sends what the file holds; a queued range cannot learn the

@@ -81,6 +81,9 @@ pub struct FabricConfig {
     /// The uid a remote host is accounted to (and, once remote `Socket`
     /// and `Bind` run here, acts as) unless its auth file names one.
     pub uid: u32,
+    /// `--shared-files DIR`: remote hosts' `Op::FileOpen` opens files
+    /// inside DIR here (`crate::shared_files`); None: refused.
+    pub shared_files: Option<PathBuf>,
 }
 
 /// `tcps server --balance on|off` and its testing aid.

@@ -28,6 +28,7 @@ mod procstat;
 mod registry;
 mod sendfile;
 mod shared;
+mod shared_files;
 mod slab;
 pub mod sockopt_policy;
 mod stats;

@@ -68,6 +68,13 @@ fn last_errno() -> i32 {
 /// `ControlMsg::FileOpen`: keep the regular file passed along as `handle`.
 pub fn open(host: &mut Host, handle: u32, fds: Vec<OwnedFd>) -> Result<(), i32> {
     let [file]: [OwnedFd; 1] = fds.try_into().map_err(|_| libc::EINVAL)?;
+    keep(host, handle, file)
+}
+
+/// Keeps `file` as the host's file `handle` if it is a regular file on a
+/// local file system (a passed one, or one the server opened for a remote
+/// host: `crate::shared_files`).
+pub fn keep(host: &mut Host, handle: u32, file: OwnedFd) -> Result<(), i32> {
     // SAFETY: fstat into a zeroed stat we own, on a descriptor we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.

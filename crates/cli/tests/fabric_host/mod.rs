@@ -17,6 +17,15 @@ use tcps_proto::Region;
 
 pub const SECRET: &str = "0123456789abcdef-fabric-test-secret\n";
 
+/// A TCP port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A secret file of mode 600.
 pub fn key_file(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;

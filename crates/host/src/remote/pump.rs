@@ -161,6 +161,14 @@ impl HostPump {
         (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
     }
 
+    /// The send queue whose line 2 (`active`, `kicks_seen`, `owner`,
+    /// `binds`) starts at `off`, if any.
+    fn queue_line2(&self, off: usize) -> Option<usize> {
+        let l = &self.layout;
+        let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
+        (q < l.send_queues as usize && off == l.send_queue_offset(q as u32) + 128).then_some(q)
+    }
+
     /// The receive/accept ring whose server lines (1 or 2) `off` is in.
     fn ring_of(&self, off: usize) -> Option<u32> {
         let l = &self.layout;
@@ -199,23 +207,30 @@ impl HostPump {
                     continue;
                 }
             }
-            let ring = self.ring_line2(off);
-            // `owner` and `binds`: either changed, the ring was bound anew.
+            let (ring, queue) = (self.ring_line2(off), self.queue_line2(off));
+            // `owner` and `binds`: either changed, the ring (the queue) was
+            // bound anew.
             let mut was = [0u8; 16];
-            if ring.is_some() {
+            if ring.is_some() || queue.is_some() {
                 let _ = region.read_span(off, &mut was);
             }
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
-            let rebound = bytes.get(..4) != Some(&was[..4])
-                || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
-            if let Some(r) = ring.filter(|_| rebound) {
+            let changed = |r: std::ops::Range<usize>| bytes.get(r.clone()) != Some(&was[r]);
+            if let Some(r) = ring.filter(|_| changed(0..4) || changed(12..16)) {
                 // Bound anew: the server's bind stored head = 0 in its copy;
                 // head is the host's to write here.
                 let at = self.layout.recv_ring_offset(r as u32);
                 let _ = region.apply_span(Writer::Host, at, &[0; 4]);
                 self.heads[r] = [0; 4];
+            }
+            if let Some(q) = queue.filter(|_| changed(8..12) || changed(12..16)) {
+                // The same for a send queue (its descriptors start at 0):
+                // what this pump shipped of the last binding is history.
+                let at = self.layout.send_queue_offset(q as u32);
+                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+                self.sq_heads[q] = 0;
             }
             let z = zone(&l, off).filter(|z| z.kind == Kind::Slots(32));
             if let Some(z) = z {
@@ -265,7 +280,7 @@ fn ship_in_args(region: &Region, l: &Layout, base: usize, slot: &[u8; 64], out: 
     let (off, len) = (r.buf_off as usize, r.buf_len as usize);
     let reads = matches!(
         op,
-        Some(Op::Send | Op::Bind | Op::Connect | Op::SetSockOpt | Op::Poll)
+        Some(Op::Send | Op::Bind | Op::Connect | Op::SetSockOpt | Op::Poll | Op::FileOpen)
     );
     let arena = l.arena_size as usize;
     if !reads || len == 0 || off >= arena {
@@ -540,6 +555,43 @@ mod tests {
         pump.collect(&host, &mut out);
         let (h, d) = out.take();
         assert!(wire::spans(&h, &d).all(|s| s.unwrap().0 as usize != q));
+    }
+
+    /// A send queue bound again to the same socket id (same `owner`, a new
+    /// `binds`): the first descriptor of the new binding is shipped even
+    /// though `head` is back at the value last shipped.
+    #[test]
+    fn a_send_queue_bound_again_ships_its_new_descriptors() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let q = l.send_queue_offset(1);
+        let publish = |pump: &mut HostPump, first: u8| {
+            host.apply_span(Writer::Host, q + 192, &[first; 32])
+                .unwrap();
+            host.apply_span(Writer::Host, q, &1u32.to_le_bytes())
+                .unwrap();
+            let mut out = Spans::new();
+            pump.collect(&host, &mut out);
+            let (h, d) = out.take();
+            wire::spans(&h, &d).any(|s| s.unwrap() == ((q + 192) as u32, &[first; 32][..]))
+        };
+        let bind = |pump: &mut HostPump, binds: u32| {
+            let mut b = [0u8; 16];
+            b[8..12].copy_from_slice(&2u32.to_le_bytes()); // owner: socket 1
+            b[12..].copy_from_slice(&binds.to_le_bytes());
+            let mut s = Spans::new();
+            s.push((q + 128) as u32, &b);
+            let (h, d) = s.take();
+            pump.apply(&host, &h, &d).unwrap();
+        };
+        bind(&mut pump, 1);
+        assert!(publish(&mut pump, 7), "the first binding's descriptor");
+        bind(&mut pump, 2);
+        let mut head = [0u8; 4];
+        host.read_span(q, &mut head).unwrap();
+        assert_eq!(head, [0; 4], "bound again: head restarts");
+        assert!(publish(&mut pump, 9), "the second binding's descriptor");
     }
 
     #[test]

@@ -749,7 +749,9 @@ fn handle(st: &mut State, ch: &ChannelRef<'_>, req: &tcps_proto::Request) -> Opt
         Call::SendReg { .. }
         | Call::RecvReg { .. }
         | Call::AsyncBind { .. }
-        | Call::SendFile { .. } => fail(&mut c, libc::EOPNOTSUPP),
+        | Call::SendFile { .. }
+        | Call::FileOpen { .. }
+        | Call::FileClose { .. } => fail(&mut c, libc::EOPNOTSUPP),
         // No eager receive either: every socket receives on demand.
         Call::RecvBind { .. } => done(&mut c, tcps_proto::eager::RECV_MODE_NONE as i64),
         // Nothing parks here long enough to be cancelled.

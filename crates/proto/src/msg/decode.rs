@@ -4,7 +4,7 @@
 
 use super::{
     ArenaRange, Call, Invalid, MemRange, Op, PollEntry, Request, CLOSE_NO_REPLY, MAX_ADDR_LEN,
-    MAX_OPT_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
+    MAX_OPT_LEN, MAX_PATH_LEN, MAX_POLL_ENTRIES, SHUTDOWN_NO_REPLY,
 };
 use crate::sendq::ctl::MAX_REGISTRATIONS;
 
@@ -104,6 +104,15 @@ impl Call {
                 decode_address(op, &f)
             }
             Op::Send | Op::Recv | Op::SendReg | Op::RecvReg | Op::SendFile => decode_data(op, &f),
+            Op::FileOpen => Ok(Call::FileOpen {
+                handle: f.u32(0, "file handle")?,
+                path: f.range(MAX_PATH_LEN)?,
+                size: f.r.args[1],
+                mtime_ns: f.r.args[2],
+            }),
+            Op::FileClose => Ok(Call::FileClose {
+                handle: f.u32(0, "file handle")?,
+            }),
             Op::SetSockOpt | Op::GetSockOpt | Op::Poll => decode_option_poll(op, &f),
             Op::AsyncBind | Op::AsyncKick | Op::RecvKick | Op::RecvBind | Op::Cancel => {
                 decode_rings(op, &f)
@@ -314,6 +323,7 @@ mod tests {
         assert_eq!(shutdown(2), Err(Invalid::BadArgument("shutdown flags")));
         assert!(Op::Close.names_socket());
         assert!(!Op::Socket.names_socket() && !Op::Poll.names_socket());
+        assert!(!Op::FileOpen.names_socket() && !Op::FileClose.names_socket());
     }
 
     #[test]

@@ -54,6 +54,8 @@ impl Call {
             Call::SendReg { .. } => Op::SendReg,
             Call::RecvReg { .. } => Op::RecvReg,
             Call::SendFile { .. } => Op::SendFile,
+            Call::FileOpen { .. } => Op::FileOpen,
+            Call::FileClose { .. } => Op::FileClose,
             Call::AsyncBind { .. } => Op::AsyncBind,
             Call::AsyncKick { .. } => Op::AsyncKick,
             Call::RecvKick { .. } => Op::RecvKick,
@@ -65,7 +67,11 @@ impl Call {
     /// The socket the call names (0 for `Nop`, `Socket`, `Poll`).
     pub fn sock(&self) -> u32 {
         match *self {
-            Call::Nop | Call::Socket { .. } | Call::Poll { .. } => 0,
+            Call::Nop
+            | Call::Socket { .. }
+            | Call::Poll { .. }
+            | Call::FileOpen { .. }
+            | Call::FileClose { .. } => 0,
             Call::Bind { sock, .. }
             | Call::Listen { sock, .. }
             | Call::Accept { sock, .. }
@@ -137,6 +143,13 @@ impl Call {
                 count,
                 ..
             } => [u64::from(file), offset, u64::from(count), 0, 0],
+            Call::FileOpen {
+                handle,
+                size,
+                mtime_ns,
+                ..
+            } => [u64::from(handle), size, mtime_ns, 0, 0],
+            Call::FileClose { handle } => [u64::from(handle), 0, 0, 0, 0],
             Call::AsyncBind { queue, start, .. } => [u64::from(queue), u64::from(start), 0, 0, 0],
             Call::Cancel { target, .. } => [target, 0, 0, 0, 0],
             Call::Nop
@@ -153,7 +166,9 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Invalid, PollEntry, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_POLL_ENTRIES};
+    use super::super::{
+        Invalid, PollEntry, MAX_ADDR_LEN, MAX_OPT_LEN, MAX_PATH_LEN, MAX_POLL_ENTRIES,
+    };
     use super::*;
     use crate::sendq::ctl::MAX_REGISTRATIONS;
     use proptest::prelude::*;
@@ -257,6 +272,15 @@ mod tests {
                     count,
                 }
             }),
+            (s(), range(MAX_PATH_LEN), any::<u64>(), any::<u64>()).prop_map(
+                |(handle, path, size, mtime_ns)| Call::FileOpen {
+                    handle,
+                    path,
+                    size,
+                    mtime_ns
+                }
+            ),
+            s().prop_map(|handle| Call::FileClose { handle }),
             (s(), s(), s()).prop_map(|(sock, queue, start)| Call::AsyncBind { sock, queue, start }),
             s().prop_map(|sock| Call::AsyncKick { sock }),
             s().prop_map(|sock| Call::RecvKick { sock }),

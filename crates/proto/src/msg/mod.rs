@@ -117,9 +117,12 @@ macro_rules! ops {
             }
 
             /// Whether the request's `sock` names a socket (all but
-            /// `Nop`, `Socket` and `Poll`).
+            /// `Nop`, `Socket`, `Poll` and the file calls).
             pub fn names_socket(self) -> bool {
-                !matches!(self, Op::Nop | Op::Socket | Op::Poll)
+                !matches!(
+                    self,
+                    Op::Nop | Op::Socket | Op::Poll | Op::FileOpen | Op::FileClose
+                )
             }
         }
     };
@@ -130,7 +133,7 @@ ops! {
     Recv = 8, Shutdown = 9, Close = 10, SetSockOpt = 11, GetSockOpt = 12,
     GetSockName = 13, GetPeerName = 14, Poll = 15, Fcntl = 16,
     SendReg = 17, RecvReg = 18, AsyncBind = 19, AsyncKick = 20, SendFile = 21,
-    RecvKick = 22, RecvBind = 23, Cancel = 24,
+    RecvKick = 22, RecvBind = 23, Cancel = 24, FileOpen = 25, FileClose = 26,
 }
 
 /// A byte range of the channel arena, checked to lie inside it.
@@ -171,6 +174,8 @@ pub const MAX_POLL_ENTRIES: u32 = 4096;
 pub const MAX_ADDR_LEN: u32 = 128;
 /// Largest socket option value accepted.
 pub const MAX_OPT_LEN: u32 = 256;
+/// Largest path a `FileOpen` may name (`PATH_MAX`, with its NUL).
+pub const MAX_PATH_LEN: u32 = 4096;
 
 /// A request after validation. Ranges are inside the arena, enums are known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,6 +278,23 @@ pub enum Call {
         offset: u64,
         count: u32,
     },
+    /// Open the file at the absolute path in `path` (no NUL) as file
+    /// `handle` of this host, for `SendFile`: the server opens it itself,
+    /// a remote host's way to `ControlMsg::FileOpen` (it cannot pass a
+    /// descriptor). Only under `tcps server --shared-files DIR`, for a
+    /// path inside DIR, with the host's credentials; `size` and
+    /// `mtime_ns` are what the host's own fstat says, and a file that
+    /// differs is refused (ESTALE: not the same file on this node).
+    FileOpen {
+        handle: u32,
+        path: ArenaRange,
+        size: u64,
+        mtime_ns: u64,
+    },
+    /// Close file `handle` (`ControlMsg::FileClose` as a request).
+    FileClose {
+        handle: u32,
+    },
     /// Binds send queue `queue` to the socket; its first descriptor is `start`.
     AsyncBind {
         sock: u32,
@@ -344,6 +366,7 @@ impl Call {
             Call::Send { data, .. } | Call::Recv { data, .. } => Some(data),
             Call::SetSockOpt { value, .. } | Call::GetSockOpt { value, .. } => Some(value),
             Call::Poll { entries, .. } => Some(entries),
+            Call::FileOpen { path, .. } => Some(path),
             _ => None,
         }
     }

@@ -39,7 +39,11 @@ pub struct SendQueueCtl {
     /// Server-written: the socket id + 1 the queue is bound to; 0 when free
     /// (after the socket was closed and its sends finished).
     pub owner: AtomicU32,
-    _pad2: [u8; 52],
+    /// Server-written: binds of this queue (free-running), stored before
+    /// `owner`. Over a fabric the pumps restart a queue's shipping when it
+    /// changes: the same socket id bound again has the same `owner`.
+    pub binds: AtomicU32,
+    _pad2: [u8; 48],
 }
 
 // Under loom the atomics are loom's (bigger); the block is then never mapped.
@@ -64,7 +68,8 @@ impl SendQueueCtl {
             active: AtomicU32::new(0),
             kicks_seen: AtomicU32::new(0),
             owner: AtomicU32::new(0),
-            _pad2: [0; 52],
+            binds: AtomicU32::new(0),
+            _pad2: [0; 48],
         }
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! * host: descriptors, `head` (published, free-running), `host_waiting`;
 //! * server: `done`, `error`/`error_seq`, `misuse`, `bytes_done`, `active`,
-//!   `kicks_seen`, `owner`.
+//!   `kicks_seen`, `owner`, `binds`.
 //!
 //! Handshakes:
 //!
@@ -262,6 +262,7 @@ impl<'a> SendQueueConsumer<'a> {
         ctl.misuse.store(0, Ordering::Relaxed);
         ctl.bytes_done.store(0, Ordering::Relaxed);
         ctl.done.store(start, Ordering::Relaxed);
+        ctl.binds.fetch_add(1, Ordering::Relaxed);
         ctl.owner.store(sid + 1, Ordering::Release);
     }
 

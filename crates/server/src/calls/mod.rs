@@ -222,6 +222,26 @@ fn execute(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, call: Call) -> Res {
             offset,
             count,
         } => crate::sendfile::call(host, sock, file, offset, count),
+        Call::FileOpen {
+            handle,
+            path,
+            size,
+            mtime_ns,
+        } => {
+            let dir = cx
+                .cfg
+                .fabric
+                .as_ref()
+                .and_then(|f| f.shared_files.as_deref());
+            let wanted = crate::shared_files::Wanted {
+                handle,
+                path,
+                size,
+                mtime_ns,
+            };
+            crate::shared_files::open(dir, host, ch, wanted)
+        }
+        Call::FileClose { handle } => sendq::file_close(cx, host, handle).map(|()| (0, 0)),
         // Started by `start`, never here.
         Call::Accept { .. }
         | Call::Recv { .. }

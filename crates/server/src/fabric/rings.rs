@@ -43,8 +43,8 @@ pub struct Rings {
     shadow: Vec<Shadow>,
     /// Each send queue's server lines (line 1: `done`, `error`,
     /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
-    /// `kicks_seen`, `owner`) as last shipped.
-    queues: Vec<[u8; 36]>,
+    /// `kicks_seen`, `owner`, `binds`) as last shipped.
+    queues: Vec<[u8; 40]>,
     /// The ready log's `tail` as last shipped.
     log_shipped: u32,
 }
@@ -57,7 +57,7 @@ impl Rings {
     pub fn new(l: &Layout) -> Rings {
         Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
-            queues: vec![[0; 36]; l.send_queues as usize],
+            queues: vec![[0; 40]; l.send_queues as usize],
             log_shipped: 0,
         }
     }
@@ -66,7 +66,7 @@ impl Rings {
     fn collect_queues(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
         for (q, shadow) in self.queues.iter_mut().enumerate() {
             let base = l.send_queue_offset(q as u32);
-            let mut lines = [0u8; 36];
+            let mut lines = [0u8; 40];
             let (l1, l2) = lines.split_at_mut(24);
             if region.read_span(base + 2 * LINE, l2).is_err()
                 || region.read_span(base + LINE, l1).is_err()

@@ -37,6 +37,15 @@ pub(crate) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
     if sock.queue.is_some() || host.queues[queue as usize].owner.is_some() {
         return Err(libc::EBUSY);
     }
+    if host.remote {
+        // Over a fabric `head` is the host pump's to ship, and it ships a
+        // new binding's from 0 (`host::remote::pump`): an old binding's
+        // head left in this copy must not count as descriptors.
+        if start != 0 {
+            return Err(libc::EINVAL);
+        }
+        SendQueueConsumer::new(sq).reset_head();
+    }
     SendQueueConsumer::new(sq).bind(sid, start);
     let kicks = host.queues[queue as usize].kicks;
     host.queues[queue as usize] = QueueState {
