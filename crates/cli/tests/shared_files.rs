@@ -9,7 +9,8 @@
 //! shows which side read it: the client receives the server node's bytes
 //! only if the server opened the file itself. The same-size files that
 //! differ in mtime, that the host's mapped uid may not read on the server
-//! node, or that lie outside DIR must arrive as the host's bytes.
+//! node, or that lie outside DIR must arrive as the host's bytes. A local
+//! host gets no path opened for it at all.
 
 mod common;
 mod fabric_host;
@@ -213,4 +214,16 @@ fn remote_sendfile_reads_shared_files_at_the_server() {
         &shared.2,
         &shared.1,
     );
+
+    // A local host passes descriptors (the kernel checked it may open
+    // them): the server opens no path for it, shared tree or not.
+    let local = RawCalls::new(RawHost::attach(&socket).expect("local attach"));
+    let path = shared.0.as_os_str().as_encoded_bytes();
+    let c = local.run_with(path, |path| tcps_proto::Call::FileOpen {
+        handle: 1,
+        path,
+        size: size as u64,
+        mtime_ns: when as u64,
+    });
+    assert_eq!((c.result, c.errno), (-1, libc::EOPNOTSUPP), "{c:?}");
 }
