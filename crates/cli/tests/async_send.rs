@@ -144,6 +144,54 @@ fn credits_exhausted_nonblocking_gets_eagain(engine: &str) {
     assert_eq!(hex(&digest), hex(&sha256(&accepted)));
 }
 
+/// shutdown(SHUT_WR) behind asynchronous sends a reader does not take
+/// returns at once, as the kernel's does with a full send buffer, and the
+/// FIN still follows every byte: the reader gets them all, then EOF.
+fn shutdown_behind_queued_sends_does_not_wait(engine: &str) {
+    // Without eager receive the host knows nothing of the connection's
+    // state and asks the server (with it, `shutdown` is posted unanswered).
+    let srv = Server::start(engine, &["--eager-recv", "off"]);
+    let c = srv.attach();
+    let (s, k) = connected(&c);
+    c.set_nonblocking(s, true).unwrap();
+    let mut rng = Rng::new(5);
+    let mut accepted = Vec::new();
+    loop {
+        let piece = rng.bytes(16 * 1024);
+        match c.send_async(s, &piece, 0) {
+            Ok(n) => accepted.extend_from_slice(&piece[..n]),
+            Err(e) => {
+                assert_eq!(errno_of(&e), libc::EAGAIN, "{e}");
+                break;
+            }
+        }
+    }
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c2 = c.clone();
+    std::thread::spawn(move || tx.send(c2.shutdown(s, libc::SHUT_WR)).unwrap());
+    let r = rx.recv_timeout(Duration::from_secs(5));
+    let waited = t.elapsed();
+    let reader = std::thread::spawn(move || hash_to_eof(k, Duration::ZERO));
+    assert!(
+        matches!(r, Ok(Ok(()))),
+        "shutdown with {} bytes queued: {r:?} after {waited:?}",
+        accepted.len()
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "shutdown waited {waited:?}"
+    );
+    let (n, digest) = reader.join().unwrap();
+    assert_eq!(
+        n as usize,
+        accepted.len(),
+        "bytes accepted == bytes received"
+    );
+    assert_eq!(hex(&digest), hex(&sha256(&accepted)));
+    c.close(s).unwrap();
+}
+
 /// Credits run out on a blocking socket: the sender waits (it has not
 /// returned while the reader sleeps) and finishes once the reader reads.
 fn credits_exhausted_blocking_waits(engine: &str) {
@@ -505,6 +553,7 @@ engine_tests!(
     one_gib_of_async_sends,
     credits_exhausted_nonblocking_gets_eagain,
     credits_exhausted_blocking_waits,
+    shutdown_behind_queued_sends_does_not_wait,
     peer_reset_surfaces_later,
     deregister_in_flight_is_ebusy,
     unregistered_memory_is_einval,
