@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_web;
+mod cluster_nodes;
 mod demo;
 mod docs_cmd;
 mod fabric_pump;

@@ -407,14 +407,18 @@ fn unix_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Root and the server's own user see every host; others their own.
+pub fn sees_all_hosts(uid: u32) -> bool {
+    // SAFETY: geteuid cannot fail.
+    uid == 0 || uid == unsafe { libc::geteuid() }
+}
+
 /// The reply to a stat query from `uid`: every host's detail for root and
 /// the server's own user, only the viewer's own hosts otherwise; totals
 /// always cover every host. `attached` and `refused`: the server's host
 /// counts (`Shared::stat_report` passes them).
 pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
-    // SAFETY: geteuid cannot fail.
-    let server_uid = unsafe { libc::geteuid() };
-    let sees_all = uid == 0 || uid == server_uid;
+    let sees_all = sees_all_hosts(uid);
     let b = board.copy();
     let mut live: Vec<&HostSnapshot> = b.live.values().collect();
     live.sort_by_key(|s| s.id);
