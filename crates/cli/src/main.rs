@@ -1,6 +1,7 @@
 //! The `tcps` command.
 
 mod bench;
+mod bench_cluster;
 mod bench_web;
 mod cluster_nodes;
 mod demo;

@@ -38,7 +38,7 @@ pub struct Meta {
     pub variants_note: String,
 }
 
-fn first_line(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
         .args(args)
         .output()
