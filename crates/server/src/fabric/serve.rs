@@ -121,6 +121,15 @@ struct Conn {
 }
 
 impl Conn {
+    fn new(ep: Endpoint, addr: Option<std::net::SocketAddr>) -> Conn {
+        Conn {
+            ep,
+            state: State::Attaching(Attach::new(Instant::now())),
+            addr,
+            io: LinkCounters::default(),
+        }
+    }
+
     /// Sends an active message, counted in the link's counters.
     fn send(&mut self, id: u32, header: &[u8], data: Vec<u8>) -> bool {
         let n = header.len() + data.len();
@@ -245,17 +254,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
             let addr = req.peer_addr();
             match req.accept() {
                 Ok(ep) => {
-                    let state = State::Attaching(Attach::new(Instant::now()));
-                    let io = LinkCounters::default();
-                    conns.insert(
-                        ep.tag(),
-                        Conn {
-                            ep,
-                            state,
-                            addr,
-                            io,
-                        },
-                    );
+                    conns.insert(ep.tag(), Conn::new(ep, addr));
                 }
                 Err(e) => warn!("fabric: cannot accept a connection: {e}"),
             }
@@ -304,13 +303,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 }
             }
         }
-        ship(&mut conns, &srv.shared.links);
-        if published.elapsed() >= PUBLISH_EVERY {
-            published = Instant::now();
-            srv.shared
-                .links
-                .publish(conns.values().filter_map(Conn::view));
-        }
+        ship(&mut conns, &srv.shared.links, &mut published);
     }
 }
 
@@ -336,8 +329,9 @@ fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bo
 }
 
 /// Each host's batch of what the server wrote (or a keepalive); drops
-/// hosts silent too long and attaches that take too long.
-fn ship(conns: &mut HashMap<u64, Conn>, links: &LinkBoard) {
+/// hosts silent too long and attaches that take too long; publishes the
+/// links every `PUBLISH_EVERY` (`published`: when it last did).
+fn ship(conns: &mut HashMap<u64, Conn>, links: &LinkBoard, published: &mut Instant) {
     let now = Instant::now();
     conns.retain(|_, c| match ship_one(c, now) {
         Ok(()) => true,
@@ -346,6 +340,10 @@ fn ship(conns: &mut HashMap<u64, Conn>, links: &LinkBoard) {
             false
         }
     });
+    if now.duration_since(*published) >= PUBLISH_EVERY {
+        *published = now;
+        links.publish(conns.values().filter_map(Conn::view));
+    }
 }
 
 /// One endpoint's part of `ship`; an error: drop it (why).
