@@ -6,34 +6,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
-
-fn skip_reason(repo: &Path) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (network namespaces)".into());
-    }
-    for tool in ["wrk", "curl", "nginx"] {
-        if Command::new("which")
-            .arg(tool)
-            .output()
-            .map_or(true, |o| !o.status.success())
-        {
-            return Some(format!("{tool} not installed"));
-        }
-    }
-    if !repo.join("examples/build/webserver").is_file() {
-        return Some("examples/build/webserver not built (make examples)".into());
-    }
-    None
-}
 
 #[test]
 fn quick_run_reports_every_configuration() {
     let exe = env!("CARGO_BIN_EXE_tcps");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if let Some(why) = skip_reason(&repo) {
+    if let Some(why) = common::bench_skip_reason(&["wrk", "curl", "nginx"]) {
         eprintln!("bench_cluster: skipped: {why}");
         return;
     }
@@ -138,20 +116,5 @@ fn quick_run_reports_every_configuration() {
         );
     }
     // The namespaces of the run (its pid is gone now) are deleted.
-    let ns = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns");
-    let ns = String::from_utf8_lossy(&ns.stdout);
-    assert!(
-        !ns.lines().any(|l| {
-            l.starts_with("tcpsbc-")
-                && l.split_whitespace()
-                    .next()
-                    .and_then(|n| n.rsplit('-').next())
-                    .and_then(|t| t.strip_prefix('b'))
-                    .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists())
-        }),
-        "namespaces left behind:\n{ns}"
-    );
+    common::assert_no_stale_namespaces("tcpsbc-");
 }

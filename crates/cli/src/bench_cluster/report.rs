@@ -9,7 +9,7 @@ use std::fs;
 use super::args::{ClusterArgs, Error};
 use super::configs::Config;
 use super::sample::{FabricPerReq, Sample};
-use crate::bench_web::report::first_line;
+use crate::bench_web::report::{command_line, first_line};
 use crate::bench_web::results::median;
 use crate::bench_web::types::cpu_list;
 
@@ -119,10 +119,7 @@ impl Meta {
     pub fn collect(a: &ClusterArgs, busy: f64, wall: f64) -> Meta {
         let (h, s) = (cpu_list(&a.host_cpus), cpu_list(&a.server_cpus));
         Meta {
-            command: std::iter::once("tcps".to_string())
-                .chain(std::env::args().skip(1))
-                .collect::<Vec<_>>()
-                .join(" "),
+            command: command_line(),
             date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             kernel: first_line("uname", &["-r"]),

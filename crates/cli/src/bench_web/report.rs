@@ -46,6 +46,14 @@ pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
+/// This run's command line, as `tcps …`.
+pub(crate) fn command_line() -> String {
+    std::iter::once("tcps".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Meta {
     pub fn collect(
         a: &WebArgs,
@@ -62,10 +70,7 @@ impl Meta {
             .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
             .unwrap_or_default();
         Meta {
-            command: std::iter::once("tcps".to_string())
-                .chain(std::env::args().skip(1))
-                .collect::<Vec<_>>()
-                .join(" "),
+            command: command_line(),
             date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             cpu_model: model,
             cpus: std::thread::available_parallelism()
