@@ -25,6 +25,7 @@ Columns of summary.md (medians over the rounds):
   vs base       req/s over Regular's (nginx's for the nginx configurations)
   host          CPU of the application per request, µs: the web server or
                 nginx, and the `tcps fabric-pump` helper of a remote host
+                (the helper's part in brackets)
   app node      CPU on the application node per request: the host, plus a
                 local TCP server
   total         CPU per request of the host and the TCP server wherever it

@@ -164,13 +164,18 @@ pub fn table(rows: &[Row]) -> String {
             continue;
         };
         let f = m.fabric;
+        // A remote host's helper is part of the host: shown in brackets.
+        let pump = m
+            .pump_cpu_us_per_req
+            .map_or(String::new(), |p| format!(" (pump {p:.1})"));
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {:.2} / {:.2} |",
+            "| {} | {:.0} | {} | {:.1}{} | {:.1} | {:.1} | {} | {} | {:.2} / {:.2} |",
             r.config.label,
             m.rps,
             opt(r.ratio_vs_baseline, |x| format!("{x:.2}×")),
             m.host_cpu_us_per_req,
+            pump,
             m.app_node_cpu_us_per_req,
             m.total_cpu_us_per_req,
             opt(f.map(|f| f.messages_to_host), |x| {
@@ -207,7 +212,7 @@ pub fn write(a: &ClusterArgs, meta: &Meta, rows: &[Row]) -> Result<(), Error> {
     );
     md.push_str(&table(rows));
     md.push_str(
-        "\nhost: the application's CPU (with its fabric-pump helper); app node: the host \
+        "\nhost: the application's CPU (with its fabric-pump helper, in brackets); app node: the host \
          plus a local TCP server; total: host plus TCP server wherever it runs; fabric: the \
          TCP server's fabric counters (messages of spans, keepalives) per request; vs base: \
          to Regular (nginx rows: to nginx on kernel sockets). `tcps bench cluster --help` \
@@ -216,4 +221,63 @@ pub fn write(a: &ClusterArgs, meta: &Meta, rows: &[Row]) -> Result<(), Error> {
     fs::write(a.out.join("summary.md"), md)?;
     eprintln!("wrote {0}/results.json and {0}/summary.md", a.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_cluster::configs::ALL;
+
+    fn sample(rps: f64, fabric: bool) -> Sample {
+        Sample {
+            rps,
+            mb_per_s: 1.0,
+            requests: 100,
+            p50_us: 1000.0,
+            p99_us: 2000.0,
+            errors: vec![],
+            host_cpu_us_per_req: rps / 100.0,
+            pump_cpu_us_per_req: fabric.then_some(2.0),
+            server_cpu_us_per_req: None,
+            app_node_cpu_us_per_req: rps / 100.0,
+            total_cpu_us_per_req: rps / 50.0,
+            fabric: fabric.then_some(FabricPerReq {
+                messages_to_host: rps / 1000.0,
+                messages_from_host: 1.0,
+                bytes_to_host: 100.0,
+                bytes_from_host: 16000.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn medians_ratios_and_the_table() {
+        let mut rows: Vec<Row> = ALL[..3].iter().copied().map(Row::new).collect();
+        rows[0].samples = vec![
+            sample(1000.0, false),
+            sample(3000.0, false),
+            sample(2000.0, false),
+        ];
+        rows[2].samples = vec![sample(500.0, true), sample(1500.0, true)];
+        rows[1].error = Some("round 1: the TCP server exited\nlog".into());
+        sum_up(&mut rows);
+        assert_eq!(rows[0].median.map(|m| m.rps), Some(2000.0));
+        assert_eq!(rows[0].ratio_vs_baseline, Some(1.0));
+        assert_eq!(rows[2].median.map(|m| m.rps), Some(1000.0));
+        assert_eq!(rows[2].ratio_vs_baseline, Some(0.5));
+        assert!(rows[1].median.is_none() && rows[1].ratio_vs_baseline.is_none());
+        let f = rows[2].median.and_then(|m| m.fabric).unwrap();
+        assert_eq!((f.messages_to_host, f.bytes_from_host), (1.0, 16000.0));
+        let t = table(&rows);
+        assert!(t.contains("| Regular (kernel sockets) | 2000 | 1.00× | 20.0 | 20.0 | 40.0 | – | – | 1.00 / 2.00 |"), "{t}");
+        assert!(
+            t.contains("| remote tcps (UCX) | 1000 | 0.50× | 10.0 (pump 2.0) |"),
+            "{t}"
+        );
+        assert!(t.contains("| 1.00 / 1.00 | 100 / 16000 |"), "{t}");
+        assert!(
+            t.contains("| local tcps (shared memory) | failed: round 1: the TCP server exited |"),
+            "{t}"
+        );
+    }
 }

@@ -115,11 +115,18 @@ fn rounds(env: &Env, rows: &mut [Row]) -> Result<(), Error> {
         for row in rows.iter_mut() {
             harness::check_interrupted()?;
             let el = start.elapsed().as_secs();
+            // What is left, at the pace of the measurements so far.
+            let left = (done > 0).then(|| el * (total - done) as u64 / done as u64);
             eprintln!(
-                "[{:>2}/{total} {}:{:02} elapsed] {}, round {}/{n}",
+                "[{:>2}/{total} {}:{:02} elapsed{}] {}, round {}/{n}",
                 done + 1,
                 el / 60,
                 el % 60,
+                left.map_or(String::new(), |l| format!(
+                    ", ~{}:{:02} left",
+                    l / 60,
+                    l % 60
+                )),
                 row.config.label,
                 round + 1
             );
