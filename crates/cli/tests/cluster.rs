@@ -2,16 +2,18 @@
 //! `docs/DEPLOYMENT.md`): `tcps-app-<pid>` (the application node),
 //! `tcps-srv-<pid>` (the TCP-server node) and `tcps-cli-<pid>` (clients),
 //! joined by veth pairs with addresses that exist only inside them
-//! (10.78.x.y, 10.79.x.y), deleted at the end however the test ends. Needs root and
-//! UCX (the setup installs libucx-dev); it skips nothing.
+//! (10.78.x.y, 10.79.x.y), deleted at the end however the test ends
+//! (`src/cluster_nodes.rs`, shared with `tcps bench cluster`). Needs root
+//! and UCX (the setup installs libucx-dev); it skips nothing.
 //!
-//! Today: the server runs in the server namespace with `--fabric-listen`
-//! on its link to the application node; a remote host process in the
-//! application namespace is refused with a wrong secret, attaches with the
-//! right one, runs a call through the server, and when it is killed the
-//! server frees it. (To come when the host library attaches remotely: a
-//! web server in the application namespace serving a file to curl in the
-//! client namespace, compared by checksum.)
+//! The server runs in the server namespace with `--fabric-listen` on its
+//! link to the application node. A remote host process in the application
+//! namespace is refused with a wrong secret, attaches with the right one
+//! (`tcps stat` and the metrics show its link up, with traffic both ways),
+//! and when its link is cut or it is killed the server frees it (the link
+//! shown lost, and why). The example web server, nginx and redis serve
+//! clients on the client node through the server node (files compared by
+//! checksum), and a cut link fails a blocked call within a second.
 
 mod common;
 mod fabric_host;
@@ -25,6 +27,8 @@ use std::time::{Duration, Instant};
 use tcps_proto::msg::Op;
 
 const PORT: u16 = 7010;
+/// The server node's metrics listener (inside its namespace).
+const METRICS: &str = "127.0.0.1:9477";
 
 #[path = "../src/cluster_nodes.rs"]
 #[allow(dead_code)] // remove_stale and the client-to-application link: the bench's
@@ -93,6 +97,15 @@ const LINK_COUNTERS: [&str; 4] = [
     "messages_received",
     "bytes_received",
 ];
+
+/// The server node's Prometheus text (`--metrics-listen`, per host).
+fn metrics(n: &Nodes) -> String {
+    let url = format!("http://{METRICS}/metrics");
+    let out = in_ns(&n.srv, &["curl", "-sf", "--max-time", "5", &url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 /// The live remote host's link in `tcps stat`: its address on the
 /// application link, up, heard from within a keepalive or two, traffic
@@ -237,6 +250,7 @@ fn start_server(n: &Nodes, dir: &Path) -> (InNs, PathBuf, PathBuf, String) {
             .args(["--fabric-listen", &addr, "--fabric-auth"])
             .env("UCX_NET_DEVICES", &n.srv_dev)
             .arg(&key)
+            .args(["--metrics-listen", METRICS, "--metrics-per-host"])
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap(),
@@ -291,6 +305,20 @@ fn cluster_remote_host_across_namespaces() {
     // stat` shows its link up with traffic both ways.
     let host = attached_host(&n, &addr, &socket, &server_log);
     let up = assert_link_up(&n, &socket, &addr);
+    // The metrics say the same: one link up, traffic, the host's series.
+    let m = metrics(&n);
+    assert!(m.contains("tcps_fabric_hosts_up 1\n"), "{m}");
+    let labels = format!("host=\"{}\"", up["hosts"][0]["host"]);
+    let link_up = format!("tcps_host_fabric_link_up{{{labels},");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with(&link_up) && l.contains("state=\"up\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert!(
+        !m.contains("tcps_fabric_messages_received_total 0\n"),
+        "{m}"
+    );
 
     // The link between the nodes is cut: the host falls silent and the
     // server node frees it within its silence limit (1 s); `tcps stat`
@@ -310,6 +338,14 @@ fn cluster_remote_host_across_namespaces() {
     assert_eq!(lost["state"], "lost", "{f}");
     assert!(lost["why"].as_str().unwrap_or("").contains("silent"), "{f}");
     assert!(lost["last_heard_ms"].as_u64().unwrap_or(0) >= 800, "{f}");
+    let m = metrics(&n);
+    assert!(m.contains("tcps_fabric_hosts_up 0\n"), "{m}");
+    assert!(m.contains("tcps_fabric_hosts_lost_total 1\n"), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with(&link_up) && l.contains("state=\"lost\"") && l.ends_with(" 0")),
+        "{m}"
+    );
     for k in LINK_COUNTERS {
         let (a, b) = (&up["total"][k], &f["total"][k]);
         assert!(
