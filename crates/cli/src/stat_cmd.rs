@@ -67,7 +67,7 @@ server is the bottleneck and the host has idle CPU; `tcps server --balance`):
               to), each averaged over the last two 250 ms windows
 
 Fabric (remote hosts over UCX, `tcps server --fabric-listen`; shown when it
-listens):
+listens; a remote host's COMMAND is \"(remote)\": its process is on another node):
   ADDRESS     the remote host's fabric address (its node's, as UCX saw it)
   LINK        up, or lost (the link was cut or silent for 800 ms, the
               endpoint failed, or the host was cut off; the last 16 lost
@@ -296,7 +296,7 @@ fn command_of(pid: u64) -> String {
 /// The first cells of a host's row: which host, its process and user. A
 /// remote host's process is on another node: its command is not looked up.
 fn host_cells(h: &Value) -> Vec<String> {
-    let remote = h["id"].as_u64().is_some_and(|id| id >= REMOTE_IDS);
+    let remote = h["remote"].as_bool().unwrap_or(false);
     vec![
         format!("host {}", num(h, "id")),
         num(h, "pid").to_string(),
@@ -308,9 +308,6 @@ fn host_cells(h: &Value) -> Vec<String> {
         num(h, "uid").to_string(),
     ]
 }
-
-/// The server numbers remote hosts from 2^48 (`fabric::serve`).
-const REMOTE_IDS: u64 = 1 << 48;
 
 fn num(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)

@@ -137,6 +137,12 @@ fn assert_link_up(n: &Nodes, socket: &Path, addr: &str) -> serde_json::Value {
             .any(|l| l.starts_with(&row) && l.contains(peer) && l.contains(" up ")),
         "{text}"
     );
+    // Its rows in the other tables name no local process.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&row) && l.contains("(remote)")),
+        "{text}"
+    );
     f
 }
 
