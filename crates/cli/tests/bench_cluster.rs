@@ -86,6 +86,13 @@ fn quick_run_reports_every_configuration() {
                 "{r}"
             );
         }
+        // The web server's channel round trips per request (its library's
+        // counters): through a TCP server only.
+        if id == "local" || id == "remote" {
+            assert!(m["round_trips_per_req"].as_f64().is_some(), "{r}");
+        } else {
+            assert!(m["round_trips_per_req"].is_null(), "{r}");
+        }
         // A TCP server's CPU counts in the total, and on the application
         // node only when it runs there.
         let (host, node, total) = (

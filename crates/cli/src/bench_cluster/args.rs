@@ -33,6 +33,8 @@ Columns of summary.md (medians over the rounds):
   fabric msgs   fabric messages per request, to the host / from the host
                 (the TCP server's counters: batches, keepalives)
   fabric bytes  their bytes per request, to the host / from the host
+  round trips   channel round trips the web server waited on per request
+                (its library's counters at exit; not for nginx)
 
 Needs root (network namespaces), wrk, curl, iproute2, taskset, UCX; nginx for
 the nginx configurations. All nodes share this machine's cores: the numbers

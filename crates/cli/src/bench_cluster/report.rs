@@ -25,6 +25,7 @@ pub struct Medians {
     pub app_node_cpu_us_per_req: f64,
     pub total_cpu_us_per_req: f64,
     pub fabric: Option<FabricPerReq>,
+    pub round_trips_per_req: Option<f64>,
 }
 
 /// One configuration's line of the report.
@@ -78,6 +79,7 @@ impl Row {
                 bytes_to_host: fab(|f| f.bytes_to_host).unwrap_or(0.0),
                 bytes_from_host: fab(|f| f.bytes_from_host).unwrap_or(0.0),
             }),
+            round_trips_per_req: med(s, |x| x.round_trips_per_req),
         });
     }
 }
@@ -153,14 +155,14 @@ fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
 pub fn table(rows: &[Row]) -> String {
     let mut t = String::from(
         "| configuration | req/s | vs base | host µs/req | app node µs/req | total µs/req \
-         | fabric msgs/req to/from host | fabric bytes/req to/from host | p50 / p99 ms |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | fabric msgs/req to/from host | fabric bytes/req to/from host | round trips/req \
+         | p50 / p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let Some(m) = r.median else {
             let why = r.error.as_deref().unwrap_or("not measured");
             let why = why.lines().next().unwrap_or("");
-            let _ = writeln!(t, "| {} | failed: {why} | | | | | | | |", r.config.label);
+            let _ = writeln!(t, "| {} | failed: {why} | | | | | | | | |", r.config.label);
             continue;
         };
         let f = m.fabric;
@@ -170,7 +172,7 @@ pub fn table(rows: &[Row]) -> String {
             .map_or(String::new(), |p| format!(" (pump {p:.1})"));
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {} | {:.1}{} | {:.1} | {:.1} | {} | {} | {:.2} / {:.2} |",
+            "| {} | {:.0} | {} | {:.1}{} | {:.1} | {:.1} | {} | {} | {} | {:.2} / {:.2} |",
             r.config.label,
             m.rps,
             opt(r.ratio_vs_baseline, |x| format!("{x:.2}×")),
@@ -184,6 +186,7 @@ pub fn table(rows: &[Row]) -> String {
             opt(f.map(|f| f.bytes_to_host), |x| {
                 format!("{x:.0} / {:.0}", f.map_or(0.0, |f| f.bytes_from_host))
             }),
+            opt(m.round_trips_per_req, |x| format!("{x:.2}")),
             m.p50_us / 1000.0,
             m.p99_us / 1000.0,
         );
@@ -214,7 +217,8 @@ pub fn write(a: &ClusterArgs, meta: &Meta, rows: &[Row]) -> Result<(), Error> {
     md.push_str(
         "\nhost: the application's CPU (with its fabric-pump helper, in brackets); app node: the host \
          plus a local TCP server; total: host plus TCP server wherever it runs; fabric: the \
-         TCP server's fabric counters (messages of spans, keepalives) per request; vs base: \
+         TCP server's fabric counters (messages of spans, keepalives) per request; round trips: \
+         channel round trips the web server waited on per request (its library's counters); vs base: \
          to Regular (nginx rows: to nginx on kernel sockets). `tcps bench cluster --help` \
          explains each column.\n",
     );
@@ -247,6 +251,7 @@ mod tests {
                 bytes_to_host: 100.0,
                 bytes_from_host: 16000.0,
             }),
+            round_trips_per_req: fabric.then_some(2.5),
         }
     }
 
@@ -269,12 +274,15 @@ mod tests {
         let f = rows[2].median.and_then(|m| m.fabric).unwrap();
         assert_eq!((f.messages_to_host, f.bytes_from_host), (1.0, 16000.0));
         let t = table(&rows);
-        assert!(t.contains("| Regular (kernel sockets) | 2000 | 1.00× | 20.0 | 20.0 | 40.0 | – | – | 1.00 / 2.00 |"), "{t}");
+        assert!(t.contains("| Regular (kernel sockets) | 2000 | 1.00× | 20.0 | 20.0 | 40.0 | – | – | – | 1.00 / 2.00 |"), "{t}");
         assert!(
             t.contains("| remote tcps (UCX) | 1000 | 0.50× | 10.0 (pump 2.0) |"),
             "{t}"
         );
-        assert!(t.contains("| 1.00 / 1.00 | 100 / 16000 |"), "{t}");
+        assert!(
+            t.contains("| 1.00 / 1.00 | 100 / 16000 | 2.50 | 1.00 / 2.00 |"),
+            "{t}"
+        );
         assert!(
             t.contains("| local tcps (shared memory) | failed: round 1: the TCP server exited |"),
             "{t}"

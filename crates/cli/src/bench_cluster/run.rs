@@ -14,7 +14,7 @@ use super::configs::{self, Config};
 use super::report::{self, Meta, Row};
 use super::sample::{self, Sample};
 use super::start::{self, Env};
-use crate::bench_web::measure::background_load;
+use crate::bench_web::measure::{background_load, round_trips_per_request};
 use crate::bench_web::workload::{self, Workload};
 use crate::cluster_nodes::Nodes;
 use crate::harness::{self, TempDir};
@@ -80,12 +80,16 @@ fn secret(tmp: &Path) -> Result<PathBuf, Error> {
     Ok(p)
 }
 
-/// Starts `c`, measures it once, stops it.
+/// Starts `c`, measures it once, stops it; the web server's round trips
+/// per request from the counters it prints at exit.
 fn once(env: &Env, c: &Config, round: u32) -> Result<Sample, Error> {
     let mut run = start::start(env, c)?;
+    let log = run.app.log.clone();
     let s = sample::measure(env, c, &mut run, round);
     run.stop();
-    s
+    let mut s = s?;
+    s.round_trips_per_req = round_trips_per_request(&fs::read_to_string(log).unwrap_or_default());
+    Ok(s)
 }
 
 fn progress_line(s: &Sample) -> String {
@@ -98,6 +102,9 @@ fn progress_line(s: &Sample) -> String {
             ", fabric {:.2}/{:.2} msgs/req, {:.0}/{:.0} bytes/req (to/from host)",
             f.messages_to_host, f.messages_from_host, f.bytes_to_host, f.bytes_from_host
         );
+    }
+    if let Some(r) = s.round_trips_per_req {
+        line += &format!(", {r:.2} round trips/req");
     }
     if !s.errors.is_empty() {
         line += &format!(" [{}]", s.errors.join("; "));

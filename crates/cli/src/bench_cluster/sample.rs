@@ -43,6 +43,9 @@ pub struct Sample {
     pub app_node_cpu_us_per_req: f64,
     pub total_cpu_us_per_req: f64,
     pub fabric: Option<FabricPerReq>,
+    /// Channel round trips the web server waited on per request it
+    /// served (its library's counters at exit; tcps configurations).
+    pub round_trips_per_req: Option<f64>,
 }
 
 /// `tcps fabric-pump` processes on the application node (the helpers of
@@ -152,5 +155,6 @@ pub fn measure(env: &Env, c: &Config, run: &mut Running, round: u32) -> Result<S
             bytes_to_host: per_req(&x, &y, "bytes_sent", n),
             bytes_from_host: per_req(&x, &y, "bytes_received", n),
         }),
+        round_trips_per_req: None,
     })
 }
