@@ -11,6 +11,8 @@ mod harness;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;
+mod stat_fabric;
+mod stat_text;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;

@@ -7,7 +7,7 @@
 //! from the snapshots its workers publish every 100 ms.
 
 use clap::Args;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tcps_proto::handshake::{StatQuery, Welcome, STAT_CHUNK, WELCOME_LEN};
 use tcps_proto::{Op, MAGIC};
+
+use crate::stat_fabric::fabric_section;
+use crate::stat_text::{bytes, delta, num, table};
 
 const AFTER_HELP: &str = "\
 Counters (since each host attached; with --watch: during the last interval):
@@ -309,68 +312,6 @@ fn host_cells(h: &Value) -> Vec<String> {
     ]
 }
 
-fn num(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
-/// `a - b` for every number in `a` (recursively through objects); numbers
-/// missing in `b` count as 0.
-fn delta(a: &Value, b: Option<&Value>) -> Value {
-    match a {
-        Value::Number(n) => {
-            let old = b.and_then(Value::as_u64).unwrap_or(0);
-            Value::from(n.as_u64().unwrap_or(0).saturating_sub(old))
-        }
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| (k.clone(), delta(v, b.and_then(|b| b.get(k)))))
-                .collect::<Map<String, Value>>(),
-        ),
-        other => other.clone(),
-    }
-}
-
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n}B");
-    }
-    let mut x = n as f64 / 1024.0;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    format!("{x:.1}{}", UNITS[u])
-}
-
-/// Right-aligned columns, two spaces apart; the first column left-aligned.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::new();
-        for (i, c) in cells.enumerate() {
-            if i == 0 {
-                s.push_str(&format!("{c:<width$}", width = w[0]));
-            } else {
-                s.push_str(&format!("  {c:>width$}", width = w[i]));
-            }
-        }
-        s.push('\n');
-        s
-    };
-    let mut out = line(&mut header.iter().copied());
-    for r in rows {
-        out.push_str(&line(&mut r.iter().map(String::as_str)));
-    }
-    out
-}
-
 fn counter_cells(c: &Value) -> Vec<String> {
     let failed = num(c, "async_failed");
     vec![
@@ -611,153 +552,4 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
     out.push_str(&balance_section(v, &hosts));
     out.push_str(&fabric_section(v, prev.map(|p| p.0)));
     out
-}
-
-/// Milliseconds as `12ms`, `3.4s`.
-fn age(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    }
-}
-
-/// The FABRIC table: each remote host's link (address, state, last heard,
-/// messages and bytes each way) and the totals over every link; nothing
-/// when the server has no fabric listener. With `prev`, counters are
-/// differences since that answer.
-fn fabric_section(v: &Value, prev: Option<&Value>) -> String {
-    let f = &v["fabric"];
-    let Some(listen) = f["listen"].as_str() else {
-        return String::new();
-    };
-    let old = |h: &Value| -> Option<Value> {
-        let prev = prev?["fabric"]["hosts"].as_array()?;
-        let p = prev.iter().find(|p| num(p, "host") == num(h, "host"))?;
-        Some(p["counters"].clone())
-    };
-    let counters = |c: &Value, old: Option<Value>| match prev {
-        Some(_) => delta(c, old.as_ref()),
-        None => c.clone(),
-    };
-    let cells = |c: &Value| {
-        vec![
-            format!(
-                "{}/{}",
-                num(c, "messages_sent"),
-                num(c, "messages_received")
-            ),
-            format!(
-                "{}/{}",
-                bytes(num(c, "bytes_sent")),
-                bytes(num(c, "bytes_received"))
-            ),
-        ]
-    };
-    let mut rows = Vec::new();
-    for h in f["hosts"].as_array().into_iter().flatten() {
-        let state = h["state"].as_str().unwrap_or("-");
-        let link = match h["why"].as_str() {
-            Some(why) => format!("{state} ({why})"),
-            None => state.to_string(),
-        };
-        let mut r = vec![
-            format!("host {}", num(h, "host")),
-            num(h, "pid").to_string(),
-            num(h, "uid").to_string(),
-            h["addr"].as_str().unwrap_or("-").to_string(),
-            link,
-            age(num(h, "last_heard_ms")),
-        ];
-        r.extend(cells(&counters(&h["counters"], old(h))));
-        rows.push(r);
-    }
-    let total_old = prev.map(|p| p["fabric"]["total"].clone());
-    let mut total = vec!["TOTAL".to_string()];
-    total.extend(std::iter::repeat_n(String::new(), 5));
-    total.extend(cells(&counters(&f["total"], total_old)));
-    rows.push(total);
-    let mut out = format!(
-        "\nfabric listener {listen}: {} remote hosts up, {} lost so far\n",
-        num(f, "hosts_up"),
-        num(f, "hosts_lost")
-    );
-    out.push_str(&table(
-        &[
-            "FABRIC",
-            "PID",
-            "UID",
-            "ADDRESS",
-            "LINK",
-            "HEARD",
-            "MSGS o/i",
-            "BYTES o/i",
-        ],
-        &rows,
-    ));
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn deltas_and_table() {
-        let a = json!({"calls": {"Send": 5}, "bytes_sent": 100, "x": "y"});
-        let b = json!({"calls": {"Send": 2}, "bytes_sent": 40});
-        assert_eq!(
-            delta(&a, Some(&b)),
-            json!({"calls": {"Send": 3}, "bytes_sent": 60, "x": "y"})
-        );
-        assert_eq!(delta(&a, None), a);
-        assert_eq!(bytes(10), "10B");
-        assert_eq!(bytes(1536), "1.5KiB");
-        let t = table(&["A", "BB"], &[vec!["x".into(), "1".into()]]);
-        assert_eq!(t, "A  BB\nx   1\n");
-    }
-
-    #[test]
-    fn fabric_table() {
-        let link = |host: u64, sent: u64, state: &str| {
-            json!({"host": host, "pid": 42, "uid": 65534, "addr": "10.78.0.2:40000",
-                   "state": state, "last_heard_ms": 1500,
-                   "counters": {"messages_sent": sent, "bytes_sent": 2048,
-                                "messages_received": 3, "bytes_received": 10}})
-        };
-        let mut lost = link(2, 1, "lost");
-        lost["why"] = json!("silent for 800ms");
-        let v = json!({"fabric": {"listen": "10.78.0.1:7010", "hosts_up": 1, "hosts_lost": 1,
-            "hosts": [link(1, 7, "up"), lost],
-            "total": {"messages_sent": 8, "bytes_sent": 4096, "messages_received": 6,
-                      "bytes_received": 20}}});
-        let t = fabric_section(&v, None);
-        assert!(
-            t.contains("fabric listener 10.78.0.1:7010: 1 remote hosts up, 1 lost"),
-            "{t}"
-        );
-        let row = t.lines().find(|l| l.starts_with("host 1 ")).unwrap();
-        for cell in ["10.78.0.2:40000", "up", "1.5s", "7/3", "2.0KiB/10B"] {
-            assert!(row.contains(cell), "{cell} in {row}");
-        }
-        assert!(t.contains("lost (silent for 800ms)"), "{t}");
-        assert!(
-            t.lines()
-                .any(|l| l.starts_with("TOTAL") && l.contains("8/6")),
-            "{t}"
-        );
-        // With an earlier answer: what the counters did since.
-        let mut now = v.clone();
-        now["fabric"]["hosts"][0]["counters"]["messages_sent"] = json!(10);
-        now["fabric"]["total"]["messages_sent"] = json!(11);
-        let t = fabric_section(&now, Some(&v));
-        let row = t.lines().find(|l| l.starts_with("host 1 ")).unwrap();
-        assert!(row.contains("3/0"), "{row}");
-        // No fabric listener: no section.
-        assert_eq!(
-            fabric_section(&json!({"fabric": {"listen": null}}), None),
-            ""
-        );
-    }
 }
