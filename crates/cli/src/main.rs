@@ -1,7 +1,9 @@
 //! The `tcps` command.
 
 mod bench;
+mod bench_cluster;
 mod bench_web;
+mod cluster_nodes;
 mod demo;
 mod docs_cmd;
 mod fabric_pump;
@@ -9,6 +11,8 @@ mod harness;
 mod run_cmd;
 mod server_cmd;
 mod stat_cmd;
+mod stat_fabric;
+mod stat_text;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;

@@ -7,7 +7,7 @@
 //! from the snapshots its workers publish every 100 ms.
 
 use clap::Args;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tcps_proto::handshake::{StatQuery, Welcome, STAT_CHUNK, WELCOME_LEN};
 use tcps_proto::{Op, MAGIC};
+
+use crate::stat_fabric::fabric_section;
+use crate::stat_text::{bytes, delta, num, table};
 
 const AFTER_HELP: &str = "\
 Counters (since each host attached; with --watch: during the last interval):
@@ -65,6 +68,18 @@ server is the bottleneck and the host has idle CPU; `tcps server --balance`):
               work, or waiting for its core) / of the host (CPU and waiting
               for a CPU, of the cores it may use that no worker is pinned
               to), each averaged over the last two 250 ms windows
+
+Fabric (remote hosts over UCX, `tcps server --fabric-listen`; shown when it
+listens; a remote host's COMMAND is \"(remote)\": its process is on another node):
+  ADDRESS     the remote host's fabric address (its node's, as UCX saw it)
+  LINK        up, or lost (the link was cut or silent for 800 ms, the
+              endpoint failed, or the host was cut off; the last 16 lost
+              links are kept, with why)
+  HEARD       time since the last message or keepalive from the host
+              (keepalives every 250 ms when idle)
+  MSGS o/i    fabric messages the server sent to / received from the host
+              (a batch of spans, a keepalive or an attach step each)
+  BYTES o/i   their bytes (header and data)
 
 TOTAL covers every host, also those of other users (whose rows only root and
 the server's own user see) and hosts that detached (their counters are kept).
@@ -281,76 +296,20 @@ fn command_of(pid: u64) -> String {
         .unwrap_or_else(|| "-".to_string())
 }
 
-/// The first cells of a host's row: which host, its process and user.
+/// The first cells of a host's row: which host, its process and user. A
+/// remote host's process is on another node: its command is not looked up.
 fn host_cells(h: &Value) -> Vec<String> {
+    let remote = h["remote"].as_bool().unwrap_or(false);
     vec![
         format!("host {}", num(h, "id")),
         num(h, "pid").to_string(),
-        command_of(num(h, "pid")),
+        if remote {
+            "(remote)".to_string()
+        } else {
+            command_of(num(h, "pid"))
+        },
         num(h, "uid").to_string(),
     ]
-}
-
-fn num(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
-/// `a - b` for every number in `a` (recursively through objects); numbers
-/// missing in `b` count as 0.
-fn delta(a: &Value, b: Option<&Value>) -> Value {
-    match a {
-        Value::Number(n) => {
-            let old = b.and_then(Value::as_u64).unwrap_or(0);
-            Value::from(n.as_u64().unwrap_or(0).saturating_sub(old))
-        }
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| (k.clone(), delta(v, b.and_then(|b| b.get(k)))))
-                .collect::<Map<String, Value>>(),
-        ),
-        other => other.clone(),
-    }
-}
-
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n}B");
-    }
-    let mut x = n as f64 / 1024.0;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    format!("{x:.1}{}", UNITS[u])
-}
-
-/// Right-aligned columns, two spaces apart; the first column left-aligned.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::new();
-        for (i, c) in cells.enumerate() {
-            if i == 0 {
-                s.push_str(&format!("{c:<width$}", width = w[0]));
-            } else {
-                s.push_str(&format!("  {c:>width$}", width = w[i]));
-            }
-        }
-        s.push('\n');
-        s
-    };
-    let mut out = line(&mut header.iter().copied());
-    for r in rows {
-        out.push_str(&line(&mut r.iter().map(String::as_str)));
-    }
-    out
 }
 
 fn counter_cells(c: &Value) -> Vec<String> {
@@ -591,26 +550,6 @@ pub fn render(v: &Value, socket: &Path, prev: Option<(&Value, Duration)>) -> Str
     out.push_str(&counters_section(v, &hosts, prev));
     out.push_str(&queues_section(v, &hosts));
     out.push_str(&balance_section(v, &hosts));
+    out.push_str(&fabric_section(v, prev.map(|p| p.0)));
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn deltas_and_table() {
-        let a = json!({"calls": {"Send": 5}, "bytes_sent": 100, "x": "y"});
-        let b = json!({"calls": {"Send": 2}, "bytes_sent": 40});
-        assert_eq!(
-            delta(&a, Some(&b)),
-            json!({"calls": {"Send": 3}, "bytes_sent": 60, "x": "y"})
-        );
-        assert_eq!(delta(&a, None), a);
-        assert_eq!(bytes(10), "10B");
-        assert_eq!(bytes(1536), "1.5KiB");
-        let t = table(&["A", "BB"], &[vec!["x".into(), "1".into()]]);
-        assert_eq!(t, "A  BB\nx   1\n");
-    }
 }

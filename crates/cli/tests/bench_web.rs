@@ -4,28 +4,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
-
-fn skip_reason(repo: &Path) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (network namespaces)".into());
-    }
-    if Command::new("wrk").arg("--version").output().is_err() {
-        return Some("wrk not installed".into());
-    }
-    if !repo.join("examples/build/webserver").is_file() {
-        return Some("examples/build/webserver not built (make examples)".into());
-    }
-    None
-}
 
 #[test]
 fn quick_run_writes_results() {
     let exe = env!("CARGO_BIN_EXE_tcps");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if let Some(why) = skip_reason(&repo) {
+    if let Some(why) = common::bench_skip_reason(&["wrk"]) {
         eprintln!("bench_web: skipped: {why}");
         return;
     }
@@ -132,19 +116,5 @@ fn quick_run_writes_results() {
         "{summary}"
     );
     // The namespaces of the run are gone.
-    let ns = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns");
-    let ns = String::from_utf8_lossy(&ns.stdout);
-    assert!(
-        !ns.lines().any(|l| {
-            l.starts_with("tcpsbw-")
-                && l.split_whitespace()
-                    .next()
-                    .and_then(|n| n.rsplit('-').next())
-                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-        }),
-        "namespaces left behind:\n{ns}"
-    );
+    common::assert_no_stale_namespaces("tcpsbw-");
 }

@@ -2,16 +2,18 @@
 //! `docs/DEPLOYMENT.md`): `tcps-app-<pid>` (the application node),
 //! `tcps-srv-<pid>` (the TCP-server node) and `tcps-cli-<pid>` (clients),
 //! joined by veth pairs with addresses that exist only inside them
-//! (10.78.x.y, 10.79.x.y), deleted at the end however the test ends. Needs root and
-//! UCX (the setup installs libucx-dev); it skips nothing.
+//! (10.78.x.y, 10.79.x.y), deleted at the end however the test ends
+//! (`src/cluster_nodes.rs`, shared with `tcps bench cluster`). Needs root
+//! and UCX (the setup installs libucx-dev); it skips nothing.
 //!
-//! Today: the server runs in the server namespace with `--fabric-listen`
-//! on its link to the application node; a remote host process in the
-//! application namespace is refused with a wrong secret, attaches with the
-//! right one, runs a call through the server, and when it is killed the
-//! server frees it. (To come when the host library attaches remotely: a
-//! web server in the application namespace serving a file to curl in the
-//! client namespace, compared by checksum.)
+//! The server runs in the server namespace with `--fabric-listen` on its
+//! link to the application node. A remote host process in the application
+//! namespace is refused with a wrong secret, attaches with the right one
+//! (`tcps stat` and the metrics show its link up, with traffic both ways),
+//! and when its link is cut or it is killed the server frees it (the link
+//! shown lost, and why). The example web server, nginx and redis serve
+//! clients on the client node through the server node (files compared by
+//! checksum), and a cut link fails a blocked call within a second.
 
 mod common;
 mod fabric_host;
@@ -25,63 +27,16 @@ use std::time::{Duration, Instant};
 use tcps_proto::msg::Op;
 
 const PORT: u16 = 7010;
+/// The server node's metrics listener (inside its namespace).
+const METRICS: &str = "127.0.0.1:9477";
+
+#[path = "../src/cluster_nodes.rs"]
+#[allow(dead_code)] // remove_stale and the client-to-application link: the bench's
+mod cluster_nodes;
+use cluster_nodes::Nodes;
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The three namespaces; deleted on drop (their veths go with them).
-struct Nodes {
-    app: String,
-    srv: String,
-    cli: String,
-    /// The server's address on the application link, the client link's.
-    srv_app_addr: String,
-    srv_cli_addr: String,
-    /// The application link's devices: UCX must use them (`UCX_NET_DEVICES`):
-    /// with several interfaces it would also offer the server node's other
-    /// addresses (loopback, the client link), which the application node
-    /// cannot reach, and its connection times out.
-    app_dev: String,
-    srv_dev: String,
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for ns in [&self.app, &self.srv, &self.cli] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
-}
-
-/// A veth pair from namespace `a` (address `.2`) to `b` (`.1`) in `net`.
-fn link(a: &str, b: &str, name_a: &str, name_b: &str, net: &str) {
-    ip(&[
-        "link", "add", name_a, "type", "veth", "peer", "name", name_b,
-    ]);
-    ip(&["link", "set", name_a, "netns", a]);
-    ip(&["link", "set", name_b, "netns", b]);
-    for (ns, dev, host) in [(a, name_a, 2), (b, name_b, 1)] {
-        ip(&[
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{net}.{host}/24"),
-            "dev",
-            dev,
-        ]);
-        ip(&["-n", ns, "link", "set", dev, "up"]);
-    }
+    cluster_nodes::ip(args).unwrap();
 }
 
 fn nodes() -> Nodes {
@@ -95,32 +50,7 @@ fn nodes() -> Nodes {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
     let pid = std::process::id();
-    let id = format!("{pid}{k}");
-    let sub = (pid % 30) * 8 + k;
-    let n = Nodes {
-        app: format!("tcps-app-{id}"),
-        srv: format!("tcps-srv-{id}"),
-        cli: format!("tcps-cli-{id}"),
-        srv_app_addr: format!("10.78.{sub}.1"),
-        srv_cli_addr: format!("10.79.{sub}.1"),
-        app_dev: format!("tA{id}"),
-        srv_dev: format!("tAs{id}"),
-    };
-    for ns in [&n.app, &n.srv, &n.cli] {
-        ip(&["netns", "add", ns]);
-        ip(&["-n", ns, "link", "set", "lo", "up"]);
-    }
-    let net_a = n.srv_app_addr.trim_end_matches(".1");
-    let net_c = n.srv_cli_addr.trim_end_matches(".1");
-    link(&n.app, &n.srv, &n.app_dev, &n.srv_dev, net_a);
-    link(
-        &n.cli,
-        &n.srv,
-        &format!("tC{id}"),
-        &format!("tCs{id}"),
-        net_c,
-    );
-    n
+    Nodes::create("tcps-", &format!("{pid}{k}"), (pid % 30) * 8 + k, false).unwrap()
 }
 
 /// A process in a namespace, killed (SIGKILL) and reaped on drop.
@@ -133,14 +63,87 @@ impl Drop for InNs {
     }
 }
 
-fn hosts_attached(socket: &std::path::Path) -> u64 {
+fn stat_json(socket: &std::path::Path) -> serde_json::Value {
     let out = Command::new(TCPS)
         .args(["stat", "--json", "--socket"])
         .arg(socket)
         .output()
         .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["server"]["hosts_attached"].as_u64().unwrap_or(u64::MAX)
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+fn hosts_attached(socket: &std::path::Path) -> u64 {
+    stat_json(socket)["server"]["hosts_attached"]
+        .as_u64()
+        .unwrap_or(u64::MAX)
+}
+
+/// `tcps stat`'s fabric links once `ready` holds for them (they are
+/// published every 100 ms), within 3 s.
+fn links_when(socket: &Path, ready: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let f = stat_json(socket)["fabric"].clone();
+        if ready(&f) || t.elapsed() > Duration::from_secs(3) {
+            return f;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+const LINK_COUNTERS: [&str; 4] = [
+    "messages_sent",
+    "bytes_sent",
+    "messages_received",
+    "bytes_received",
+];
+
+/// The server node's Prometheus text (`--metrics-listen`, per host).
+fn metrics(n: &Nodes) -> String {
+    let url = format!("http://{METRICS}/metrics");
+    let out = in_ns(&n.srv, &["curl", "-sf", "--max-time", "5", &url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The live remote host's link in `tcps stat`: its address on the
+/// application link, up, heard from within a keepalive or two, traffic
+/// both ways; the text report shows the same row.
+fn assert_link_up(n: &Nodes, socket: &Path, addr: &str) -> serde_json::Value {
+    let f = links_when(socket, |f| f["hosts_up"] == 1);
+    assert_eq!(f["listen"], addr, "{f}");
+    assert_eq!(f["hosts_up"], 1, "{f}");
+    let link = f["hosts"][0].clone();
+    assert_eq!(link["state"], "up", "{f}");
+    let peer = link["addr"].as_str().unwrap_or("");
+    assert!(peer.starts_with(&format!("{}:", n.app_addr)), "{f}");
+    assert!(
+        link["last_heard_ms"].as_u64().unwrap_or(u64::MAX) < 800,
+        "{f}"
+    );
+    for k in LINK_COUNTERS {
+        assert!(link["counters"][k].as_u64().unwrap_or(0) > 0, "{k}: {f}");
+    }
+    let text = Command::new(TCPS)
+        .args(["stat", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let row = format!("host {}", link["host"]);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&row) && l.contains(peer) && l.contains(" up ")),
+        "{text}"
+    );
+    // Its rows in the other tables name no local process.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&row) && l.contains("(remote)")),
+        "{text}"
+    );
+    f
 }
 
 /// Waits until the server has no remote host left: how long it took.
@@ -253,6 +256,7 @@ fn start_server(n: &Nodes, dir: &Path) -> (InNs, PathBuf, PathBuf, String) {
             .args(["--fabric-listen", &addr, "--fabric-auth"])
             .env("UCX_NET_DEVICES", &n.srv_dev)
             .arg(&key)
+            .args(["--metrics-listen", METRICS, "--metrics-per-host"])
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap(),
@@ -303,15 +307,58 @@ fn cluster_remote_host_across_namespaces() {
     );
     assert_eq!(hosts_attached(&socket), 0);
 
-    // The right one: attached, a call through the server node.
+    // The right one: attached, a call through the server node; `tcps
+    // stat` shows its link up with traffic both ways.
     let host = attached_host(&n, &addr, &socket, &server_log);
+    let up = assert_link_up(&n, &socket, &addr);
+    // The metrics say the same: one link up, traffic, the host's series.
+    let m = metrics(&n);
+    assert!(m.contains("tcps_fabric_hosts_up 1\n"), "{m}");
+    let labels = format!("host=\"{}\"", up["hosts"][0]["host"]);
+    let link_up = format!("tcps_host_fabric_link_up{{{labels},");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with(&link_up) && l.contains("state=\"up\"") && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert!(
+        !m.contains("tcps_fabric_messages_received_total 0\n"),
+        "{m}"
+    );
 
     // The link between the nodes is cut: the host falls silent and the
-    // server node frees it within its silence limit (1 s).
+    // server node frees it within its silence limit (1 s); `tcps stat`
+    // shows the link lost, and why; the totals keep its traffic.
     ip(&["-n", &n.app, "link", "set", &n.app_dev, "down"]);
     let took = wait_freed(&socket, Duration::from_secs(3), &server_log);
     eprintln!("cut link: host freed after {took:?}");
     assert!(server_log().contains("silent"), "{}", server_log());
+    let f = links_when(&socket, |f| f["hosts_up"] == 0);
+    assert_eq!(
+        (&f["hosts_up"], &f["hosts_lost"]),
+        (&0.into(), &1.into()),
+        "{f}"
+    );
+    let lost = &f["hosts"][0];
+    assert_eq!(lost["host"], up["hosts"][0]["host"], "{f}");
+    assert_eq!(lost["state"], "lost", "{f}");
+    assert!(lost["why"].as_str().unwrap_or("").contains("silent"), "{f}");
+    assert!(lost["last_heard_ms"].as_u64().unwrap_or(0) >= 800, "{f}");
+    let m = metrics(&n);
+    assert!(m.contains("tcps_fabric_hosts_up 0\n"), "{m}");
+    assert!(m.contains("tcps_fabric_hosts_lost_total 1\n"), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with(&link_up) && l.contains("state=\"lost\"") && l.ends_with(" 0")),
+        "{m}"
+    );
+    for k in LINK_COUNTERS {
+        let (a, b) = (&up["total"][k], &f["total"][k]);
+        assert!(
+            b.as_u64() >= a.as_u64() && b.as_u64() > Some(0),
+            "{k}: {up} {f}"
+        );
+    }
     drop(host);
     ip(&["-n", &n.app, "link", "set", &n.app_dev, "up"]);
 
@@ -324,6 +371,14 @@ fn cluster_remote_host_across_namespaces() {
         "{}",
         server_log()
     );
+    let f = links_when(&socket, |f| f["hosts_lost"] == 2);
+    assert_eq!(f["hosts_lost"], 2, "{f}");
+    assert_eq!(f["hosts"][0]["state"], "lost", "{f}");
+    let why = f["hosts"][0]["why"].as_str().unwrap_or("");
+    assert!(
+        why.contains("endpoint failed") || why.contains("send failed"),
+        "{f}"
+    );
     drop(server);
 }
 
@@ -333,8 +388,8 @@ fn cluster_remote_host_across_namespaces() {
 
 /// `args` in namespace `ns`.
 fn in_ns(ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]).args(args);
+    let mut c = Nodes::exec(ns);
+    c.args(args);
     c
 }
 

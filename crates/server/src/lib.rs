@@ -23,6 +23,7 @@ mod heap;
 mod host;
 mod host_doorbell;
 mod inherit;
+mod links;
 pub mod metrics;
 mod procstat;
 mod registry;

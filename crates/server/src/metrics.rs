@@ -418,6 +418,96 @@ fn balance_families(out: &mut String, r: &Value, hosts: &[(String, &Value)]) {
     }
 }
 
+/// Fabric link counters (`fabric.total` and each link's `counters` in the
+/// report, `crate::links`), with their help texts.
+const LINK_COUNTERS: &[(&str, &str)] = &[
+    (
+        "messages_sent",
+        "Fabric messages the server sent to remote hosts (batches, keepalives, attach).",
+    ),
+    ("bytes_sent", "Bytes of those messages (header and data)."),
+    (
+        "messages_received",
+        "Fabric messages the server received from remote hosts.",
+    ),
+    (
+        "bytes_received",
+        "Bytes of those messages (header and data).",
+    ),
+];
+
+/// Remote hosts' fabric links: how many are up and were lost, the traffic
+/// of all links, and with `per_host` each link's state, last message age
+/// and traffic (labelled as hosts are, plus `addr` and `state`).
+fn fabric_families(out: &mut String, r: &Value, per_host: bool) {
+    let f = &r["fabric"];
+    family(
+        out,
+        "tcps_fabric_hosts_up",
+        "gauge",
+        "Remote hosts whose fabric link is up.",
+        &[(String::new(), num(&f["hosts_up"]))],
+    );
+    family(
+        out,
+        "tcps_fabric_hosts_lost_total",
+        "counter",
+        "Remote hosts dropped: link cut or silent, endpoint failed, or cut off.",
+        &[(String::new(), num(&f["hosts_lost"]))],
+    );
+    let links: Vec<(String, &Value)> = f["hosts"]
+        .as_array()
+        .filter(|_| per_host)
+        .map(|a| {
+            a.iter()
+                .map(|h| {
+                    let labels = format!(
+                        "host=\"{}\",pid=\"{}\",uid=\"{}\",addr=\"{}\",state=\"{}\"",
+                        num(&h["host"]),
+                        num(&h["pid"]),
+                        num(&h["uid"]),
+                        h["addr"].as_str().unwrap_or(""),
+                        h["state"].as_str().unwrap_or("")
+                    );
+                    (labels, h)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (key, help) in LINK_COUNTERS {
+        let total = [(String::new(), num(&f["total"][key]))];
+        family(
+            out,
+            &format!("tcps_fabric_{key}_total"),
+            "counter",
+            help,
+            &total,
+        );
+        if per_host {
+            let samples: Vec<(String, u64)> = links
+                .iter()
+                .map(|(l, h)| (l.clone(), num(&h["counters"][key])))
+                .collect();
+            let name = format!("tcps_host_fabric_{key}_total");
+            family(out, &name, "counter", help, &samples);
+        }
+    }
+    if per_host {
+        let up: Vec<(String, u64)> = links
+            .iter()
+            .map(|(l, h)| (l.clone(), u64::from(h["state"] == "up")))
+            .collect();
+        let help = "1 while the remote host's fabric link is up, 0 once lost (recently lost links are kept).";
+        family(out, "tcps_host_fabric_link_up", "gauge", help, &up);
+        let heard: Vec<(String, u64)> = links
+            .iter()
+            .map(|(l, h)| (l.clone(), num(&h["last_heard_ms"])))
+            .collect();
+        let help = "Milliseconds since the remote host's last message or keepalive.";
+        family(out, "tcps_host_fabric_last_heard_ms", "gauge", help, &heard);
+    }
+}
+
 /// The Prometheus text of a stat report (`stats::report`): server totals,
 /// and with `per_host` the `tcps_host_*` series of every attached host.
 pub fn render(r: &Value, per_host: bool) -> String {
@@ -478,6 +568,7 @@ pub fn render(r: &Value, per_host: bool) -> String {
         );
     }
     balance_families(&mut out, r, &hosts);
+    fabric_families(&mut out, r, per_host);
     // Each counter and depth twice: the server's total, then per host.
     for (section, table, suffix, kind) in [
         ("counters", COUNTERS, "_total", "counter"),
@@ -508,6 +599,46 @@ pub fn render(r: &Value, per_host: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A remote host's link: totals always, per link only with per_host.
+    #[test]
+    fn fabric_links() {
+        let shared = Shared::default();
+        let mut io = crate::links::LinkCounters::default();
+        io.sent(100);
+        io.received(40);
+        let view = crate::links::LinkView {
+            host: 9,
+            pid: 3,
+            uid: 65534,
+            addr: "10.0.0.2:4000".parse().ok(),
+            attached: std::time::SystemTime::now(),
+            heard: Instant::now(),
+            io,
+        };
+        shared.links.publish(std::iter::once(view));
+        let r = shared.stat_report(0);
+        let text = render(&r, false);
+        assert!(text.contains("tcps_fabric_hosts_up 1\n"), "{text}");
+        assert!(
+            text.contains("tcps_fabric_bytes_sent_total 100\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tcps_fabric_messages_received_total 1\n"),
+            "{text}"
+        );
+        assert!(!text.contains("10.0.0.2"), "{text}");
+        let text = render(&r, true);
+        let labels = "host=\"9\",pid=\"3\",uid=\"65534\",addr=\"10.0.0.2:4000\",state=\"up\"";
+        for line in [
+            format!("tcps_host_fabric_link_up{{{labels}}} 1\n"),
+            format!("tcps_host_fabric_bytes_received_total{{{labels}}} 40\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(text.contains("tcps_host_fabric_last_heard_ms{"), "{text}");
+    }
 
     /// Every key the report has is rendered, and nothing else is: a new
     /// counter must be added to COUNTERS / DEPTHS.
@@ -557,6 +688,8 @@ mod tests {
         assert!(text.contains("# TYPE tcps_server_syscalls_total counter\n"));
         assert!(text.contains("tcps_worker_channels_looked_total 0\n"));
         assert!(text.contains("tcps_hosts_dormant 0\n"));
+        assert!(text.contains("tcps_fabric_hosts_up 0\n"));
+        assert!(text.contains("# TYPE tcps_fabric_bytes_sent_total counter\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = line.rsplit_once(' ').expect("name value");
             assert!(value.parse::<u64>().is_ok(), "{line}");

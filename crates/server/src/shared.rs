@@ -17,6 +17,8 @@ pub struct Shared {
     pub conns_per_addr: AddrCounts,
     /// Hosts' counters and queue depths as the workers last published them (`tcps stat`).
     pub stats: Board,
+    /// Remote hosts' fabric links as the fabric thread last published them.
+    pub links: crate::links::LinkBoard,
     /// A hot upgrade under way, and the upgrades so far (`upgrade`).
     pub upgrade: UpgradeBoard,
 }
@@ -88,6 +90,9 @@ impl Shared {
             uid,
         );
         v["server"]["upgrade"] = self.upgrade.to_json();
+        // Links are shown as hosts are: all to root and the server's user.
+        let sees_all = crate::stats::sees_all_hosts(uid);
+        v["fabric"] = self.links.report(|u| sees_all || u == uid);
         v
     }
 }

@@ -207,6 +207,8 @@ pub struct HostSnapshot {
     pub balance: crate::balance::View,
     /// Dormant: the worker does not read its channels until it rings.
     pub dormant: bool,
+    /// Attached over the fabric (its process is on another node).
+    pub remote: bool,
 }
 
 /// The server-wide registry of published snapshots.
@@ -239,7 +241,7 @@ impl Board {
         // Compute outside the lock: depths walk every socket.
         let snaps: Vec<_> = hosts
             .map(|h| {
-                let who = (h.id, h.pid, h.uid, h.dormant);
+                let who = (h.id, h.pid, h.uid, h.dormant, h.remote);
                 (who, h.stats.clone(), depths(h), h.balance.view())
             })
             .collect();
@@ -249,7 +251,7 @@ impl Board {
         };
         b.syscalls += syscalls;
         b.heap_allocations += allocations;
-        for ((id, pid, uid, dormant), stats, depths, balance) in snaps {
+        for ((id, pid, uid, dormant, remote), stats, depths, balance) in snaps {
             b.live
                 .entry(id)
                 .and_modify(|s| {
@@ -269,6 +271,7 @@ impl Board {
                     depths,
                     balance,
                     dormant,
+                    remote,
                 });
         }
         drop(b);
@@ -407,14 +410,18 @@ fn unix_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Root and the server's own user see every host; others their own.
+pub fn sees_all_hosts(uid: u32) -> bool {
+    // SAFETY: geteuid cannot fail.
+    uid == 0 || uid == unsafe { libc::geteuid() }
+}
+
 /// The reply to a stat query from `uid`: every host's detail for root and
 /// the server's own user, only the viewer's own hosts otherwise; totals
 /// always cover every host. `attached` and `refused`: the server's host
 /// counts (`Shared::stat_report` passes them).
 pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
-    // SAFETY: geteuid cannot fail.
-    let server_uid = unsafe { libc::geteuid() };
-    let sees_all = uid == 0 || uid == server_uid;
+    let sees_all = sees_all_hosts(uid);
     let b = board.copy();
     let mut live: Vec<&HostSnapshot> = b.live.values().collect();
     live.sort_by_key(|s| s.id);
@@ -436,6 +443,7 @@ pub fn report(board: &Board, attached: usize, refused: u64, uid: u32) -> Value {
                 "depths": s.depths.to_json(),
                 "balance": balance_json(&s.balance),
                 "dormant": s.dormant,
+                "remote": s.remote,
             }));
         } else {
             hidden += 1;

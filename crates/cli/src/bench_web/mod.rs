@@ -17,20 +17,21 @@
 //! `env` (what a run fixes), `results` (points, curves); `servers` (start
 //! a curve's servers), `point` (measure one load point); `report`
 //! (results.json, summary.md, plots); `run` (the whole run). This file only
-//! names them.
+//! names them; `tcps bench cluster` (`crate::bench_cluster`) uses the
+//! workloads, the measurements and wrk's runner.
 
 mod economy;
 mod env;
-mod measure;
+pub(crate) mod measure;
 mod netns;
-mod point;
-mod report;
-mod results;
+pub(crate) mod point;
+pub(crate) mod report;
+pub(crate) mod results;
 mod run;
 mod servers;
-mod types;
+pub(crate) mod types;
 mod variants;
-mod workload;
+pub(crate) mod workload;
 
 pub use run::run;
 pub use types::WebArgs;

@@ -10,6 +10,7 @@
 use std::process::{Command, Stdio};
 
 use super::types::Error;
+use crate::cluster_nodes::{ip, Nodes};
 
 pub const SERVER_ADDR: &str = "10.77.0.1";
 pub const CLIENT_ADDR: &str = "10.77.0.2";
@@ -21,43 +22,9 @@ pub struct Netns {
     pub client: String,
 }
 
-fn ip(args: &[&str]) -> Result<(), Error> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run `ip` (package iproute2): {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// Namespaces left behind by runs whose process no longer exists.
-fn remove_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let pid = rest.rsplit('-').next().unwrap_or("");
-        if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
-}
-
 impl Netns {
     pub fn create() -> Result<Netns, Error> {
-        remove_stale();
+        Nodes::remove_stale(PREFIX);
         let pid = std::process::id();
         let ns = Netns {
             server: format!("{PREFIX}s-{pid}"),
@@ -96,9 +63,7 @@ impl Netns {
 
     /// `ip netns exec <ns>`: the command to prefix.
     pub fn exec(ns: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]);
-        c
+        Nodes::exec(ns)
     }
 }
 

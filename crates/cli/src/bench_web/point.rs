@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::economy::ServerCounters;
@@ -41,7 +41,7 @@ impl CpuReading {
 }
 
 /// "Transfer/sec:    109.15MB" → MB/s.
-fn parse_transfer(out: &str) -> Option<f64> {
+pub(crate) fn parse_transfer(out: &str) -> Option<f64> {
     let v = out
         .lines()
         .find_map(|l| l.trim().strip_prefix("Transfer/sec:"))?
@@ -64,19 +64,30 @@ fn parse_transfer(out: &str) -> Option<f64> {
 /// and Ctrl-C, end the wait).
 fn run_wrk(env: &Env, script: &Path, out_path: &Path) -> Result<ExitStatus, Error> {
     let a = env.args;
-    let out = fs::File::create(out_path)?;
     let mut cmd = Netns::exec(&env.ns.client);
     if !a.client_cpus.is_empty() {
         cmd.args(["taskset", "-c", &cpu_list(&a.client_cpus)]);
     }
-    let child = cmd
-        .arg(env.wrk)
+    cmd.arg(env.wrk)
         .arg(format!("-t{}", a.wrk_threads))
         .arg(format!("-c{}", a.connections))
         .arg(format!("-d{}s", env.duration))
         .args(["--timeout", "5s", "--latency", "-s"])
         .arg(script)
-        .arg(format!("http://{SERVER_ADDR}:{PORT}/"))
+        .arg(format!("http://{SERVER_ADDR}:{PORT}/"));
+    wait_wrk(cmd, out_path, env.duration)
+}
+
+/// Runs wrk (`cmd`, for `duration` s), its output to `out_path`, and waits
+/// for it: a deadline 30 s past the duration, and Ctrl-C, end the wait.
+/// (`tcps bench cluster` runs its wrk with it too.)
+pub(crate) fn wait_wrk(
+    mut cmd: Command,
+    out_path: &Path,
+    duration: u64,
+) -> Result<ExitStatus, Error> {
+    let out = fs::File::create(out_path)?;
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
@@ -87,7 +98,7 @@ fn run_wrk(env: &Env, script: &Path, out_path: &Path) -> Result<ExitStatus, Erro
         child,
         log: out_path.to_path_buf(),
     };
-    let deadline = Instant::now() + Duration::from_secs(env.duration + 30);
+    let deadline = Instant::now() + Duration::from_secs(duration + 30);
     loop {
         if let Some(st) = wrk.child.try_wait()? {
             return Ok(st);

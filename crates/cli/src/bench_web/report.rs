@@ -38,12 +38,20 @@ pub struct Meta {
     pub variants_note: String,
 }
 
-fn first_line(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
         .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// This run's command line, as `tcps …`.
+pub(crate) fn command_line() -> String {
+    std::iter::once("tcps".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 impl Meta {
@@ -62,10 +70,7 @@ impl Meta {
             .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
             .unwrap_or_default();
         Meta {
-            command: std::iter::once("tcps".to_string())
-                .chain(std::env::args().skip(1))
-                .collect::<Vec<_>>()
-                .join(" "),
+            command: command_line(),
             date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             cpu_model: model,
             cpus: std::thread::available_parallelism()

@@ -1156,3 +1156,44 @@ impl RawCalls {
         b
     }
 }
+
+/// Why a benchmark's quick-run test cannot run here (not root, a tool of
+/// `tools` missing, the example web server not built), or None.
+pub fn bench_skip_reason(tools: &[&str]) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (network namespaces)".into());
+    }
+    for tool in tools {
+        let found = Command::new("which").arg(tool).output();
+        if !found.is_ok_and(|o| o.status.success()) {
+            return Some(format!("{tool} not installed"));
+        }
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !repo.join("examples/build/webserver").is_file() {
+        return Some("examples/build/webserver not built (make examples)".into());
+    }
+    None
+}
+
+/// No namespace `{prefix}…-{tag}` whose run (the pid in `tag`, after any
+/// letters) is gone is left: a benchmark deletes its nodes however it ends.
+pub fn assert_no_stale_namespaces(prefix: &str) {
+    let ns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let ns = String::from_utf8_lossy(&ns.stdout);
+    assert!(
+        !ns.lines().any(|l| {
+            l.starts_with(prefix)
+                && l.split_whitespace()
+                    .next()
+                    .and_then(|n| n.rsplit('-').next())
+                    .map(|t| t.trim_start_matches(|c: char| !c.is_ascii_digit()))
+                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        }),
+        "namespaces left behind:\n{ns}"
+    );
+}

@@ -18,13 +18,14 @@ use super::pump::ServerPump;
 use crate::config::{Config, FabricConfig};
 use crate::control::{admit_host, host_region, WorkerHandle};
 use crate::host::NewHost;
+use crate::links::{LinkBoard, LinkCounters, LinkView, PUBLISH_EVERY};
 use crate::shared::Shared;
 use crate::sys;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tcps_fabric::auth::Secret;
 use tcps_fabric::wire::{
     Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
@@ -37,6 +38,9 @@ use tracing::{info, warn};
 /// A live remote host at this thread.
 struct Live {
     id: u64,
+    pid: u32,
+    uid: u32,
+    attached: SystemTime,
     region: Region,
     pump: ServerPump,
     doorbell: OwnedFd,
@@ -110,6 +114,55 @@ enum State {
 struct Conn {
     ep: Endpoint,
     state: State,
+    /// The peer's address (`tcps stat`), and the messages and bytes each
+    /// way (`crate::links`).
+    addr: Option<std::net::SocketAddr>,
+    io: LinkCounters,
+}
+
+impl Conn {
+    fn new(ep: Endpoint, addr: Option<std::net::SocketAddr>) -> Conn {
+        Conn {
+            ep,
+            state: State::Attaching(Attach::new(Instant::now())),
+            addr,
+            io: LinkCounters::default(),
+        }
+    }
+
+    /// Sends an active message, counted in the link's counters.
+    fn send(&mut self, id: u32, header: &[u8], data: Vec<u8>) -> bool {
+        let n = header.len() + data.len();
+        let ok = self.ep.am_send(id, header, data, false).is_ok();
+        if ok {
+            self.io.sent(n);
+        }
+        ok
+    }
+
+    fn view(&self) -> Option<LinkView> {
+        let State::Live(l) = &self.state else {
+            return None;
+        };
+        Some(LinkView {
+            host: l.id,
+            pid: l.pid,
+            uid: l.uid,
+            addr: self.addr,
+            attached: l.attached,
+            heard: l.heard,
+            io: self.io,
+        })
+    }
+
+    /// The endpoint is dropped: a host's link is lost (`why`), an attach's
+    /// traffic counts in the totals.
+    fn gone(&self, links: &LinkBoard, why: String) {
+        match self.view() {
+            Some(v) => links.lost(v, why),
+            None => links.unadmitted(&self.io),
+        }
+    }
 }
 
 /// Everything the thread needs of the server.
@@ -158,13 +211,13 @@ impl Fabric {
     }
 }
 
-fn welcome(ep: &Endpoint, status: i32, geometry: [u32; 8], message: String) {
+fn welcome(c: &mut Conn, status: i32, geometry: [u32; 8], message: String) {
     let w = Welcome {
         status,
         geometry,
         message,
     };
-    let _ = ep.am_send(AM_WELCOME, &w.encode(), Vec::new(), false);
+    c.send(AM_WELCOME, &w.encode(), Vec::new());
 }
 
 /// The thread: runs until the server's shutdown eventfd fires.
@@ -173,6 +226,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
     let mut next_id = 1u64 << 48; // ids apart from local hosts'
     let mut next_worker = 0usize;
     let mut looped = Instant::now();
+    let mut published = Instant::now();
     loop {
         // Silence counts only while this thread runs (see `STARVED`).
         if looped.elapsed() > STARVED {
@@ -197,10 +251,10 @@ pub fn serve(fabric: Fabric, srv: Server) {
         }
         fabric.worker.progress();
         while let Some(req) = fabric.listener.take_request() {
+            let addr = req.peer_addr();
             match req.accept() {
                 Ok(ep) => {
-                    let state = State::Attaching(Attach::new(Instant::now()));
-                    conns.insert(ep.tag(), Conn { ep, state });
+                    conns.insert(ep.tag(), Conn::new(ep, addr));
                 }
                 Err(e) => warn!("fabric: cannot accept a connection: {e}"),
             }
@@ -210,6 +264,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 if let State::Live(l) = &c.state {
                     info!(host = l.id, "remote host gone: {e}");
                 }
+                c.gone(&srv.shared.links, format!("endpoint failed: {e}"));
             }
         }
         while let Some(m) = fabric.worker.take_am() {
@@ -217,6 +272,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
             let Some(conn) = conns.get_mut(&tag) else {
                 continue;
             };
+            conn.io.received(m.header.len() + m.data.len());
             if let State::Live(l) = &mut conn.state {
                 l.heard = Instant::now();
             }
@@ -242,10 +298,12 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 State::Live(_) => m.id == AM_KEEPALIVE,
             };
             if !keep {
-                conns.remove(&tag);
+                if let Some(c) = conns.remove(&tag) {
+                    c.gone(&srv.shared.links, "cut off (a bad message)".into());
+                }
             }
         }
-        ship(&mut conns);
+        ship(&mut conns, &srv.shared.links, &mut published);
     }
 }
 
@@ -271,39 +329,56 @@ fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bo
 }
 
 /// Each host's batch of what the server wrote (or a keepalive); drops
-/// hosts silent too long and attaches that take too long.
-fn ship(conns: &mut HashMap<u64, Conn>) {
+/// hosts silent too long and attaches that take too long; publishes the
+/// links every `PUBLISH_EVERY` (`published`: when it last did).
+fn ship(conns: &mut HashMap<u64, Conn>, links: &LinkBoard, published: &mut Instant) {
     let now = Instant::now();
-    conns.retain(|_, c| match &mut c.state {
-        State::Attaching(a) if a.expired(now) => {
-            welcome(
-                &c.ep,
-                libc::ETIMEDOUT,
-                [0; 8],
-                "tcps: attach timed out".into(),
-            );
+    conns.retain(|_, c| match ship_one(c, now) {
+        Ok(()) => true,
+        Err(why) => {
+            c.gone(links, why);
             false
         }
-        State::Attaching(_) => true,
+    });
+    if now.duration_since(*published) >= PUBLISH_EVERY {
+        *published = now;
+        links.publish(conns.values().filter_map(Conn::view));
+    }
+}
+
+/// One endpoint's part of `ship`; an error: drop it (why).
+fn ship_one(c: &mut Conn, now: Instant) -> Result<(), String> {
+    let sent = match &mut c.state {
+        State::Attaching(a) if a.expired(now) => {
+            welcome(c, libc::ETIMEDOUT, [0; 8], "tcps: attach timed out".into());
+            return Err("attach timed out".into());
+        }
+        State::Attaching(_) => return Ok(()),
         State::Live(l) => {
             if now.duration_since(l.heard) > SILENCE {
                 warn!(host = l.id, "remote host silent for {SILENCE:?}: gone");
-                return false;
+                return Err(format!("silent for {SILENCE:?}"));
             }
             let mut out = Spans::new();
             l.pump.collect(&l.region, &mut out);
             if out.is_empty() {
                 if now.duration_since(l.sent) < KEEPALIVE {
-                    return true;
+                    return Ok(());
                 }
                 l.sent = now;
-                return c.ep.am_send(AM_KEEPALIVE, &[], Vec::new(), false).is_ok();
+                c.send(AM_KEEPALIVE, &[], Vec::new())
+            } else {
+                l.sent = now;
+                let (h, d) = out.take();
+                c.send(AM_SPANS, &h, d)
             }
-            l.sent = now;
-            let (h, d) = out.take();
-            c.ep.am_send(AM_SPANS, &h, d, false).is_ok()
         }
-    });
+    };
+    if sent {
+        Ok(())
+    } else {
+        Err("send failed".into())
+    }
 }
 
 /// Carries out an attach step; false: drop the endpoint.
@@ -316,10 +391,10 @@ fn attach_step(
     next_worker: &mut usize,
 ) -> bool {
     match step {
-        Step::Challenge(n) => conn.ep.am_send(AM_CHALLENGE, &n, Vec::new(), false).is_ok(),
+        Step::Challenge(n) => conn.send(AM_CHALLENGE, &n, Vec::new()),
         Step::Refuse { errno, message } => {
             warn!(errno, "fabric: {message}");
-            welcome(&conn.ep, errno, [0; 8], message);
+            welcome(conn, errno, [0; 8], message);
             false
         }
         Step::Admit { pid } => {
@@ -327,7 +402,7 @@ fn attach_step(
             if let Err(message) = admit_host(&srv.cfg, &srv.shared, uid, pid as i32) {
                 srv.shared.refused_hosts.fetch_add(1, Ordering::Relaxed);
                 warn!("{message}");
-                welcome(&conn.ep, libc::EUSERS, [0; 8], message);
+                welcome(conn, libc::EUSERS, [0; 8], message);
                 return false;
             }
             *next_id += 1;
@@ -336,13 +411,13 @@ fn attach_step(
             match new_remote_host(*next_id, &srv.cfg, pid, uid, w) {
                 Ok(live) => {
                     info!(host = live.id, pid, uid, "remote host attached");
-                    welcome(&conn.ep, 0, srv.cfg.layout.to_words(), String::new());
+                    welcome(conn, 0, srv.cfg.layout.to_words(), String::new());
                     conn.state = State::Live(Box::new(live));
                     true
                 }
                 Err(e) => {
                     srv.shared.host_gone(uid);
-                    welcome(&conn.ep, libc::ENOMEM, [0; 8], format!("tcps: {e}"));
+                    welcome(conn, libc::ENOMEM, [0; 8], format!("tcps: {e}"));
                     false
                 }
             }
@@ -384,6 +459,9 @@ fn new_remote_host(
     sys::eventfd_ring(w.doorbell.as_raw_fd());
     Ok(Live {
         id,
+        pid,
+        uid,
+        attached: SystemTime::now(),
         pump: ServerPump::new(cfg.layout),
         region: pump_region,
         doorbell: pump_doorbell,
@@ -447,6 +525,7 @@ pub fn start(
         shutdown_fd,
     };
     let (t, addr) = spawn(f, srv)?;
+    shared.links.set_listen(addr);
     info!(%addr, "fabric listener (remote hosts over UCX)");
     Ok(Some(t))
 }
