@@ -32,7 +32,7 @@ pub unsafe fn recv_id(
 ) -> ssize_t {
     fdtable::note_read(id);
     if crate::gone::gone(c) {
-        return fail(crate::gone::call_error(id, libc::ENOTCONN));
+        return fail(crate::gone::call_error(c, id, libc::ENOTCONN));
     }
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {
         if buf.is_null() && len > 0 {
@@ -72,7 +72,7 @@ fn null_recv(c: &tcps::Client, id: u32, len: usize, flags: c_int) -> std::io::Re
 pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> ssize_t {
     fdtable::note_write(id);
     let r = if crate::gone::gone(c) {
-        Err(err(crate::gone::call_error(id, libc::EPIPE)))
+        Err(err(crate::gone::call_error(c, id, libc::EPIPE)))
     } else {
         match crate::sendq::try_send(c, fd, id, data, flags) {
             Some(r) => r,
