@@ -206,7 +206,7 @@ pub unsafe extern "C" fn accept4(
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
+        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
             if crate::gone::gone(c) {
                 let nonblock = flags & libc::SOCK_NONBLOCK != 0;
                 let e = match crate::gone::accept_error(fd, c, id, nonblock) {
@@ -220,7 +220,11 @@ pub unsafe extern "C" fn accept4(
                 };
                 return Err(std::io::Error::from_raw_os_error(e));
             }
-            c.accept_any(id, flags, &mut buf[..want])
+            match c.accept_any(id, flags, &mut buf[..want]) {
+                // The server died while the accept waited: as above.
+                Err(_) if crate::gone::gone(c) => continue,
+                r => return r,
+            }
         });
         match got {
             Err(e) if e.raw_os_error() == Some(TAKEN_OVER) => accept4(fd, addr, len, flags),
