@@ -131,8 +131,9 @@ fn serves(port: u16, seed: u64) {
 /// A connection of the dead server ends (EOF or reset), it does not hang.
 fn ended(c: &mut TcpStream) -> bool {
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut b = [0u8; 4096];
-    for _ in 0..10 {
+    let mut b = [0u8; 65536];
+    // What was in flight at the kill may still come (at most a few MB).
+    for _ in 0..100 {
         match c.read(&mut b) {
             Ok(0) => return true,
             Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return true,
