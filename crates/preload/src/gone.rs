@@ -7,7 +7,10 @@
 //! socket and afterwards waits on its kernel fds alone; the next call on a
 //! socket fails with ECONNRESET, later ones with ENOTCONN (sends: EPIPE);
 //! `accept` fails once with ECONNABORTED and then blocks (EAGAIN when
-//! non-blocking). New TCP sockets follow `TCPS_FALLBACK` (`attach.rs`).
+//! non-blocking). New TCP sockets follow `TCPS_FALLBACK` (`attach.rs`),
+//! until a server that came back is attached (`--reattach`, `reattach.rs`),
+//! which takes the listeners over; the other sockets keep the dead
+//! attachment (its epoch, `state.rs`) and stay as described here.
 //!
 //! The death is noticed by the host library (its waits check the server
 //! every 100 ms, and a doorbell sleep wakes when the server's end of the
