@@ -39,7 +39,7 @@ fn nonce() -> u32 {
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     // `--reattach`: a server that came back takes the child's sockets.
-    if state::client().is_some_and(|c| crate::gone::gone(c)) {
+    if state::client().is_some_and(crate::gone::gone) {
         crate::reattach::try_now();
     }
     let attached = state::client().is_some();
