@@ -343,7 +343,8 @@ fn curl_sha(url: &str, out: &Path) -> [u8; 32] {
 /// keep-alive connection open at the kill ends; the workers use almost no
 /// CPU and log a few lines while the server is dead. Both servers let the
 /// workers (nobody) attach (`--socket-mode 666`): they attach again under
-/// the uid they run as then.
+/// the uid they run as then. A worker killed afterwards is replaced by one
+/// that is the new server's.
 fn nginx_survives_a_server_restart(engine: &str) {
     need("nginx");
     need("curl");
@@ -406,6 +407,41 @@ fn nginx_survives_a_server_restart(engine: &str) {
         .iter()
         .filter(|&&p| stat_host(&srv2, p).is_some())
         .count();
+    // A worker that dies now is replaced by the master, whose attachment
+    // is still the dead one (it sleeps in sigsuspend): its fork attaches
+    // again first, and the new worker inherits the listener there.
+    let master = nginx.0.id();
+    let victim = *pids.iter().find(|&&p| p != master).unwrap();
+    // SAFETY: signalling a process of this test.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let t = Instant::now();
+    let replaced = loop {
+        let now = nginx_pids(master);
+        if let Some(&p) = now.iter().find(|p| !pids.contains(p)) {
+            break p;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no new worker: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for _ in 0..10 {
+        assert_eq!(
+            curl_sha(&url, &got),
+            want,
+            "nginx after a worker was replaced"
+        );
+    }
+    let t = Instant::now();
+    while stat_host(&srv2, replaced).is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the new worker {replaced} is not attached to the new server:\n{}",
+            read(&log)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let summary = read(&log);
     stop(&mut nginx.0, libc::SIGQUIT);
     assert!(

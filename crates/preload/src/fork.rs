@@ -38,8 +38,10 @@ fn nonce() -> u32 {
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
-    // `--reattach`: a server that came back takes the child's sockets.
-    if state::client().is_some_and(crate::gone::gone) {
+    // `--reattach`: a server that came back takes the child's sockets (the
+    // dead attachment of a process that slept through the death, as
+    // nginx's master, is noticed here).
+    if state::reattach_enabled() && state::client().is_some_and(crate::gone::check) {
         crate::reattach::try_now();
     }
     let attached = state::client().is_some();
