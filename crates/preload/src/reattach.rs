@@ -5,8 +5,9 @@
 //! Attempts are made when the program makes a new TCP socket and from the
 //! waits that found their sockets dead (a blocked `accept`, `epoll_wait`,
 //! `poll`/`select`, which then sleep in slices of [`EVERY`]), at most one
-//! every [`EVERY`] in the process: no busy loop while no server answers,
-//! and new sockets follow `--fallback` meanwhile.
+//! every [`EVERY`] in the process (every [`REFUSED_EVERY`] while a server
+//! answers and refuses): no busy loop while no server answers, and new
+//! sockets follow `--fallback` meanwhile.
 //!
 //! The new attachment is a new epoch (`state.rs`). The dead one's sockets
 //! keep it, report their reset once and never reach the new server
@@ -33,6 +34,9 @@ use std::time::{Duration, Instant};
 /// The shortest time between two attempts, and the longest slice a dead
 /// wait sleeps before it tries.
 pub const EVERY: Duration = Duration::from_millis(200);
+
+/// The time between attempts while a server answers and refuses.
+const REFUSED_EVERY: Duration = Duration::from_secs(5);
 
 /// Milliseconds (since [`start`]) before which no attempt is made.
 static NEXT_TRY: AtomicU64 = AtomicU64::new(0);
@@ -82,6 +86,12 @@ pub fn try_now() -> bool {
         Ok(c) => adopt(c),
         Err(e) => {
             debug!("reattach: no TCP server yet ({e})");
+            if !matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) {
+                // A server answered and refused (full, permissions): ask
+                // it less often, its log is not to be flooded.
+                let later = start().elapsed() + REFUSED_EVERY;
+                NEXT_TRY.store(later.as_millis() as u64, Ordering::Relaxed);
+            }
             false
         }
     }

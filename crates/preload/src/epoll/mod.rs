@@ -181,6 +181,8 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
     if s.entries.is_empty() {
         return (None, true);
     }
+    // After a reattach: the sockets of the new attachment (`Set::refresh`).
+    s.refresh(crate::state::epoch());
     s.refill(c);
     COUNTERS.epoll_passes.fetch_add(1, Ordering::Relaxed);
     COUNTERS
@@ -401,13 +403,6 @@ fn left(deadline: Option<std::time::Instant>, timeout: c_int) -> c_int {
     }
 }
 
-/// Moves `epfd`'s set to the current attachment epoch (`Set::refresh`).
-fn refresh(epfd: c_int) {
-    if let Some(s) = sets().get_mut(&epfd) {
-        s.refresh(crate::state::epoch());
-    }
-}
-
 unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     if !has_offloaded(epfd) {
         return real::epoll_wait()(epfd, events, max, timeout);
@@ -422,7 +417,6 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         let Some(c) = attach::for_existing() else {
             return real::epoll_wait()(epfd, events, max as c_int, left(deadline, timeout));
         };
-        refresh(epfd);
         // The server died (now or during a wait that failed): `gone.rs`;
         // None: a new server was attached meanwhile (`--reattach`).
         if crate::gone::gone(c) {
