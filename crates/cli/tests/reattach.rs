@@ -459,3 +459,53 @@ fn nginx_survives_a_server_restart(engine: &str) {
     );
     eprintln!("nginx: outage {cpu} ms CPU, {lines} log lines; {workers} processes attached again\n{summary}");
 }
+
+/// `tcps run --reattach` started before any server: the program runs (on
+/// kernel sockets, one warning line from `tcps run`), and once a server
+/// answers its new sockets are offloaded there.
+#[test]
+fn starts_before_the_server() {
+    let dir = TempDir::new("reattach-early");
+    let socket = dir.path().join("tcps.sock");
+    let log = dir.path().join("probe.out");
+    let stats = dir.path().join("probe.stats");
+    let mut cmd = Command::new(TCPS);
+    cmd.args(["run", "--reattach", "--wait", "0", "--socket"])
+        .arg(&socket)
+        .args(["--", "python3", EPOLL_PROBE])
+        .env("TCPS_PRELOAD_LIB", preload_lib())
+        .env("TCPS_PRELOAD_STATS", &stats)
+        .stdin(Stdio::piped());
+    let f = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    cmd.stdout(f.try_clone().unwrap()).stderr(f);
+    common::die_with_parent(&mut cmd);
+    let mut probe = cmd.spawn().expect("spawn the probe");
+    let mut stdin = probe.stdin.take().unwrap();
+    let port: u16 = wait_line(&log, "listening ")[10..].trim().parse().unwrap();
+    // The first listener is the kernel's.
+    serves(port, 8);
+    let srv = restart("uring", &socket, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all(b"new\n").unwrap();
+    let new_port: u16 = wait_line(&log, "relisten ")[9..].trim().parse().unwrap();
+    serves(new_port, 9);
+    // The new listener's bytes went through the server (its counters are
+    // published every 100 ms).
+    let sent = counters_once_sent(&srv, probe.id(), 1_000_000)
+        .and_then(|c| c["bytes_sent"].as_u64())
+        .unwrap_or(0);
+    // The kernel listener still serves.
+    serves(port, 10);
+    stop(&mut probe, libc::SIGTERM);
+    let out = read(&log);
+    assert!(
+        sent >= 1_000_000,
+        "{sent} bytes sent through the server:\n{out}"
+    );
+    assert_eq!(count(&out, "tcps run: warning"), 1, "{out}");
+    assert_eq!(count(&out, "tcps["), 1, "one line for the attach:\n{out}");
+}

@@ -100,7 +100,8 @@ pub fn try_now() -> bool {
 /// Installs `c` as the new attachment and takes the dead one's listeners
 /// over.
 fn adopt(c: tcps::Client) -> bool {
-    let epoch = if state::client().is_none() {
+    let first = state::client().is_none();
+    let epoch = if first {
         state::install(c);
         state::epoch()
     } else {
@@ -151,6 +152,10 @@ fn adopt(c: tcps::Client) -> bool {
     }
     fdtable::note_rescan();
     // One line per reattach, as for the death (`gone.rs`).
+    if first {
+        crate::log::emit("a tcps server answers now: new sockets are offloaded (--reattach)");
+        return true;
+    }
     crate::log::emit(&format!(
         "a tcps server is back (attachment {epoch}): {taken} listeners taken over{}; new sockets are offloaded",
         if lost > 0 { format!(", {lost} lost") } else { String::new() }
