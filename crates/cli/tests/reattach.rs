@@ -162,13 +162,16 @@ engine_tests!(
 /// listener and two connections: after the kill each socket reports once;
 /// the new server takes the listener over and new connections on the same
 /// port are echoed byte for byte; a listener made afterwards is the new
-/// server's.
+/// server's. The probe keeps the dead connections open (`keep`), so the
+/// new server hands their socket ids out again: sends on them fail
+/// (EPIPE) and closing them leaves the new server's sockets under the same
+/// ids alone (two connections held across it still echo).
 fn epoll_program_serves_again(engine: &str) {
     let mut srv = Server::start(engine, &[]);
     let dir = TempDir::new("reattach-epoll");
     let log = dir.path().join("probe.out");
     let stats = dir.path().join("probe.stats");
-    let mut cmd = run(true, &srv, &stats, &log, &["python3", EPOLL_PROBE]);
+    let mut cmd = run(true, &srv, &stats, &log, &["python3", EPOLL_PROBE, "keep"]);
     cmd.stdin(Stdio::piped());
     let mut probe = cmd.spawn().expect("spawn the probe");
     let mut stdin = probe.stdin.take().unwrap();
@@ -189,6 +192,21 @@ fn epoll_program_serves_again(engine: &str) {
     for c in &mut held {
         assert!(ended(c), "a connection of the dead server stays open");
     }
+    // Connections of the new server, under the ids the dead ones had.
+    let mut fresh: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    for c in &mut fresh {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        echo(c, b"new server");
+    }
+    stdin.write_all(b"poke\n").unwrap();
+    wait_line(&log, "poked ");
+    stdin.write_all(b"closedead\n").unwrap();
+    wait_line(&log, "closed ");
+    for c in &mut fresh {
+        echo(c, b"still there after the dead sockets were closed");
+    }
     assert!(
         stat_host(&srv2, probe.id()).is_some(),
         "the program is not attached to the new server:\n{}",
@@ -207,6 +225,9 @@ fn epoll_program_serves_again(engine: &str) {
     assert_eq!(count(&out, "recv error ECONNRESET"), 2, "{out}");
     assert_eq!(count(&out, "epoll error"), 0, "{out}");
     assert_eq!(count(&out, "errhup relistener"), 0, "{out}");
+    assert_eq!(count(&out, "poked 2"), 1, "{out}");
+    assert_eq!(count(&out, "dead send error EPIPE"), 2, "{out}");
+    assert_eq!(count(&out, "closed 2"), 1, "{out}");
     assert_eq!(
         count(&out, "tcps["),
         2,
