@@ -247,7 +247,8 @@ fn epoll_program_serves_again(engine: &str) {
 /// The serial echo server (`reattach_blocking.py`): blocked in recv on a
 /// connection at the kill (ECONNRESET), then in accept (ECONNABORTED once,
 /// then it blocks without spinning), and the accept waiting there returns
-/// the new server's connections.
+/// the new server's connections; twice (a restart of the restarted
+/// server).
 fn blocking_accept_serves_again(engine: &str) {
     blocking_probe(engine, "accept");
 }
@@ -268,30 +269,57 @@ fn blocking_probe(engine: &str, mode: &str) {
     let mut probe = run(true, &srv, &stats, &log, &argv).spawn().unwrap();
     let port: u16 = wait_line(&log, "listening ")[10..].trim().parse().unwrap();
     serves(port, 4);
-    let mut held = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    held.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    echo(&mut held, b"held across the kill");
-    srv.kill9();
-    wait_line(&log, "accept error");
-    let cpu = cpu_ms_over(&[probe.id()], OUTAGE);
-    assert!(ended(&mut held), "the held connection stays open");
-    let _srv2 = restart(engine, &srv.socket, &[]);
-    serves(port, 5);
+    // Two restarts: the second kills the attachment made by the first.
+    let (mut cpu, mut dead) = (Vec::new(), Vec::new());
+    for round in 1..=2 {
+        let mut held = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        held.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        echo(&mut held, b"held across the kill");
+        srv.kill9();
+        wait_count(&log, "accept error", round);
+        cpu.push(cpu_ms_over(&[probe.id()], OUTAGE));
+        assert!(ended(&mut held), "the held connection stays open");
+        // (The killed one keeps its directory, which holds the socket.)
+        let next = restart(engine, &srv.socket, &[]);
+        dead.push(std::mem::replace(&mut srv, next));
+        serves(port, 4 + round as u64);
+    }
     stop(&mut probe, libc::SIGTERM);
     let out = read(&log);
-    assert_eq!(count(&out, "recv error ECONNRESET"), 1, "{out}");
-    assert_eq!(count(&out, "accept error ECONNABORTED"), 1, "{out}");
-    assert_eq!(count(&out, "accept error"), 1, "{out}");
-    let errhups = if mode == "poll" { 1 } else { 0 };
+    assert_eq!(count(&out, "recv error ECONNRESET"), 2, "{out}");
+    assert_eq!(count(&out, "accept error ECONNABORTED"), 2, "{out}");
+    assert_eq!(count(&out, "accept error"), 2, "{out}");
+    let errhups = if mode == "poll" { 2 } else { 0 };
     assert_eq!(count(&out, "poll errhup"), errhups, "{out}");
-    assert_eq!(count(&out, "served "), 7, "3 + the held one + 3:\n{out}");
-    assert_eq!(count(&out, "tcps["), 2, "{out}");
-    assert!(
-        cpu < 100,
-        "{cpu} ms of CPU while the server was dead:\n{out}"
+    assert_eq!(
+        count(&out, "served "),
+        11,
+        "3 + (the held one + 3) x 2:\n{out}"
     );
-    eprintln!("{mode}: outage {cpu} ms CPU\n{out}");
+    assert_eq!(count(&out, "tcps["), 4, "{out}");
+    assert!(
+        out.contains("(attachment 3): 1 listeners taken over"),
+        "{out}"
+    );
+    assert!(
+        cpu.iter().all(|&ms| ms < 100),
+        "{cpu:?} ms of CPU while the server was dead:\n{out}"
+    );
+    eprintln!("{mode}: outages {cpu:?} ms CPU\n{out}");
+}
+
+/// Waits (at most 10 s) until `log` has `n` lines starting with `prefix`.
+fn wait_count(log: &Path, prefix: &str, n: usize) {
+    let t = Instant::now();
+    while count(&read(log), prefix) < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "fewer than {n} {prefix:?} lines:\n{}",
+            read(log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Without `--reattach` nothing changes: after a restart the listener of
