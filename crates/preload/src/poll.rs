@@ -314,11 +314,16 @@ fn report_dead(dead: &mut [(PollFd, u32)]) -> usize {
     n
 }
 
-/// A wait with no live offloaded entry (the server died): the kernel fds
-/// alone (with none, the wait sleeps for `timeout`); with `--reattach` in
-/// slices, trying to attach a server that came back between them: None
-/// when one was (look again).
-fn dead_wait(kernel: &mut [pollfd], reported: usize, timeout: c_int) -> Option<Result<usize, i32>> {
+/// A wait with no live offloaded entry: the kernel fds alone (with none,
+/// the wait sleeps for `timeout`). When the server died (`retry`), with
+/// `--reattach` in slices, trying to attach a server that came back
+/// between them: None when one was (look again).
+fn dead_wait(
+    kernel: &mut [pollfd],
+    reported: usize,
+    timeout: c_int,
+    retry: bool,
+) -> Option<Result<usize, i32>> {
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     loop {
         let left = match deadline {
@@ -326,8 +331,13 @@ fn dead_wait(kernel: &mut [pollfd], reported: usize, timeout: c_int) -> Option<R
             None => timeout,
             Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
         };
-        match kernel_poll(kernel, crate::reattach::slice(left)) {
-            Ok(0) if left != 0 && crate::reattach::try_now() => return None,
+        let wait = if retry {
+            crate::reattach::slice(left)
+        } else {
+            left
+        };
+        match kernel_poll(kernel, wait) {
+            Ok(0) if left != 0 && retry && crate::reattach::try_now() => return None,
             Ok(0) if left != 0 => {}
             r => return Some(r.map(|k| k + reported)),
         }
@@ -384,7 +394,7 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
         }
         let reported = report_dead(&mut dead);
         let r = if tcps.is_empty() {
-            match dead_wait(&mut kernel, reported, left) {
+            match dead_wait(&mut kernel, reported, left, live_epoch == 0) {
                 Some(r) => r,
                 None => continue,
             }
