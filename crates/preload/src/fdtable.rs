@@ -119,7 +119,9 @@ fn uncount(epoch: u32, id: u32) -> bool {
 /// reference to it). The caller checked [`fits`]; `epoch` < 2^16.
 pub fn insert(fd: i32, epoch: u32, id: u32) {
     count(epoch, id);
-    HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    if HIGH.load(Ordering::Relaxed) <= fd as usize {
+        HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    }
     FDS[fd as usize].store(pack(epoch, id), Ordering::Release);
 }
 
