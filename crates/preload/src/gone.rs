@@ -59,7 +59,11 @@ pub fn check(c: &Client) -> bool {
 
 /// Marks `what` reported for socket `id` of `c`; true the first time.
 fn first(c: &Client, id: u32, what: u32) -> bool {
-    let epoch = state::epoch_of(c);
+    first_at(state::epoch_of(c), id, what)
+}
+
+/// As [`first`], for socket `id` of attachment `epoch`.
+fn first_at(epoch: u32, id: u32, what: u32) -> bool {
     let slot = &REPORTED[id as usize % MAX_IDS];
     let mut v = slot.load(Ordering::Relaxed);
     loop {
@@ -114,4 +118,25 @@ pub fn accept_error(fd: libc::c_int, c: &Client, id: u32, flags_nonblock: bool) 
         return Some(libc::EAGAIN);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_socket_reports_once_per_dead_attachment() {
+        let id = 4711;
+        assert!(first_at(1, id, IN_WAIT));
+        assert!(!first_at(1, id, IN_WAIT));
+        assert!(first_at(1, id, ON_CALL));
+        // The next attachment hands the id out again, and dies too: its
+        // socket reports anew.
+        assert!(first_at(2, id, IN_WAIT));
+        assert!(!first_at(2, id, IN_WAIT));
+        // The older socket under the shared id stays quiet (no ping-pong).
+        assert!(!first_at(1, id, IN_WAIT));
+        assert!(!first_at(1, id, ON_CALL));
+        assert!(first_at(2, id, ON_CALL));
+    }
 }
