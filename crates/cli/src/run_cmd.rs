@@ -1,11 +1,13 @@
 //! `tcps run [--socket PATH | --remote ADDR:PORT --fabric-auth FILE]
-//! [--fallback kernel|fail] -- PROGRAM [ARGS...]`:
+//! [--fallback kernel|fail] [--reattach] -- PROGRAM [ARGS...]`:
 //! runs an unmodified program with `libtcps_preload.so` preloaded, so its
 //! TCP sockets are served by the TCP server (see docs/PRELOAD.md).
 //!
 //! The server is probed first: with `--fallback kernel` (default) and no
 //! server, the program runs on kernel sockets without the library after one
-//! warning line; with `--fallback fail` tcps exits with the reason.
+//! warning line; with `--fallback fail` tcps exits with the reason. With
+//! `--reattach` the library is loaded even then, and attaches when a server
+//! comes (and again after one died).
 
 use clap::{Args, ValueEnum};
 use std::ffi::OsString;
@@ -34,7 +36,7 @@ impl Fallback {
     after_help = "Environment for the program: TCPS_LOG=debug|info|warn|off explains \
 every decision of the library on stderr; TCPS_PRELOAD_STATS=FILE appends one line per process \
 (offloaded and kernel socket counts) to FILE at exit; TCPS_PRELOAD_LIB overrides the library path; \
-TCPS_FALLBACK=kernel|fail is the default for --fallback; TCPS_SPIN_US=N (microseconds a host \
+TCPS_FALLBACK=kernel|fail is the default for --fallback; TCPS_REATTACH=1 is --reattach; TCPS_SPIN_US=N (microseconds a host \
 thread spins for a completion). Invalid values are refused before the program runs."
 )]
 pub struct RunArgs {
@@ -49,6 +51,15 @@ pub struct RunArgs {
     /// is starting) before the fallback applies
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub wait: f64,
+    /// Survive a server restart: after the TCP server died (or when none
+    /// answered at the start), attach to one that comes back at the same
+    /// socket path (tried at most every 200 ms, on new sockets and from
+    /// waits). Until then new sockets follow --fallback; the connections of
+    /// the moment are lost (each reports a reset once); listeners are taken
+    /// over by the new server with their address, options and waiting
+    /// connections (sets TCPS_REATTACH=1)
+    #[arg(long)]
+    pub reattach: bool,
     /// Attach to a TCP server on another node over UCX, at its
     /// `--fabric-listen ADDR:PORT` (sets TCPS_REMOTE; needs --fabric-auth).
     /// Each process of the program starts a `tcps fabric-pump` helper; its
@@ -114,6 +125,11 @@ const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
             "debug", "trace", "info", "warn", "warning", "off", "none", "0",
         ],
         "debug, info, warn or off",
+    ),
+    (
+        "TCPS_REATTACH",
+        &["0", "1", "on", "off", "yes", "no", "true", "false"],
+        "1 (on) or 0 (off)",
     ),
     ("TCPS_SPIN_US", &[], "a number of microseconds (e.g. 50)"),
     ("TCPS_SPINNERS", &[], "a number of threads (e.g. 1)"),
@@ -248,6 +264,24 @@ fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<t
     }
 }
 
+/// Loads the library into `cmd` (before any LD_PRELOAD it had), with the
+/// fallback it follows.
+fn preload(cmd: &mut std::process::Command, fallback: Fallback) -> Result<(), String> {
+    let lib = library()?;
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.into_os_string();
+            v.push(" ");
+            v.push(old);
+            v
+        }
+        _ => lib.into_os_string(),
+    };
+    cmd.env("LD_PRELOAD", preload);
+    cmd.env("TCPS_FALLBACK", fallback.name());
+    Ok(())
+}
+
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     check_environment()?;
     let fallback = fallback(&args);
@@ -276,6 +310,12 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             cmd.env(k, v);
         }
     }
+    let reattach = args.reattach
+        || std::env::var("TCPS_REATTACH")
+            .is_ok_and(|v| matches!(v.as_str(), "1" | "on" | "yes" | "true"));
+    if reattach {
+        cmd.env("TCPS_REATTACH", "1");
+    }
     // The program keeps this pid (exec): the library knows it is the one
     // `tcps run` started and writes its summary line even without sockets.
     cmd.env("TCPS_RUN_PID", std::process::id().to_string());
@@ -286,18 +326,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     match attach_waiting(&socket, std::time::Duration::from_secs_f64(args.wait)) {
         Ok(c) => {
             c.detach();
-            let lib = library()?;
-            let preload = match std::env::var_os("LD_PRELOAD") {
-                Some(old) if !old.is_empty() => {
-                    let mut v = lib.into_os_string();
-                    v.push(" ");
-                    v.push(old);
-                    v
-                }
-                _ => lib.into_os_string(),
-            };
-            cmd.env("LD_PRELOAD", preload);
-            cmd.env("TCPS_FALLBACK", fallback.name());
+            preload(&mut cmd, fallback)?;
         }
         Err(e) => {
             let why = why_not_served(&socket, &e);
@@ -308,6 +337,15 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
                         args.command[0]
                     )
                     .into());
+                }
+                Fallback::Kernel if reattach => {
+                    eprintln!(
+                        "tcps run: warning: {why}; running {:?} on kernel sockets until a \
+                         server answers (--reattach)",
+                        args.command[0]
+                    );
+                    preload(&mut cmd, fallback)?;
+                    cmd.env("TCPS_FALLBACK_QUIET", "1");
                 }
                 Fallback::Kernel => {
                     eprintln!(

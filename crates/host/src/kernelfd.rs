@@ -251,6 +251,76 @@ impl Client {
         }
     }
 
+    /// The backlog of socket `s` if it is a listener this process holds a
+    /// descriptor of (the kernel's own answer: `SO_ACCEPTCONN`, and
+    /// `TCP_INFO`'s `tcpi_sacked`, which holds a listener's backlog).
+    /// Works on a dead attachment too: the kernel socket lives on in this
+    /// process after the server died.
+    pub fn listener_backlog(&self, s: u32) -> Option<i32> {
+        let fd = self.own_fd(s)?;
+        let mut v = [0u8; 4];
+        sys::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, &mut v).ok()?;
+        if i32::from_ne_bytes(v) == 0 {
+            return None;
+        }
+        // SAFETY: tcp_info is plain old data; zeroes are a valid value.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        // SAFETY: the struct is writable for its size.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(
+                &mut info as *mut libc::tcp_info as *mut u8,
+                std::mem::size_of::<libc::tcp_info>(),
+            )
+        };
+        let backlog = match sys::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, buf) {
+            Ok(_) if info.tcpi_sacked > 0 => info.tcpi_sacked.min(i32::MAX as u32) as i32,
+            _ => libc::SOMAXCONN,
+        };
+        Some(backlog)
+    }
+
+    /// Takes listener `s` of `old` (an attachment whose server died) over:
+    /// its descriptor in this process moves to this attachment, the server
+    /// adopts it (`ControlMsg::SocketAdopt`) and it listens again with
+    /// `backlog`, so the server sets up its accept ring. The kernel socket
+    /// is the same one: its address, options and the connections waiting
+    /// in its queue are kept. A receive or send timeout set on it is set at
+    /// this server too (the server times parked calls out itself). Returns
+    /// the new socket id; on failure the descriptor is closed.
+    pub fn readopt_listener(
+        &self,
+        old: &Client,
+        s: u32,
+        backlog: i32,
+        nonblocking: bool,
+    ) -> io::Result<u32> {
+        let fd = old
+            .conn
+            .socks
+            .get(s)
+            .and_then(Socket::take_kfd)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let id = self.adopt_fd(fd, nonblocking)?;
+        let r = self.listen(id, backlog).and_then(|()| {
+            for name in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+                let mut tv = [0u8; std::mem::size_of::<libc::timeval>()];
+                if sys::getsockopt(fd, libc::SOL_SOCKET, name, &mut tv).is_ok()
+                    && tv.iter().any(|&b| b != 0)
+                {
+                    self.setsockopt(id, libc::SOL_SOCKET, name, &tv)?;
+                }
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(id),
+            Err(e) => {
+                let _ = self.close(id);
+                Err(e)
+            }
+        }
+    }
+
     /// One message on the attachment's control socket and the server's
     /// answer (with the descriptors it carried), serialized with every other
     /// control exchange of this attachment (for the preload library's fork,

@@ -22,8 +22,9 @@ pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
                 if !crate::gone::check(c) {
                     return Ok(c);
                 }
-                // The server died: new sockets fall back as told; the
-                // offloaded ones keep the dead attachment (`gone.rs`).
+                // The server died: new sockets fall back as told (until a
+                // new server is attached: `reattach.rs`); the offloaded
+                // ones keep the dead attachment (`gone.rs`).
                 if fail_mode() {
                     state::fail_tcp_sockets();
                 } else {
@@ -42,8 +43,9 @@ pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
     }
 }
 
-/// The attachment for a call on an already offloaded socket; a child that
-/// has not attached yet attaches now (inheriting its parent's sockets).
+/// The current attachment for a call on an already offloaded socket; a
+/// child that has not attached yet attaches now (inheriting its parent's
+/// sockets).
 pub fn for_existing() -> Option<&'static Client> {
     if let Some(c) = state::client() {
         return Some(c);
@@ -86,6 +88,21 @@ pub fn attaching_here() -> bool {
 fn socket_path() -> &'static std::path::Path {
     static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(tcps::default_path)
+}
+
+/// Attaches to a server at the same path again (`reattach.rs`): a new
+/// attachment, which takes direct connections as the first did.
+pub fn attach_again() -> std::io::Result<Client> {
+    let before = control::take_socket();
+    IN_ATTACH.with(|a| a.set(true));
+    let r = Client::attach(socket_path());
+    IN_ATTACH.with(|a| a.set(false));
+    match &r {
+        Ok(c) => take_direct(c),
+        // The socket noted while attaching is closed: keep the one before.
+        Err(_) => control::note_socket(before),
+    }
+    r
 }
 
 fn attach() {
@@ -164,7 +181,7 @@ fn take_direct(c: &Client) {
 /// one that stops. So it exits at once, status 1, saying why, unless it
 /// inherited no offloaded socket (then the usual fallback applies).
 fn exit_if_sockets_inherited(why: &str) {
-    let inherited = fdtable::all().len();
+    let inherited = fdtable::all_in(state::epoch()).len();
     if inherited == 0 {
         return;
     }

@@ -38,11 +38,17 @@ fn hand_back() {
     if let Some(c) = state::client() {
         crate::sendq::flush_all(c);
     }
-    let fds = fdtable::all();
+    // The current attachment's sockets (a dead one's have nothing to
+    // hand back).
+    let epoch = state::epoch();
+    let fds = fdtable::all_in(epoch);
     for &(fd, id) in &fds {
         // SAFETY: F_GETFD on an fd we track.
         let fdflags = unsafe { real::fcntl()(fd, libc::F_GETFD) };
-        if fdflags < 0 || fdflags & libc::FD_CLOEXEC != 0 || fdtable::lookup(fd) != Some(id) {
+        if fdflags < 0
+            || fdflags & libc::FD_CLOEXEC != 0
+            || fdtable::lookup_at(fd) != Some((epoch, id))
+        {
             continue;
         }
         let kernel = match control::exchange_fds(ControlMsg::Export { handle: id }, &[]) {
@@ -67,7 +73,7 @@ fn hand_back() {
         }
         // Every fd naming this socket (dups) becomes the kernel socket.
         for &(other, oid) in &fds {
-            if oid != id || fdtable::lookup(other) != Some(id) {
+            if oid != id || fdtable::lookup_at(other) != Some((epoch, id)) {
                 continue;
             }
             // SAFETY: plain fcntl/dup2 on descriptors we own or track.

@@ -15,11 +15,12 @@ use libc::{c_int, c_ulong, c_void};
 /// Drops `fd` from the table (if offloaded) after the kernel closed or
 /// replaced it; closes the tcps socket with its last fd.
 fn forget(fd: c_int) {
-    if let Some((id, last)) = fdtable::remove(fd) {
+    if let Some((epoch, id, last)) = fdtable::remove(fd) {
         epoll::forget_fd(fd);
         if last {
-            // No attachment (the server died): nothing to close there.
-            if let Some(c) = state::client() {
+            // At the attachment the socket was made in (a dead one only
+            // closes this process's own descriptor of it).
+            if let Some(c) = state::client_at(epoch) {
                 let r = c.close(id);
                 debug!("close(fd {fd}): tcps socket {id} closed ({r:?})");
             }
@@ -41,8 +42,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// the server stops receiving ahead into this process's ring, so bytes that
 /// arrive from now on stay in the kernel socket the new program image will
 /// get (`docs/PRELOAD.md`). Best effort: a socket in pull mode keeps it.
-fn may_cross_exec(id: u32) {
-    if let Some(c) = crate::state::client() {
+fn may_cross_exec(c: &tcps::Client, id: u32) {
+    if c.is_attached() {
         let r = c.setsockopt_int(
             id,
             tcps_proto::eager::SOL_TCPS,
@@ -58,17 +59,19 @@ fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
     if nfd < 0 {
         return nfd;
     }
-    if let Some(id) = fdtable::lookup(fd) {
+    if let Some((epoch, id)) = fdtable::lookup_at(fd) {
         if !fdtable::fits(nfd, id) {
             // SAFETY: closing the duplicate we just made.
             unsafe { real::close()(nfd) };
             return fail(libc::EMFILE);
         }
-        fdtable::insert(nfd, id);
+        fdtable::insert(nfd, epoch, id);
         debug!("dup: fd {nfd} also names tcps socket {id} (fd {fd})");
         // SAFETY: F_GETFD on the descriptor we just made.
         if unsafe { real::fcntl()(nfd, libc::F_GETFD) } & libc::FD_CLOEXEC == 0 {
-            may_cross_exec(id);
+            if let Some(c) = state::client_at(epoch) {
+                may_cross_exec(c, id);
+            }
         }
     }
     nfd
@@ -123,7 +126,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             libc::F_SETFD => {
                 let r = real::fcntl()(fd, cmd, arg);
                 if r == 0 && arg as c_int & libc::FD_CLOEXEC == 0 {
-                    may_cross_exec(id);
+                    may_cross_exec(c, id);
                 }
                 r
             }
@@ -149,7 +152,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             libc::FIONCLEX | libc::FIOCLEX => {
                 let r = real::ioctl()(fd, req, arg);
                 if r == 0 && req == libc::FIONCLEX {
-                    may_cross_exec(id);
+                    may_cross_exec(c, id);
                 }
                 r
             }

@@ -6,17 +6,27 @@
 //! and `dup` have something real to act on, and fork and exec carry the
 //! number along. Tables are flat arrays of atomics indexed by fd and by
 //! socket id: lookups on every call are one load, no lock.
+//!
+//! Each fd also records the *epoch* of the attachment its socket belongs to
+//! (`state.rs`): after the server died and a new one was attached
+//! (`--reattach`), the sockets of the dead attachment keep their old ids,
+//! which the new server hands out again. The per-id state below belongs to
+//! the newest epoch that uses the id; an fd of an older epoch whose id was
+//! taken over counts its duplicates by a look at the fd table instead.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// fds and socket ids at or above this are not offloaded (the call falls
 /// back or fails with EMFILE; see `sock.rs`).
 pub const MAX_FDS: usize = 1 << 18;
 pub const MAX_IDS: usize = 1 << 18;
 
-/// fd → `VALID | id` (0: not ours).
+/// fd → `VALID | epoch << EPOCH_SHIFT | id` (0: not ours).
 static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 const VALID: u64 = 1 << 32;
+const EPOCH_SHIFT: u32 = 40;
+/// One more than the highest fd ever recorded (bounds the looks at FDS).
+static HIGH: AtomicUsize = AtomicUsize::new(0);
 
 /// Per socket id: how many fds name it (dup), and how many read-side and
 /// write-side operations the program made on it (the "edges" of
@@ -32,6 +42,8 @@ pub struct IdState {
     /// SO_SNDBUF as read once for the send queue's bound (0: not read;
     /// `sendq.rs`).
     pub sndbuf: AtomicU32,
+    /// The attachment epoch whose socket this state is (0: none yet).
+    epoch: AtomicU32,
 }
 
 static IDS: [IdState; MAX_IDS] = [const {
@@ -41,42 +53,112 @@ static IDS: [IdState; MAX_IDS] = [const {
         wr_seq: AtomicU32::new(0),
         full_seq: AtomicU32::new(0),
         sndbuf: AtomicU32::new(0),
+        epoch: AtomicU32::new(0),
     }
 }; MAX_IDS];
 
-/// The tcps socket id behind `fd`, if `fd` is an offloaded socket.
+fn unpack(v: u64) -> Option<(u32, u32)> {
+    (v & VALID != 0).then_some(((v >> EPOCH_SHIFT) as u32 & 0xffff, v as u32))
+}
+
+/// The attachment epoch and tcps socket id behind `fd`, if `fd` is an
+/// offloaded socket.
+#[inline]
+pub fn lookup_at(fd: i32) -> Option<(u32, u32)> {
+    unpack(FDS.get(usize::try_from(fd).ok()?)?.load(Ordering::Acquire))
+}
+
+/// The tcps socket id behind `fd`, if `fd` is an offloaded socket (of
+/// any attachment).
 #[inline]
 pub fn lookup(fd: i32) -> Option<u32> {
-    let v = FDS.get(usize::try_from(fd).ok()?)?.load(Ordering::Acquire);
-    (v & VALID != 0).then_some(v as u32)
+    lookup_at(fd).map(|(_, id)| id)
 }
 
 pub fn fits(fd: i32, id: u32) -> bool {
     (fd as usize) < MAX_FDS && (id as usize) < MAX_IDS && fd >= 0
 }
 
-/// Records `fd` as naming `id` (one more reference to `id`). The caller
-/// checked [`fits`].
-pub fn insert(fd: i32, id: u32) {
+fn pack(epoch: u32, id: u32) -> u64 {
+    VALID | u64::from(epoch & 0xffff) << EPOCH_SHIFT | u64::from(id)
+}
+
+/// One more fd names socket `id` of attachment `epoch`.
+fn count(epoch: u32, id: u32) {
     let st = &IDS[id as usize];
-    if st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
+    let owner = st.epoch.load(Ordering::Acquire);
+    if epoch > owner {
+        // A newer attachment's socket under an id an older one used: the
+        // state is this one's from now on.
+        st.refs.store(0, Ordering::Relaxed);
+        st.sndbuf.store(0, Ordering::Relaxed);
+        st.epoch.store(epoch, Ordering::Release);
+    }
+    if epoch >= owner && st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
         // A new socket under a reused id: its SO_SNDBUF is read anew.
         st.sndbuf.store(0, Ordering::Relaxed);
     }
-    FDS[fd as usize].store(VALID | u64::from(id), Ordering::Release);
 }
 
-/// Forgets `fd`. Returns its id and whether that was the last fd naming it
-/// (then the socket itself must be closed at the server).
-pub fn remove(fd: i32) -> Option<(u32, bool)> {
-    let slot = FDS.get(usize::try_from(fd).ok()?)?;
-    let v = slot.swap(0, Ordering::AcqRel);
-    if v & VALID == 0 {
-        return None;
+/// One fd less names socket `id` of attachment `epoch`: whether it was the
+/// last.
+fn uncount(epoch: u32, id: u32) -> bool {
+    let st = &IDS[id as usize];
+    if st.epoch.load(Ordering::Acquire) == epoch {
+        let dec = |r: u32| r.checked_sub(1);
+        st.refs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, dec)
+            == Ok(1)
+    } else {
+        // A socket of an older attachment whose id was taken over.
+        !all_at().iter().any(|&(_, e, i)| e == epoch && i == id)
     }
-    let id = v as u32;
-    let last = IDS[id as usize].refs.fetch_sub(1, Ordering::AcqRel) == 1;
-    Some((id, last))
+}
+
+/// Records `fd` as naming socket `id` of attachment `epoch` (one more
+/// reference to it). The caller checked [`fits`]; `epoch` < 2^16.
+pub fn insert(fd: i32, epoch: u32, id: u32) {
+    count(epoch, id);
+    if HIGH.load(Ordering::Relaxed) <= fd as usize {
+        HIGH.fetch_max(fd as usize + 1, Ordering::Relaxed);
+    }
+    FDS[fd as usize].store(pack(epoch, id), Ordering::Release);
+}
+
+/// Forgets `fd`. Returns its epoch, id, and whether that was the last fd
+/// naming it (then the socket itself must be closed at its server).
+pub fn remove(fd: i32) -> Option<(u32, u32, bool)> {
+    let slot = FDS.get(usize::try_from(fd).ok()?)?;
+    let (epoch, id) = unpack(slot.swap(0, Ordering::AcqRel))?;
+    Some((epoch, id, uncount(epoch, id)))
+}
+
+/// Moves every fd naming socket `id` of attachment `from` to socket `nid`
+/// of attachment `to` (a listener taken over by a new attachment). Returns
+/// how many fds moved.
+pub fn rebind(from: u32, id: u32, to: u32, nid: u32) -> usize {
+    let mut n = 0;
+    for (fd, e, i) in all_at() {
+        if e != from || i != id {
+            continue;
+        }
+        count(to, nid);
+        let moved = FDS[fd as usize]
+            .compare_exchange(
+                pack(e, i),
+                pack(to, nid),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if moved {
+            uncount(from, id);
+            n += 1;
+        } else {
+            uncount(to, nid); // closed meanwhile
+        }
+    }
+    n
 }
 
 pub fn id_state(id: u32) -> &'static IdState {
@@ -114,14 +196,21 @@ pub fn rescan_epoch() -> u32 {
     RESCAN.load(Ordering::Acquire)
 }
 
-/// Every offloaded fd and its id (fork, exec).
-pub fn all() -> Vec<(i32, u32)> {
-    FDS.iter()
+/// Every offloaded fd with its epoch and id.
+pub fn all_at() -> Vec<(i32, u32, u32)> {
+    let high = HIGH.load(Ordering::Relaxed).min(MAX_FDS);
+    FDS[..high]
+        .iter()
         .enumerate()
-        .filter_map(|(fd, v)| {
-            let v = v.load(Ordering::Acquire);
-            (v & VALID != 0).then_some((fd as i32, v as u32))
-        })
+        .filter_map(|(fd, v)| unpack(v.load(Ordering::Acquire)).map(|(e, id)| (fd as i32, e, id)))
+        .collect()
+}
+
+/// Every offloaded fd of attachment `epoch` and its id (fork, exec).
+pub fn all_in(epoch: u32) -> Vec<(i32, u32)> {
+    all_at()
+        .into_iter()
+        .filter_map(|(fd, e, id)| (e == epoch).then_some((fd, id)))
         .collect()
 }
 
@@ -132,13 +221,48 @@ mod tests {
     #[test]
     fn dups_share_a_socket_until_the_last_close() {
         let (a, b, id) = (MAX_FDS as i32 - 3, MAX_FDS as i32 - 2, 77);
-        insert(a, id);
-        insert(b, id);
+        insert(a, 1, id);
+        insert(b, 1, id);
         assert_eq!(lookup(a), Some(id));
-        assert_eq!(remove(a), Some((id, false)));
+        assert_eq!(remove(a), Some((1, id, false)));
         assert_eq!(lookup(a), None);
-        assert_eq!(remove(b), Some((id, true)));
+        assert_eq!(remove(b), Some((1, id, true)));
         assert_eq!(remove(b), None);
+    }
+
+    #[test]
+    fn a_newer_attachment_takes_an_id_over() {
+        let (a, b, c, id) = (
+            MAX_FDS as i32 - 13,
+            MAX_FDS as i32 - 12,
+            MAX_FDS as i32 - 11,
+            91,
+        );
+        // Two fds of the dead attachment 1, then attachment 2 hands out
+        // the same id.
+        insert(a, 1, id);
+        insert(b, 1, id);
+        insert(c, 2, id);
+        assert_eq!(lookup_at(c), Some((2, id)));
+        assert_eq!(lookup_at(a), Some((1, id)));
+        // The old socket's last close is found by a look at the table.
+        assert_eq!(remove(a), Some((1, id, false)));
+        assert_eq!(remove(b), Some((1, id, true)));
+        // The new one's count was not disturbed.
+        assert_eq!(id_state(id).refs.load(Ordering::Relaxed), 1);
+        assert_eq!(remove(c), Some((2, id, true)));
+    }
+
+    #[test]
+    fn a_listener_moves_to_a_new_attachment() {
+        let (a, b, id, nid) = (MAX_FDS as i32 - 23, MAX_FDS as i32 - 22, 95, 96);
+        insert(a, 3, id);
+        insert(b, 3, id);
+        assert_eq!(rebind(3, id, 4, nid), 2);
+        assert_eq!(lookup_at(a), Some((4, nid)));
+        assert_eq!(all_in(4), vec![(a, nid), (b, nid)]);
+        assert_eq!(remove(a), Some((4, nid, false)));
+        assert_eq!(remove(b), Some((4, nid, true)));
     }
 
     #[test]

@@ -38,6 +38,12 @@ fn nonce() -> u32 {
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // `--reattach`: a server that came back takes the child's sockets (the
+    // dead attachment of a process that slept through the death, as
+    // nginx's master, is noticed here).
+    if state::reattach_enabled() && state::client().is_some_and(crate::gone::check) {
+        crate::reattach::try_now();
+    }
     let attached = state::client().is_some();
     let kfds = state::client().map(|c| c.kernel_fds()).unwrap_or_default();
     if let Some(c) = state::client() {
@@ -84,7 +90,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
                 share_inherited_sockets();
             } else {
                 attach::close_parent_kfds();
-                for (fd, _) in fdtable::all() {
+                for (fd, _) in fdtable::all_in(state::epoch()) {
                     fdtable::remove(fd);
                 }
             }
@@ -111,6 +117,9 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 /// their options (`tcps::Client::share_sockets`), the other can set them.
 fn share_inherited_sockets() {
     if let Some(c) = state::client() {
-        c.share_sockets(fdtable::all().into_iter().map(|(_, id)| id));
+        let ids = fdtable::all_in(state::epoch())
+            .into_iter()
+            .map(|(_, id)| id);
+        c.share_sockets(ids);
     }
 }

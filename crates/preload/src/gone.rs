@@ -7,7 +7,10 @@
 //! socket and afterwards waits on its kernel fds alone; the next call on a
 //! socket fails with ECONNRESET, later ones with ENOTCONN (sends: EPIPE);
 //! `accept` fails once with ECONNABORTED and then blocks (EAGAIN when
-//! non-blocking). New TCP sockets follow `TCPS_FALLBACK` (`attach.rs`).
+//! non-blocking). New TCP sockets follow `TCPS_FALLBACK` (`attach.rs`),
+//! until a server that came back is attached (`--reattach`, `reattach.rs`),
+//! which takes the listeners over; the other sockets keep the dead
+//! attachment (its epoch, `state.rs`) and stay as described here.
 //!
 //! The death is noticed by the host library (its waits check the server
 //! every 100 ms, and a doorbell sleep wakes when the server's end of the
@@ -16,26 +19,33 @@
 
 use crate::fdtable::MAX_IDS;
 use crate::log;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::state;
+use std::sync::atomic::{AtomicU32, Ordering};
 use tcps::Client;
 
-/// The death was announced (one line per process).
-static ANNOUNCED: AtomicBool = AtomicBool::new(false);
+/// The last epoch whose death was announced (one line per death).
+static ANNOUNCED: AtomicU32 = AtomicU32::new(0);
 
-/// Per socket id: what it already reported of the death.
-static REPORTED: [AtomicU8; MAX_IDS] = [const { AtomicU8::new(0) }; MAX_IDS];
-const IN_WAIT: u8 = 1;
-const ON_CALL: u8 = 2;
+/// Per socket id: `epoch << 8 | what it already reported` of the death of
+/// that epoch's attachment. Ids of a dead attachment come back under the
+/// next one (`--reattach`); should that one die too, a socket of the older
+/// attachment still unreported under a shared id stays quiet.
+static REPORTED: [AtomicU32; MAX_IDS] = [const { AtomicU32::new(0) }; MAX_IDS];
+const IN_WAIT: u32 = 1;
+const ON_CALL: u32 = 2;
 
 /// Whether `c`'s server is gone (one load; the host library notices).
 pub fn gone(c: &Client) -> bool {
     if c.is_attached() {
         return false;
     }
-    if !ANNOUNCED.swap(true, Ordering::Relaxed) {
-        log::emit(
-            "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback",
-        );
+    let e = state::epoch_of(c);
+    if e == state::epoch() && ANNOUNCED.swap(e, Ordering::Relaxed) != e {
+        log::emit(if state::reattach_enabled() {
+            "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback until a server is back (--reattach)"
+        } else {
+            "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback"
+        });
     }
     true
 }
@@ -47,21 +57,38 @@ pub fn check(c: &Client) -> bool {
     gone(c)
 }
 
-/// Marks `what` reported for socket `id`; true the first time.
-fn first(id: u32, what: u8) -> bool {
+/// Marks `what` reported for socket `id` of `c`; true the first time.
+fn first(c: &Client, id: u32, what: u32) -> bool {
+    first_at(state::epoch_of(c), id, what)
+}
+
+/// As [`first`], for socket `id` of attachment `epoch`.
+fn first_at(epoch: u32, id: u32, what: u32) -> bool {
     let slot = &REPORTED[id as usize % MAX_IDS];
-    slot.fetch_or(what, Ordering::Relaxed) & what == 0
+    let mut v = slot.load(Ordering::Relaxed);
+    loop {
+        let new = match v >> 8 {
+            e if e == epoch && v & what != 0 => return false,
+            e if e == epoch => v | what,
+            e if e > epoch => return false,
+            _ => epoch << 8 | what,
+        };
+        match slot.compare_exchange_weak(v, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(now) => v = now,
+        }
+    }
 }
 
-/// Whether a wait reports socket `id`'s reset now (once per socket).
-pub fn report_in_wait(id: u32) -> bool {
-    first(id, IN_WAIT)
+/// Whether a wait reports socket `id` of `c` reset now (once per socket).
+pub fn report_in_wait(c: &Client, id: u32) -> bool {
+    first(c, id, IN_WAIT)
 }
 
-/// The error a call on socket `id` gets (`gone` holds): ECONNRESET the
-/// first time, then `later`.
-pub fn call_error(id: u32, later: i32) -> i32 {
-    if first(id, ON_CALL) {
+/// The error a call on socket `id` of `c` gets (`gone` holds): ECONNRESET
+/// the first time, then `later`.
+pub fn call_error(c: &Client, id: u32, later: i32) -> i32 {
+    if first(c, id, ON_CALL) {
         libc::ECONNRESET
     } else {
         later
@@ -73,27 +100,43 @@ pub fn call_error(id: u32, later: i32) -> i32 {
 /// was this socket's report, and later calls get the later error.
 pub fn seen_by_call(c: &Client, id: u32, errno: i32) -> i32 {
     if errno == libc::ECONNRESET && gone(c) {
-        first(id, ON_CALL);
+        first(c, id, ON_CALL);
     }
     errno
 }
 
-/// `accept` on listener `id` (placeholder `fd`): ECONNABORTED once, then
-/// EAGAIN if non-blocking, else it blocks (until a signal: EINTR).
-pub fn accept_error(fd: libc::c_int, id: u32, flags_nonblock: bool) -> i32 {
-    if first(id, ON_CALL) {
-        return libc::ECONNABORTED;
+/// `accept` on listener `id` of `c` (placeholder `fd`): ECONNABORTED once,
+/// then EAGAIN if non-blocking; `None`: it blocks (`sock.rs`, until a
+/// signal or a new attachment takes the listener over).
+pub fn accept_error(fd: libc::c_int, c: &Client, id: u32, flags_nonblock: bool) -> Option<i32> {
+    if first(c, id, ON_CALL) {
+        return Some(libc::ECONNABORTED);
     }
     // SAFETY: F_GETFL on the placeholder, which carries the O_NONBLOCK.
     let fl = unsafe { crate::real::fcntl()(fd, libc::F_GETFL) };
     if flags_nonblock || (fl >= 0 && fl & libc::O_NONBLOCK != 0) {
-        return libc::EAGAIN;
+        return Some(libc::EAGAIN);
     }
-    loop {
-        // SAFETY: a poll on no descriptors: sleeps until a signal.
-        unsafe { crate::real::poll()(std::ptr::null_mut(), 0, -1) };
-        if crate::errno::last_errno() == libc::EINTR {
-            return libc::EINTR;
-        }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_socket_reports_once_per_dead_attachment() {
+        let id = 4711;
+        assert!(first_at(1, id, IN_WAIT));
+        assert!(!first_at(1, id, IN_WAIT));
+        assert!(first_at(1, id, ON_CALL));
+        // The next attachment hands the id out again, and dies too: its
+        // socket reports anew.
+        assert!(first_at(2, id, IN_WAIT));
+        assert!(!first_at(2, id, IN_WAIT));
+        // The older socket under the shared id stays quiet (no ping-pong).
+        assert!(!first_at(1, id, IN_WAIT));
+        assert!(!first_at(1, id, ON_CALL));
+        assert!(first_at(2, id, ON_CALL));
     }
 }

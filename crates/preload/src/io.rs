@@ -30,10 +30,11 @@ pub unsafe fn recv_id(
     len: size_t,
     flags: c_int,
 ) -> ssize_t {
-    fdtable::note_read(id);
     if crate::gone::gone(c) {
-        return fail(crate::gone::call_error(id, libc::ENOTCONN));
+        return fail(crate::gone::call_error(c, id, libc::ENOTCONN));
     }
+    // (Not for a dead socket: its id may be a new attachment's now.)
+    fdtable::note_read(id);
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {
         if buf.is_null() && len > 0 {
             null_recv(c, id, len, flags)
@@ -70,10 +71,10 @@ fn null_recv(c: &tcps::Client, id: u32, len: usize, flags: c_int) -> std::io::Re
 /// A send on offloaded socket `id` (placeholder `fd`): asynchronous when
 /// the send queue has room (`sendq.rs`), else synchronous.
 pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: c_int) -> ssize_t {
-    fdtable::note_write(id);
     let r = if crate::gone::gone(c) {
-        Err(err(crate::gone::call_error(id, libc::EPIPE)))
+        Err(err(crate::gone::call_error(c, id, libc::EPIPE)))
     } else {
+        fdtable::note_write(id);
         match crate::sendq::try_send(c, fd, id, data, flags) {
             Some(r) => r,
             None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),

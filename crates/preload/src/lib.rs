@@ -18,7 +18,8 @@
 //!    reports a reset once);
 //! 3. `control` (messages on the control socket), then `attach` (making
 //!    the attachment, fallback, a forked child's claim of its parent's
-//!    sockets);
+//!    sockets), then `reattach` (a server that came back after the death:
+//!    a new attachment, the listeners taken over);
 //! 4. the interposed entry points: `sock` (socket calls) below `io` (data
 //!    calls), `sendfile` and `fdops` (close, dup, fcntl, ioctl); `poll`
 //!    (poll/select and the mixed wait) below `epoll`, below `exec` and
@@ -41,6 +42,7 @@ mod io;
 mod log;
 mod poll;
 mod real;
+mod reattach;
 mod ring_sleep;
 mod sendfile;
 mod sendq;

@@ -40,6 +40,8 @@ struct Shared {
 /// A calling thread's helper: its thread, cancel eventfd and wake pair.
 struct Waiter {
     generation: u64,
+    /// The attachment of the wake pair.
+    client: &'static Client,
     shared: Arc<Shared>,
     cancel: c_int,
     /// The caller's end of the wake pair (the helper sends on the other).
@@ -72,6 +74,7 @@ impl Waiter {
         debug!("poll helper thread started (wake pair {tx}->{rx})");
         Ok(Waiter {
             generation: state::generation(),
+            client: c,
             shared,
             cancel,
             rx,
@@ -133,9 +136,7 @@ impl Drop for Waiter {
         let one = 1u64.to_ne_bytes();
         // SAFETY: as in `wait`.
         unsafe { real::write()(self.cancel, one.as_ptr() as *const libc::c_void, 8) };
-        if let Some(c) = state::client() {
-            let _ = c.close(self.rx);
-        }
+        let _ = self.client.close(self.rx);
         // The helper closes `tx` and the cancel eventfd on its way out.
     }
 }
@@ -258,6 +259,10 @@ pub fn wait_mixed(
                 // Inherited through fork: its thread lives in the parent.
                 std::mem::forget(w.take());
             }
+            if w.as_ref().is_some_and(|w| !std::ptr::eq(w.client, c)) {
+                // Its wake pair is a dead attachment's (`--reattach`).
+                w.take();
+            }
             if w.is_none() {
                 *w = Some(Waiter::new(c)?);
             }
@@ -292,19 +297,51 @@ fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
     }
 }
 
-/// A wait after the server died: each offloaded socket reports
-/// POLLERR|POLLHUP once (`gone.rs`), then only the kernel fds are watched
-/// (with none, the wait sleeps for `timeout`).
-fn gone_wait(tcps: &mut [PollFd], kernel: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
+/// The offloaded entries of a wait that belong to a dead attachment (the
+/// server died; or an older one, after a reattach): each reports
+/// POLLERR|POLLHUP once (`gone.rs`), then is quiet. How many report now.
+fn report_dead(dead: &mut [(PollFd, u32)]) -> usize {
     let mut n = 0;
-    for e in tcps.iter_mut() {
+    for (e, epoch) in dead.iter_mut() {
         e.revents = 0;
-        if crate::gone::report_in_wait(e.sock) {
-            e.revents = libc::POLLERR | libc::POLLHUP;
-            n += 1;
+        if let Some(c) = state::client_at(*epoch) {
+            if crate::gone::report_in_wait(c, e.sock) {
+                e.revents = libc::POLLERR | libc::POLLHUP;
+                n += 1;
+            }
         }
     }
-    Ok(n + kernel_poll(kernel, if n > 0 { 0 } else { timeout })?)
+    n
+}
+
+/// A wait with no live offloaded entry: the kernel fds alone (with none,
+/// the wait sleeps for `timeout`). When the server died (`retry`), with
+/// `--reattach` in slices, trying to attach a server that came back
+/// between them: None when one was (look again).
+fn dead_wait(
+    kernel: &mut [pollfd],
+    reported: usize,
+    timeout: c_int,
+    retry: bool,
+) -> Option<Result<usize, i32>> {
+    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    loop {
+        let left = match deadline {
+            _ if reported > 0 => 0,
+            None => timeout,
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
+        };
+        let wait = if retry {
+            crate::reattach::slice(left)
+        } else {
+            left
+        };
+        match kernel_poll(kernel, wait) {
+            Ok(0) if left != 0 && retry && crate::reattach::try_now() => return None,
+            Ok(0) if left != 0 => {}
+            r => return Some(r.map(|k| k + reported)),
+        }
+    }
 }
 
 /// poll(2) over any mix of fds.
@@ -317,49 +354,70 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
         return real::poll()(fds, n, timeout);
     }
-    let Some(c) = attach::for_existing() else {
-        return fail(libc::EBADF);
-    };
-    let mut tcps = Vec::new();
-    let mut tcps_at = Vec::new();
-    let mut kernel = Vec::new();
-    let mut kernel_at = Vec::new();
-    for (i, p) in all.iter_mut().enumerate() {
-        p.revents = 0;
-        match fdtable::lookup(p.fd) {
-            Some(id) => {
-                tcps.push(PollFd {
-                    sock: id,
-                    events: p.events,
-                    revents: 0,
-                });
-                tcps_at.push(i);
-            }
-            None => {
-                kernel.push(*p);
-                kernel_at.push(i);
+    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    loop {
+        let Some(c) = attach::for_existing() else {
+            return fail(libc::EBADF);
+        };
+        let left = match deadline {
+            None => timeout,
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
+        };
+        let live_epoch = if crate::gone::gone(c) {
+            0
+        } else {
+            state::epoch()
+        };
+        let (mut tcps, mut dead, mut kernel) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tcps_at, mut dead_at, mut kernel_at) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, p) in all.iter_mut().enumerate() {
+            p.revents = 0;
+            let entry = |sock| PollFd {
+                sock,
+                events: p.events,
+                revents: 0,
+            };
+            match fdtable::lookup_at(p.fd) {
+                Some((e, id)) if e == live_epoch => {
+                    tcps.push(entry(id));
+                    tcps_at.push(i);
+                }
+                Some((e, id)) => {
+                    dead.push((entry(id), e));
+                    dead_at.push(i);
+                }
+                None => {
+                    kernel.push(*p);
+                    kernel_at.push(i);
+                }
             }
         }
-    }
-    let r = if crate::gone::gone(c) {
-        gone_wait(&mut tcps, &mut kernel, timeout)
-    } else {
-        match wait_mixed(c, &mut tcps, &mut kernel, timeout) {
-            Err(_) if crate::gone::gone(c) => gone_wait(&mut tcps, &mut kernel, timeout),
-            r => r,
-        }
-    };
-    match r {
-        Ok(_) => {
-            for (e, &i) in tcps.iter().zip(&tcps_at) {
-                all[i].revents = e.revents;
+        let reported = report_dead(&mut dead);
+        let r = if tcps.is_empty() {
+            match dead_wait(&mut kernel, reported, left, live_epoch == 0) {
+                Some(r) => r,
+                None => continue,
             }
-            for (k, &i) in kernel.iter().zip(&kernel_at) {
-                all[i].revents = k.revents;
+        } else {
+            let wait = if reported > 0 { 0 } else { left };
+            match wait_mixed(c, &mut tcps, &mut kernel, wait) {
+                Err(_) if crate::gone::gone(c) => continue,
+                r => r,
             }
-            all.iter().filter(|p| p.revents != 0).count() as c_int
+        };
+        if let Err(e) = r {
+            return fail(e);
         }
-        Err(e) => fail(e),
+        for (e, &i) in tcps.iter().zip(&tcps_at) {
+            all[i].revents = e.revents;
+        }
+        for ((e, _), &i) in dead.iter().zip(&dead_at) {
+            all[i].revents = e.revents;
+        }
+        for (k, &i) in kernel.iter().zip(&kernel_at) {
+            all[i].revents = k.revents;
+        }
+        return all.iter().filter(|p| p.revents != 0).count() as c_int;
     }
 }
 

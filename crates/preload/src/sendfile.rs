@@ -92,8 +92,9 @@ fn file_handle(c: &tcps::Client, fd: c_int) -> Result<(u32, u64), i32> {
         st.st_mtime_nsec,
     );
     let mut g = FILES.lock().unwrap_or_else(|p| p.into_inner());
-    let generation = crate::state::generation();
-    // A forked child's server-side files are not its parent's.
+    // A forked child's server-side files are not its parent's, nor a new
+    // attachment's (`--reattach`) the dead one's.
+    let generation = crate::state::generation() ^ u64::from(crate::state::epoch()) << 48;
     let files = match g.as_mut() {
         Some(f) if f.generation == generation => f,
         _ => g.insert(Files {

@@ -332,7 +332,7 @@ pub fn flush_all(c: &Client) {
         return;
     }
     let end = Instant::now() + FLUSH_LIMIT;
-    for (_, id) in fdtable::all() {
+    for (_, id) in fdtable::all_in(crate::state::epoch_of(c)) {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;

@@ -56,7 +56,7 @@ pub fn adopt(c: &tcps::Client, id: u32, flags: c_int) -> Result<c_int, i32> {
         debug!("fd {fd} / socket id {id} beyond the table: EMFILE");
         return Err(libc::EMFILE);
     }
-    fdtable::insert(fd, id);
+    fdtable::insert(fd, crate::state::epoch_of(c), id);
     COUNTERS.offloaded.fetch_add(1, Ordering::Relaxed);
     Ok(fd)
 }
@@ -74,7 +74,12 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
         }
         return fd;
     }
-    match attach::for_new_socket() {
+    // `--reattach`: a server that came back takes new sockets.
+    let target = match attach::for_new_socket() {
+        Err(_) if crate::reattach::try_now() => attach::for_new_socket(),
+        r => r,
+    };
+    match target {
         Ok(c) => {
             let id = match c.socket(domain, ty, protocol) {
                 Ok(id) => id,
@@ -120,12 +125,19 @@ pub unsafe fn put_addr(bytes: &[u8], full: usize, addr: *mut sockaddr, len: *mut
     *len = full as socklen_t;
 }
 
-/// Runs `f` on the tcps socket behind `fd`, or returns None for a kernel fd.
-/// An offloaded fd whose attachment is gone fails with EBADF.
+/// The attachment and tcps socket behind `fd`, or None for a kernel fd:
+/// the attachment the socket was made in (a dead one's, after the server
+/// died: its calls fail as `gone.rs` says and never reach a new server).
+/// A forked child attaches first; EBADF without an attachment.
 #[inline]
 pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>> {
-    let id = fdtable::lookup(fd)?;
-    Some(attach::for_existing().map(|c| (c, id)).ok_or(libc::EBADF))
+    let (epoch, id) = fdtable::lookup_at(fd)?;
+    let c = match crate::state::client_at(epoch) {
+        Some(c) => Some(c),
+        None if epoch == crate::state::epoch() => attach::for_existing(),
+        None => None,
+    };
+    Some(c.map(|c| (c, id)).ok_or(libc::EBADF))
 }
 
 macro_rules! on_socket {
@@ -171,6 +183,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }, else real::connect()(fd, addr, len))
 }
 
+/// A dead listener was taken over by a new attachment while an accept
+/// waited on it: the accept starts again there (never returned).
+const TAKEN_OVER: i32 = libc::ERESTART;
+
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     accept4(fd, addr, len, 0)
@@ -190,15 +206,28 @@ pub unsafe extern "C" fn accept4(
         fdtable::note_read(id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
+        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
             if crate::gone::gone(c) {
                 let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-                let e = crate::gone::accept_error(fd, id, nonblock);
+                let e = match crate::gone::accept_error(fd, c, id, nonblock) {
+                    Some(e) => e,
+                    // Blocks until a signal, or until a new attachment
+                    // took the listener over (`--reattach`): then again.
+                    None => match crate::reattach::wait_taken_over(fd, crate::state::epoch_of(c), id) {
+                        Ok(()) => TAKEN_OVER,
+                        Err(e) => e,
+                    },
+                };
                 return Err(std::io::Error::from_raw_os_error(e));
             }
-            c.accept_any(id, flags, &mut buf[..want])
+            match c.accept_any(id, flags, &mut buf[..want]) {
+                // The server died while the accept waited: as above.
+                Err(_) if crate::gone::gone(c) => continue,
+                r => return r,
+            }
         });
         match got {
+            Err(e) if e.raw_os_error() == Some(TAKEN_OVER) => accept4(fd, addr, len, flags),
             Ok((tcps::Accepted::Direct(kfd), full)) => {
                 // Balancing: a kernel socket of this process, which the
                 // program uses as it is (not in the fd table).

@@ -6,6 +6,12 @@
 //! The client lives behind a raw pointer that is never freed: reads are one
 //! atomic load on every call, and a forked child simply replaces it with its
 //! own attachment (`fork.rs`) without touching the parent's.
+//!
+//! Attachments are numbered (*epochs*, from 1): after the server died and
+//! a new one was attached (`--reattach`, `reattach.rs`) the dead one stays
+//! in [`CLIENTS`] under its epoch, valid memory for the sockets that still
+//! name it (`fdtable.rs` records each fd's epoch), which fail as the dead
+//! server's sockets do (`gone.rs`) and never reach the new server.
 
 use crate::log;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -33,7 +39,16 @@ const KERNEL: u8 = 3;
 const FAILED: u8 = 4;
 
 static MODE: AtomicU8 = AtomicU8::new(UNTRIED);
-static CLIENT: AtomicPtr<Client> = AtomicPtr::new(std::ptr::null_mut());
+
+/// How many attachments one process can make in its life (the first and
+/// the reattaches after a server died).
+pub const MAX_EPOCHS: usize = 1024;
+/// The attachment of each epoch (null: none, or a forked child's before it
+/// attached).
+static CLIENTS: [AtomicPtr<Client>; MAX_EPOCHS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_EPOCHS];
+/// The current epoch: new sockets belong to its attachment.
+static EPOCH: AtomicU32 = AtomicU32::new(1);
 
 pub fn mode() -> Mode {
     match MODE.load(Ordering::Acquire) {
@@ -63,25 +78,71 @@ pub fn fail_tcp_sockets() {
     MODE.store(FAILED, Ordering::Release);
 }
 
-/// The attachment, if this process has one.
+/// The current attachment, if this process has one.
 pub fn client() -> Option<&'static Client> {
-    let p = CLIENT.load(Ordering::Acquire);
-    // SAFETY: a non-null CLIENT came from Box::into_raw and is never freed.
+    client_at(epoch())
+}
+
+/// The current epoch (the attachment new sockets belong to).
+pub fn epoch() -> u32 {
+    EPOCH.load(Ordering::Acquire)
+}
+
+/// The attachment of `epoch`, if any.
+pub fn client_at(epoch: u32) -> Option<&'static Client> {
+    let p = CLIENTS.get(epoch as usize)?.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer in CLIENTS came from Box::into_raw and is
+    // never freed.
     unsafe { p.as_ref() }
 }
 
-/// Installs `c` as this process's attachment (leaking any previous one,
-/// which after a fork belongs to the parent).
+/// The epoch of attachment `c` (0: not one of this process's).
+pub fn epoch_of(c: &Client) -> u32 {
+    let cur = epoch().min(MAX_EPOCHS as u32 - 1);
+    (1..=cur)
+        .rev()
+        .find(|&e| client_at(e).is_some_and(|x| std::ptr::eq(x, c)))
+        .unwrap_or(0)
+}
+
+/// Installs `c` as this process's attachment in the current epoch
+/// (leaking any previous one there, which after a fork belongs to the
+/// parent).
 pub fn install(c: Client) {
-    CLIENT.store(Box::into_raw(Box::new(c)), Ordering::Release);
+    CLIENTS[epoch() as usize].store(Box::into_raw(Box::new(c)), Ordering::Release);
     MODE.store(OFFLOAD, Ordering::Release);
 }
 
+/// Installs `c` in a new epoch (a reattach); the dead attachments keep
+/// theirs. Refused (c returned) once [`MAX_EPOCHS`] are used.
+pub fn install_next(c: Client) -> Result<u32, Client> {
+    let next = epoch() + 1;
+    if next as usize >= MAX_EPOCHS {
+        return Err(c);
+    }
+    CLIENTS[next as usize].store(Box::into_raw(Box::new(c)), Ordering::Release);
+    EPOCH.store(next, Ordering::Release);
+    MODE.store(OFFLOAD, Ordering::Release);
+    Ok(next)
+}
+
 /// Forgets the attachment without touching it (a forked child: the
-/// parent's channels are not ours). The next TCP call attaches anew.
+/// parent's channels are not ours). The next TCP call attaches anew, in
+/// the same epoch (the inherited sockets keep their ids).
 pub fn forget() {
-    CLIENT.store(std::ptr::null_mut(), Ordering::Release);
+    CLIENTS[epoch() as usize].store(std::ptr::null_mut(), Ordering::Release);
     MODE.store(UNTRIED, Ordering::Release);
+}
+
+/// `TCPS_REATTACH` (`tcps run --reattach`; off unless 1/on/yes/true):
+/// after the server died, a new one at the same socket path is attached
+/// when it comes (`reattach.rs`).
+pub fn reattach_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        tcps::setting_str("TCPS_REATTACH")
+            .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "1" | "on" | "yes" | "true")))
+    })
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);

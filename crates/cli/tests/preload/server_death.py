@@ -5,7 +5,10 @@ error its sockets give (`accept error`, `recv error`, `epoll error`), each
 socket's EPOLLERR/EPOLLHUP (`errhup`), and, when a line `new` comes on
 stdin, makes a new listener (`relisten PORT`: after the server's death it
 falls back to the kernel, as --fallback says); commands come on stdin
-(a kernel pipe). On SIGTERM it prints how
+(a kernel pipe). With the argument `keep` (reattach.rs) a socket that
+failed is not closed but kept aside: the line `poke` sends a byte on each
+(`dead send error NAME`, `poked N`), `closedead` closes them (`closed N`).
+On SIGTERM it prints how
 many times its epoll_wait returned with events and how much CPU it used
 since the first error, and exits.
 """
@@ -28,6 +31,8 @@ socks = {lst.fileno(): ("listener", lst)}
 ep.register(0, select.EPOLLIN)
 print("listening", lst.getsockname()[1], flush=True)
 
+keep = sys.argv[1:] == ["keep"]
+dead = []
 first_error = None
 wakes_after = 0
 cpu_at_error = 0.0
@@ -55,10 +60,13 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 
 
-def drop(fd):
+def drop(fd, failed=False):
     kind, s = socks.pop(fd)
     ep.unregister(fd)
-    s.close()
+    if keep and failed:
+        dead.append(s)
+    else:
+        s.close()
 
 
 while True:
@@ -83,6 +91,19 @@ while True:
                 ep.register(n.fileno(), select.EPOLLIN)
                 socks[n.fileno()] = ("relistener", n)
                 print("relisten", n.getsockname()[1], flush=True)
+            elif line.strip() == b"poke":
+                for d in dead:
+                    try:
+                        d.send(b"x")
+                        print("dead send went through", flush=True)
+                    except OSError as e:
+                        print(f"dead send error {errno.errorcode.get(e.errno, e.errno)}", flush=True)
+                print("poked", len(dead), flush=True)
+            elif line.strip() == b"closedead":
+                for d in dead:
+                    d.close()
+                print("closed", len(dead), flush=True)
+                dead.clear()
             continue
         kind, s = socks.get(fd, (None, None))
         if s is None:
@@ -109,7 +130,7 @@ while True:
             continue
         except OSError as e:
             note_error(f"recv error {errno.errorcode.get(e.errno, e.errno)}")
-            drop(fd)
+            drop(fd, True)
             continue
         if not data:
             drop(fd)
@@ -118,4 +139,4 @@ while True:
             s.sendall(data)
         except OSError as e:
             note_error(f"send error {errno.errorcode.get(e.errno, e.errno)}")
-            drop(fd)
+            drop(fd, True)

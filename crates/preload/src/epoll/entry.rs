@@ -24,6 +24,8 @@ pub(super) const EXCLUSIVE_OK: u32 =
 pub(super) const READ_SIDE: u32 = EV_IN | EV_PRI | EV_RDHUP;
 
 pub(super) struct Entry {
+    /// The attachment epoch of the socket (`fdtable.rs`).
+    pub(super) epoch: u32,
     pub(super) id: u32,
     pub(super) events: u32,
     pub(super) data: u64,
@@ -73,9 +75,10 @@ impl Edges {
 }
 
 impl Entry {
-    pub(super) fn new(id: u32, ev: &epoll_event) -> Entry {
+    pub(super) fn new(epoch: u32, id: u32, ev: &epoll_event) -> Entry {
         let s = fdtable::id_state(id);
         Entry {
+            epoch,
             id,
             events: ev.events,
             data: ev.u64,
@@ -167,6 +170,7 @@ mod tests {
 
     fn entry(events: u32) -> Entry {
         Entry {
+            epoch: 1,
             id: 0,
             events,
             data: 0,

@@ -97,7 +97,7 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut epoll_event,
 ) -> c_int {
-    let Some(id) = fdtable::lookup(fd) else {
+    let Some((epoch, id)) = fdtable::lookup_at(fd) else {
         let r = real::epoll_ctl()(epfd, op, fd, ev);
         if r == 0 {
             let mut sets = sets();
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn epoll_ctl(
                 if exists { "MOD" } else { "ADD" },
                 { ev.events }
             );
-            s.insert(fd, Entry::new(id, ev));
+            s.insert(fd, Entry::new(epoch, id, ev));
             0
         }
         libc::EPOLL_CTL_DEL => match s.remove(fd) {
@@ -150,11 +150,20 @@ pub unsafe extern "C" fn epoll_ctl(
     }
 }
 
-/// One candidate of a pass: fd, and what its look started from.
+/// One candidate of a pass: fd, its socket, and what its look started
+/// from.
 struct Cand {
     fd: c_int,
+    epoch: u32,
     id: u32,
     x: Edges,
+}
+
+impl Cand {
+    /// Whether entry `e` still watches the socket this candidate looked at.
+    fn names(&self, e: &Entry) -> bool {
+        e.id == self.id && e.epoch == self.epoch
+    }
 }
 
 /// The candidates of a pass and the poll entries to ask the server about.
@@ -172,6 +181,8 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
     if s.entries.is_empty() {
         return (None, true);
     }
+    // After a reattach: the sockets of the new attachment (`Set::refresh`).
+    s.refresh(crate::state::epoch());
     s.refill(c);
     COUNTERS.epoll_passes.fetch_add(1, Ordering::Relaxed);
     COUNTERS
@@ -179,15 +190,25 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
         .fetch_add(s.ready.len() as u64, Ordering::Relaxed);
     let mut cands = Vec::new();
     let mut pfds = Vec::new();
-    let Set { entries, ready, .. } = s;
+    let Set {
+        entries,
+        ready,
+        epoch,
+        ..
+    } = s;
     ready.retain(|&fd| {
-        let Some(e) = entries.get_mut(&fd) else {
+        let Some(e) = entries.get_mut(&fd).filter(|e| e.epoch == *epoch) else {
             return false;
         };
         let x = Edges::of(c, e.id, e.events);
         let w = e.wanted(&x);
         if w != 0 {
-            cands.push(Cand { fd, id: e.id, x });
+            cands.push(Cand {
+                fd,
+                epoch: e.epoch,
+                id: e.id,
+                x,
+            });
             pfds.push(PollFd {
                 sock: e.id,
                 events: w as i16,
@@ -209,7 +230,7 @@ fn all_armed(c: &Client, epfd: c_int) -> Vec<PollFd> {
         return Vec::new();
     };
     let mut pfds = Vec::new();
-    for e in s.entries.values() {
+    for e in s.entries.values().filter(|e| e.epoch == s.epoch) {
         let w = e.wanted(&Edges::of(c, e.id, e.events));
         if w != 0 {
             pfds.push(PollFd {
@@ -234,7 +255,13 @@ fn watches(epfd: c_int, c: &Client) -> Vec<tcps::EdgeWatch> {
         return Vec::new();
     };
     let mut w = Vec::new();
-    for e in s.ready.iter().filter_map(|fd| s.entries.get(fd)) {
+    let live = |e: &&Entry| e.epoch == s.epoch;
+    for e in s
+        .ready
+        .iter()
+        .filter_map(|fd| s.entries.get(fd))
+        .filter(live)
+    {
         let x = Edges::of(c, e.id, e.events);
         if !e.sticky(&x) {
             continue;
@@ -248,6 +275,7 @@ fn watches(epfd: c_int, c: &Client) -> Vec<tcps::EdgeWatch> {
     let reads = s
         .entries
         .values()
+        .filter(live)
         .any(|e| !e.disabled && e.events & READ_SIDE != 0);
     if reads {
         w.push(tcps::EdgeWatch::READY_LOG);
@@ -275,7 +303,7 @@ fn collect(
     // until it is reported (there may be no room for it in this call).
     for (c, p) in cands.iter().zip(pfds) {
         if p.revents == 0 {
-            if let Some(e) = s.entries.get_mut(&c.fd).filter(|e| e.id == c.id) {
+            if let Some(e) = s.entries.get_mut(&c.fd).filter(|e| c.names(e)) {
                 e.rd_edge = c.x.rd_edge.or(e.rd_edge);
             }
         }
@@ -291,7 +319,7 @@ fn collect(
         let Some(e) = s.entries.get_mut(&c.fd) else {
             continue;
         };
-        if e.id != c.id {
+        if !c.names(e) {
             continue; // closed and reused meanwhile
         }
         let ev = (p.revents as u16 as u32) & (e.events | EV_ERR | EV_HUP);
@@ -326,7 +354,7 @@ fn collect(
 /// time), a ready one there was no room to report, a sticky one.
 fn relist(s: &mut Set, cands: &[Cand], pfds: &[PollFd], reported: &[bool]) {
     for (i, c) in cands.iter().enumerate() {
-        let Some(e) = s.entries.get_mut(&c.fd).filter(|e| e.id == c.id) else {
+        let Some(e) = s.entries.get_mut(&c.fd).filter(|e| c.names(e)) else {
             continue;
         };
         let ready = (pfds[i].revents as u16 as u32) & (e.events | EV_ERR | EV_HUP) != 0;
@@ -363,6 +391,18 @@ fn has_offloaded(epfd: c_int) -> bool {
     sets().get(&epfd).is_some_and(|s| !s.entries.is_empty())
 }
 
+/// Milliseconds left until `deadline` (`timeout` < 0: -1, forever).
+fn left(deadline: Option<std::time::Instant>, timeout: c_int) -> c_int {
+    match deadline {
+        None if timeout < 0 => -1,
+        None => 0,
+        Some(d) => d
+            .saturating_duration_since(std::time::Instant::now())
+            .as_millis()
+            .min(i32::MAX as u128) as c_int,
+    }
+}
+
 unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     if !has_offloaded(epfd) {
         return real::epoll_wait()(epfd, events, max, timeout);
@@ -370,87 +410,125 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
     if max <= 0 || events.is_null() {
         return fail(libc::EINVAL);
     }
-    let Some(c) = attach::for_existing() else {
-        return real::epoll_wait()(epfd, events, max, timeout);
-    };
     let max = max as usize;
     let deadline = (timeout > 0)
         .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
-    // The server died (now or during a wait that failed): `gone.rs`.
-    let gone_or = |e: i32| {
-        if crate::gone::gone(c) {
-            gone_wait(epfd, events, max, timeout)
-        } else {
-            fail(e)
-        }
-    };
     loop {
+        let Some(c) = attach::for_existing() else {
+            return real::epoll_wait()(epfd, events, max as c_int, left(deadline, timeout));
+        };
+        // The server died (now or during a wait that failed): `gone.rs`;
+        // None: a new server was attached meanwhile (`--reattach`).
         if crate::gone::gone(c) {
-            return gone_wait(epfd, events, max, timeout);
-        }
-        let (offloaded, has_kernel) = candidates(c, epfd);
-        let Some((cands, mut pfds)) = offloaded else {
-            return real::epoll_wait()(epfd, events, max as c_int, timeout);
-        };
-        // Non-blocking pass over both sides.
-        let mut ranks = vec![0u16; pfds.len()];
-        if !pfds.is_empty() {
-            if let Err(e) = crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0) {
-                return gone_or(crate::errno::errno_of(&e));
+            match gone_wait(epfd, events, max, left(deadline, timeout)) {
+                Some(n) => return n,
+                None => continue,
             }
         }
-        let mut out = Vec::new();
-        // Offloaded events leave the kernel side at least one slot.
-        let off_room = if has_kernel && max > 1 { max - 1 } else { max };
-        if !pfds.is_empty() {
-            // Also when nothing is ready: the look spends the edges.
-            collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
+        match live_pass(c, epfd, events, max, left(deadline, timeout)) {
+            Ok(Some(n)) => return n,
+            Ok(None) => {}
+            Err(_) if crate::gone::gone(c) => {}
+            Err(e) => return fail(e),
         }
-        let mut n = out.len();
-        std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
-        if has_kernel && n < max && (n == 0 || kernel_turn()) {
-            let k = real::epoll_wait()(epfd, events.add(n), (max - n) as c_int, 0);
-            if k > 0 {
-                n += k as usize;
-            } else if k < 0 && n == 0 {
-                return -1;
-            }
+    }
+}
+
+/// One pass of a wait on a live attachment: the events ready now (of the
+/// offloaded entries, the stale ones of a dead attachment, the kernel
+/// side), else a sleep until something may be ready (`Ok(None)`: look
+/// again) or `remaining` ms pass.
+unsafe fn live_pass(
+    c: &'static Client,
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: usize,
+    remaining: c_int,
+) -> Result<Option<c_int>, i32> {
+    let (offloaded, has_kernel) = candidates(c, epfd);
+    let Some((cands, mut pfds)) = offloaded else {
+        return Ok(Some(real::epoll_wait()(
+            epfd,
+            events,
+            max as c_int,
+            remaining,
+        )));
+    };
+    // Non-blocking pass over both sides.
+    let mut ranks = vec![0u16; pfds.len()];
+    if !pfds.is_empty() {
+        crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0)
+            .map_err(|e| crate::errno::errno_of(&e))?;
+    }
+    let mut out = Vec::new();
+    // Offloaded events leave the kernel side at least one slot.
+    let off_room = if has_kernel && max > 1 { max - 1 } else { max };
+    if !pfds.is_empty() {
+        // Also when nothing is ready: the look spends the edges.
+        collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
+    }
+    report_stale(epfd, &mut out, off_room);
+    let mut n = out.len();
+    std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
+    if has_kernel && n < max && (n == 0 || kernel_turn()) {
+        let k = real::epoll_wait()(epfd, events.add(n), (max - n) as c_int, 0);
+        if k > 0 {
+            n += k as usize;
+        } else if k < 0 && n == 0 {
+            return Ok(Some(-1));
         }
-        let remaining = match deadline {
-            None if timeout < 0 => -1,
-            None => 0,
-            Some(d) => d
-                .saturating_duration_since(std::time::Instant::now())
-                .as_millis()
-                .min(i32::MAX as u128) as c_int,
+    }
+    if n > 0 || remaining == 0 {
+        return Ok(Some(n as c_int));
+    }
+    // Nothing ready: block on both sides, then look again.
+    let mut kernel = Vec::new();
+    if has_kernel {
+        kernel.push(libc::pollfd {
+            fd: epfd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    if edge_sleep(c, epfd, &mut kernel, remaining)? {
+        return Ok(None);
+    }
+    // The old way: every armed entry, not only the listed ones (an
+    // arrival on any of them must end this wait).
+    let mut pfds = all_armed(c, epfd);
+    if pfds.is_empty() {
+        // Nothing armed (or nothing offloaded to watch): sleep like
+        // epoll_wait on the kernel side alone.
+        return Ok(Some(real::epoll_wait()(
+            epfd,
+            events,
+            max as c_int,
+            remaining,
+        )));
+    }
+    poll::wait_mixed(c, &mut pfds, &mut kernel, remaining)?;
+    Ok(None)
+}
+
+/// The stale entries of `epfd` (a dead attachment's, after a reattach):
+/// each reports EPOLLERR|EPOLLHUP once (per socket, `gone.rs`) into `out`
+/// (up to `room`), and is not looked at again.
+fn report_stale(epfd: c_int, out: &mut Vec<epoll_event>, room: usize) {
+    let mut sets = sets();
+    let Some(s) = sets.get_mut(&epfd) else { return };
+    while out.len() < room {
+        let Some(fd) = s.stale.pop() else { break };
+        let Some(e) = s.entries.get_mut(&fd) else {
+            continue;
         };
-        if n > 0 || remaining == 0 {
-            return n as c_int;
-        }
-        // Nothing ready: block on both sides, then look again.
-        let mut kernel = Vec::new();
-        if has_kernel {
-            kernel.push(libc::pollfd {
-                fd: epfd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
-        match edge_sleep(c, epfd, &mut kernel, remaining) {
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(e) => return gone_or(e),
-        }
-        // The old way: every armed entry, not only the listed ones (an
-        // arrival on any of them must end this wait).
-        let mut pfds = all_armed(c, epfd);
-        if pfds.is_empty() {
-            // Nothing armed (or nothing offloaded to watch): sleep like
-            // epoll_wait on the kernel side alone.
-            return real::epoll_wait()(epfd, events, max as c_int, remaining);
-        }
-        if let Err(e) = poll::wait_mixed(c, &mut pfds, &mut kernel, remaining) {
-            return gone_or(e);
+        if let Some(c) = crate::state::client_at(e.epoch) {
+            if !e.disabled && crate::gone::report_in_wait(c, e.id) {
+                out.push(epoll_event {
+                    events: EV_ERR | EV_HUP,
+                    u64: e.data,
+                });
+                e.disabled = e.events & EV_ONESHOT != 0;
+            }
         }
     }
 }
@@ -458,11 +536,21 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
 /// `epoll_wait` after the server died: each offloaded entry reports
 /// EPOLLERR|EPOLLHUP once (per socket, `gone.rs`), then the set waits on
 /// its kernel fds alone (with nothing else, it sleeps for `timeout`).
-unsafe fn gone_wait(epfd: c_int, events: *mut epoll_event, max: usize, timeout: c_int) -> c_int {
+/// With `--reattach` it sleeps in slices and tries to attach a server
+/// that came back between them: None when one was (look again).
+unsafe fn gone_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: usize,
+    timeout: c_int,
+) -> Option<c_int> {
     let mut out = Vec::new();
     if let Some(s) = sets().get_mut(&epfd) {
         for e in s.entries.values_mut() {
-            if out.len() < max && !e.disabled && crate::gone::report_in_wait(e.id) {
+            let Some(c) = crate::state::client_at(e.epoch) else {
+                continue;
+            };
+            if out.len() < max && !e.disabled && crate::gone::report_in_wait(c, e.id) {
                 out.push(epoll_event {
                     events: EV_ERR | EV_HUP,
                     u64: e.data,
@@ -474,14 +562,25 @@ unsafe fn gone_wait(epfd: c_int, events: *mut epoll_event, max: usize, timeout: 
     let n = out.len();
     std::ptr::copy_nonoverlapping(out.as_ptr(), events, n);
     if n == max {
-        return n as c_int;
+        return Some(n as c_int);
     }
-    let wait = if n > 0 { 0 } else { timeout };
-    let k = real::epoll_wait()(epfd, events.add(n), (max - n) as c_int, wait);
-    match k {
-        k if k > 0 => (n + k as usize) as c_int,
-        k if k < 0 && n == 0 => -1,
-        _ => n as c_int,
+    let deadline = (timeout > 0)
+        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+    loop {
+        let left = if n > 0 { 0 } else { left(deadline, timeout) };
+        let k = real::epoll_wait()(
+            epfd,
+            events.add(n),
+            (max - n) as c_int,
+            crate::reattach::slice(left),
+        );
+        match k {
+            k if k > 0 => return Some((n + k as usize) as c_int),
+            k if k < 0 && n == 0 => return Some(-1),
+            _ if left == 0 || n > 0 => return Some(n as c_int),
+            _ if crate::reattach::try_now() => return None,
+            _ => {}
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::entry::Entry;
 use crate::fdtable;
-use libc::c_int;
+use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
 use tcps::Client;
 
@@ -22,6 +22,13 @@ pub struct Set {
     /// Kernel fds registered in the real epoll fd (saturating; a closed fd
     /// leaves the count high, which only costs a real epoll_wait).
     pub(super) kernel_fds: usize,
+    /// The attachment epoch whose sockets the set watches at the server
+    /// (0: not looked at yet); entries of other epochs are a dead
+    /// attachment's (`--reattach`).
+    pub(super) epoch: u32,
+    /// Entries of a dead attachment not looked at since the set moved to a
+    /// new one: each reports its reset once (`gone.rs`), then is quiet.
+    pub(super) stale: Vec<c_int>,
 }
 
 impl Set {
@@ -41,8 +48,54 @@ impl Set {
             self.unindex(fd, old.id);
             self.ready.retain(|&f| f != fd);
         }
+        if self.epoch != 0 && self.entries.get(&fd).is_some_and(|e| e.epoch != self.epoch) {
+            self.stale.push(fd);
+            return;
+        }
         self.by_id.entry(id).or_default().push(fd);
         self.list(fd); // looked at once, as the kernel's ctl does
+    }
+
+    /// Moves the set to attachment epoch `cur` (after a reattach): an
+    /// entry whose fd names a socket of `cur` now (a listener taken over)
+    /// watches that socket, its edges fresh; entries of older epochs are
+    /// stale; the ready log of the new attachment is read from its start.
+    pub(super) fn refresh(&mut self, cur: u32) {
+        if self.epoch == cur {
+            return;
+        }
+        let first = self.epoch == 0;
+        self.epoch = cur;
+        self.by_id.clear();
+        self.ready.clear();
+        self.stale.clear();
+        let fds: Vec<c_int> = self.entries.keys().copied().collect();
+        for fd in fds {
+            let Some(e) = self.entries.get_mut(&fd) else {
+                continue;
+            };
+            e.listed = false;
+            match fdtable::lookup_at(fd) {
+                Some((ne, nid)) if ne == cur && (ne, nid) != (e.epoch, e.id) => {
+                    let ev = epoll_event {
+                        events: e.events,
+                        u64: e.data,
+                    };
+                    let disabled = e.disabled;
+                    *e = Entry::new(ne, nid, &ev);
+                    e.disabled = disabled;
+                }
+                _ => {}
+            }
+            if e.epoch == cur {
+                self.by_id.entry(e.id).or_default().push(fd);
+            } else {
+                self.stale.push(fd);
+            }
+        }
+        if !first {
+            self.log_cursor = None; // everything is looked at once
+        }
     }
 
     pub(super) fn remove(&mut self, fd: c_int) -> Option<Entry> {
@@ -51,6 +104,7 @@ impl Set {
         if e.listed {
             self.ready.retain(|&f| f != fd);
         }
+        self.stale.retain(|&f| f != fd);
         Some(e)
     }
 
