@@ -241,3 +241,58 @@ fn sendfile_round_trips(srv: &Server, dir: &TempDir, n: u32, async_send: bool) -
 fn sendfile_makes_no_round_trips() {
     compare_round_trips("writev + sendfile responses", 400, sendfile_round_trips);
 }
+
+/// A server that answers each of `n` connections with 8 KiB (more than the
+/// sends that never need SO_SNDBUF) and closes it.
+const ANSWER_EACH: &str = r#"
+import socket, sys
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+print(l.getsockname()[1], flush=True)
+for i in range(int(sys.argv[1])):
+    c, _ = l.accept()
+    c.sendall(bytes([i % 251]) * 8192)
+    c.close()
+"#;
+
+/// Connections a listener accepted start with the SO_SNDBUF its first one
+/// read: a server that sends more than a few KiB per connection pays no
+/// getsockopt round trip per connection (it paid one each before), and
+/// every connection still gets its bytes.
+#[test]
+fn accepted_connections_share_their_listeners_sndbuf() {
+    need("python3");
+    let srv = server();
+    let dir = TempDir::new("sndbuf");
+    let (stats, log) = (dir.path().join("p.stats"), dir.path().join("p.out"));
+    let n = 50u32;
+    let count = n.to_string();
+    let argv = ["python3", "-c", ANSWER_EACH, &count];
+    let mut child = command(Net::Tcps, &srv, &stats, &log, &argv)
+        .spawn()
+        .expect("spawn");
+    let t = std::time::Instant::now();
+    let port = loop {
+        if let Ok(p) = read(&log).trim().parse::<u16>() {
+            break p;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{}", read(&log));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for i in 0..n {
+        let mut k = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        k.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = Vec::new();
+        k.read_to_end(&mut got).unwrap();
+        assert!(got == vec![(i % 251) as u8; 8192], "connection {i}");
+    }
+    let h = counters_once_sent(&srv, child.id(), u64::from(n) * 8192)
+        .unwrap_or_else(|| panic!("host not in tcps stat\n{}", read(&log)));
+    assert!(wait_timeout(&mut child, Duration::from_secs(20)).is_some());
+    let reads = h["calls"]["GetSockOpt"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        reads <= 2,
+        "{reads} getsockopt round trips for {n} connections: {h}"
+    );
+}

@@ -42,6 +42,12 @@ pub struct IdState {
     /// SO_SNDBUF as read once for the send queue's bound (0: not read;
     /// `sendq.rs`).
     pub sndbuf: AtomicU32,
+    /// A listener's: the SO_SNDBUF its accepted connections start with, as
+    /// read on the first one (0: not yet; `sendq.rs`).
+    pub child_sndbuf: AtomicU32,
+    /// An accepted connection's: its listener's id + 1 while that
+    /// listener's `child_sndbuf` waits for this connection's read (0: none).
+    pub parent: AtomicU32,
     /// The attachment epoch whose socket this state is (0: none yet).
     epoch: AtomicU32,
 }
@@ -53,6 +59,8 @@ static IDS: [IdState; MAX_IDS] = [const {
         wr_seq: AtomicU32::new(0),
         full_seq: AtomicU32::new(0),
         sndbuf: AtomicU32::new(0),
+        child_sndbuf: AtomicU32::new(0),
+        parent: AtomicU32::new(0),
         epoch: AtomicU32::new(0),
     }
 }; MAX_IDS];
@@ -91,12 +99,13 @@ fn count(epoch: u32, id: u32) {
         // A newer attachment's socket under an id an older one used: the
         // state is this one's from now on.
         st.refs.store(0, Ordering::Relaxed);
-        st.sndbuf.store(0, Ordering::Relaxed);
         st.epoch.store(epoch, Ordering::Release);
     }
     if epoch >= owner && st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
         // A new socket under a reused id: its SO_SNDBUF is read anew.
-        st.sndbuf.store(0, Ordering::Relaxed);
+        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent] {
+            v.store(0, Ordering::Relaxed);
+        }
     }
 }
 

@@ -36,6 +36,11 @@ pub fn enabled() -> bool {
 }
 
 /// The socket's SO_SNDBUF, read once (a round trip) and cached per id.
+/// The first connection a listener accepted reads it for all that follow
+/// ([`accepted`]): the kernel gives a listener's connections the same
+/// start (the listener's SO_SNDBUF if the program set one, else what the
+/// route autotunes to), and a per-connection round trip would cost a
+/// short-lived connection (an HTTP/1.0 request) more than its send.
 fn sndbuf(c: &Client, id: u32) -> u64 {
     let st = fdtable::id_state(id);
     let v = st.sndbuf.load(Ordering::Relaxed);
@@ -49,12 +54,35 @@ fn sndbuf(c: &Client, id: u32) -> u64 {
         .filter(|&v| v > 0)
         .unwrap_or(SURE_ROOM as u32);
     st.sndbuf.store(v, Ordering::Relaxed);
+    if let Some(listener) = st.parent.swap(0, Ordering::Relaxed).checked_sub(1) {
+        let l = fdtable::id_state(listener);
+        let _ = l
+            .child_sndbuf
+            .compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
+    }
     u64::from(v)
 }
 
-/// The program set SO_SNDBUF: read it again at the next send.
+/// Connection `id` was accepted from `listener`: it starts with the
+/// SO_SNDBUF the listener's first connection read, or reads it for the
+/// ones after it.
+pub fn accepted(listener: u32, id: u32) {
+    let st = fdtable::id_state(id);
+    match fdtable::id_state(listener)
+        .child_sndbuf
+        .load(Ordering::Relaxed)
+    {
+        0 => st.parent.store(listener + 1, Ordering::Relaxed),
+        v => st.sndbuf.store(v, Ordering::Relaxed),
+    }
+}
+
+/// The program set SO_SNDBUF: read it again at the next send (and, on a
+/// listener, on its next connection).
 pub fn sndbuf_changed(id: u32) {
-    fdtable::id_state(id).sndbuf.store(0, Ordering::Relaxed);
+    let st = fdtable::id_state(id);
+    st.sndbuf.store(0, Ordering::Relaxed);
+    st.child_sndbuf.store(0, Ordering::Relaxed);
 }
 
 /// Bytes that fit into `id`'s send queue now, capped at `want`

@@ -239,6 +239,7 @@ pub unsafe extern "C" fn accept4(
             }
             Ok((tcps::Accepted::Offloaded(nid), full)) => match adopt(c, nid, flags) {
                 Ok(nfd) => {
+                    crate::sendq::accepted(id, nid);
                     COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
                     put_addr(&buf[..want], full, addr, len);
                     debug!("accept(fd {fd}) = fd {nfd} (tcps socket {nid})");
