@@ -364,6 +364,17 @@ fn run_remote(n: &Nodes, addr: &str, dir: &Path, argv: &[&str], out: &Path) -> I
     )
 }
 
+/// Signals the process (`sig`) and waits up to 10 s for it to exit.
+fn stop_gracefully(mut p: InNs, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(p.0.id() as i32, sig) };
+    let t = Instant::now();
+    while p.0.try_wait().ok().flatten().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A GET from the client node: the body, or None.
 fn curl(n: &Nodes, url: &str) -> Option<Vec<u8>> {
     let out = in_ns(&n.cli, &["curl", "-sf", "--max-time", "20", url])
@@ -412,10 +423,21 @@ fn www(root: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Every file fetched from the client node is the file (SHA-256).
-fn fetch_all(n: &Nodes, base: &str, files: &[(String, Vec<u8>)], what: &str) {
+fn fetch_all(
+    n: &Nodes,
+    base: &str,
+    files: &[(String, Vec<u8>)],
+    what: &str,
+    log: &dyn Fn() -> String,
+) {
     for (name, bytes) in files {
-        let got = curl(n, &format!("{base}/{name}"))
-            .unwrap_or_else(|| panic!("{what}: GET /{name} failed"));
+        let got = curl(n, &format!("{base}/{name}")).unwrap_or_else(|| {
+            let again = in_ns(&n.cli, &["curl", "-sS", "-v", "--max-time", "20"])
+                .arg(format!("{base}/{name}"))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
+            panic!("{what}: GET /{name} failed (again: {again:?})\n{}", log())
+        });
         assert_eq!(
             (got.len(), sha256(&got)),
             (bytes.len(), sha256(bytes)),
@@ -472,7 +494,7 @@ fn cluster_web_server_serves_curl_across_namespaces() {
     };
     let base = format!("http://{}:8080", n.srv_cli_addr);
     wait_http(&n, &format!("{base}/one.bin"), &logs);
-    fetch_all(&n, &base, &files, "webserver");
+    fetch_all(&n, &base, &files, "webserver", &logs);
     let dynamic = curl(&n, &format!("{base}/dynamic/300000")).expect("GET /dynamic");
     assert_eq!(dynamic.len(), 300_000);
     assert!(dynamic.iter().all(u8::is_ascii_lowercase));
@@ -516,10 +538,11 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     let root = d.join("www");
     let files = www(&root);
     std::fs::create_dir_all(d.join("tmp")).unwrap();
-    // One process (master_process off): a forked worker would not inherit
-    // sockets across nodes.
+    // The default master process and two workers: each worker, forked by
+    // the master, attaches through its own helper and claims the master's
+    // sockets (the listener) from the server node.
     let conf = format!(
-        "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {d}/nginx.pid;\n\
+        "worker_processes 2;\ndaemon off;\npid {d}/nginx.pid;\n\
          error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
          http {{\n access_log off;\n sendfile on;\n client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
          fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
@@ -550,9 +573,24 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     };
     let base = format!("http://{}:8081", n.srv_cli_addr);
     wait_http(&n, &format!("{base}/one.bin"), &logs);
-    fetch_all(&n, &base, &files, "nginx");
-    drop(nginx);
-    wait_freed(&socket, Duration::from_secs(5), &logs);
+    // The master and its two workers are hosts of the server node; the
+    // workers serve (the master only listened).
+    let t = Instant::now();
+    while hosts_attached(&socket) != 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for round in 0..3 {
+        fetch_all(&n, &base, &files, &format!("nginx, round {round}"), &logs);
+    }
+    assert!(
+        logs().contains("child inherited its parent's sockets"),
+        "{}",
+        logs()
+    );
+    // Stopped as an operator would (the workers go with the master).
+    stop_gracefully(nginx, libc::SIGQUIT);
+    wait_freed(&socket, Duration::from_secs(10), &logs);
 
     let out = d.join("redis.out");
     let redis = run_remote(

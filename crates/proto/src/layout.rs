@@ -28,7 +28,7 @@ use std::sync::atomic::AtomicU32;
 /// Identifies a tcps channel region and control message ("TCPSCHN1").
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TCPSCHN1");
 /// Protocol version; bumped on any change to the shared layout or messages.
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 
 pub const PAGE: usize = 4096;
 pub const HEADER_SIZE: usize = PAGE;

@@ -11,6 +11,13 @@
 //! anew — a new `owner` or `binds` — restarts at 0 here too) and the send
 //! queues' descriptors and `head`.
 //!
+//! Registered memory (the library's memfds, mapped here as `RegCopy`s
+//! when the helper forwards their `Register`): the bytes a new send-queue
+//! descriptor or a `SendReg` request names go out as registration spans
+//! in the same batch, before the descriptor (and `head`) or the request,
+//! so the server sends from its copy what the host queued; what a
+//! `RecvReg` received comes back the same way before its completion.
+//!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the
 //! doorbell eventfd the pump sleeps on (one write per post; the pump could
@@ -18,11 +25,12 @@
 
 use tcps_fabric::wire::{self, Spans};
 use tcps_proto::layout::Layout;
-use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
+use tcps_proto::mirror::{zone, Kind, RegCopy, SpanRefused, Writer};
 use tcps_proto::msg::{Op, Request};
 use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::{stamp, Region};
-use tcps_proto::ring::HostCursor;
+use tcps_proto::ring::{HostCursor, ServerCursor};
+use tcps_proto::sendq::{DESC_FILE, MAX_REGISTRATIONS};
 use tcps_proto::wake::Woke;
 
 /// Offset of `server_sleeping` (and the server's two words after it).
@@ -47,6 +55,8 @@ pub struct HostPump {
     heads: Vec<[u8; 4]>,
     /// Each send queue's `head` as last shipped.
     sq_heads: Vec<u32>,
+    /// The library's registrations, by handle.
+    regs: Vec<Option<RegCopy>>,
 }
 
 /// Why a server batch could not be applied (the link is then dropped).
@@ -64,6 +74,26 @@ impl HostPump {
             used: [0; 4],
             heads: vec![[0; 4]; layout.recv_rings as usize],
             sq_heads: vec![0; layout.send_queues as usize],
+            regs: Vec::new(),
+        }
+    }
+
+    /// Registration `handle` (the library's memfd, mapped), once the
+    /// server took it.
+    pub fn add_registration(&mut self, handle: u32, copy: RegCopy) {
+        let h = handle as usize;
+        if handle >= MAX_REGISTRATIONS {
+            return;
+        }
+        if self.regs.len() <= h {
+            self.regs.resize_with(h + 1, || None);
+        }
+        self.regs[h] = Some(copy);
+    }
+
+    pub fn drop_registration(&mut self, handle: u32) {
+        if let Some(r) = self.regs.get_mut(handle as usize) {
+            *r = None;
         }
     }
 
@@ -100,6 +130,16 @@ impl HostPump {
                     break;
                 }
                 ship_in_args(region, &l, base, &b, out);
+                let r = Request::from_slot(&b);
+                if Op::from_u16(r.op) == Some(Op::SendReg) {
+                    ship_reg(
+                        &self.regs,
+                        r.args[0] as u32,
+                        r.args[1],
+                        r.args[2] as usize,
+                        out,
+                    );
+                }
                 out.push(at as u32, &b);
                 chan.shipped = chan.shipped.wrapping_add(1);
             }
@@ -137,11 +177,19 @@ impl HostPump {
             if head == *shipped {
                 continue;
             }
-            let n = head.wrapping_sub(*shipped).min(e);
+            // A queue bound anew starts again at 0 (the library's
+            // `reset_head`): only its new descriptors go.
+            let n = match head.wrapping_sub(*shipped) {
+                n if n > e => head.min(e),
+                n => n,
+            };
             for seq in head.wrapping_sub(n)..head.wrapping_sub(n).wrapping_add(n) {
                 let at = base + 192 + 32 * (seq % e) as usize;
                 let mut d = [0u8; 32];
                 if region.read_span(at, &mut d).is_ok() {
+                    if let Some((mem, off, len)) = desc_range(&d) {
+                        ship_reg(&self.regs, mem, off, len, out);
+                    }
                     out.push(at as u32, &d);
                 }
             }
@@ -159,6 +207,20 @@ impl HostPump {
         }
         let r = (off - first) / l.rq_stride();
         (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
+    }
+
+    /// The channel whose line 2 (`req_head`, `cq_tail`) starts at `off`.
+    fn channel_line2(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let c = off.checked_sub(l.channel_offset(0))? / l.channel_stride();
+        (c < l.n_channels as usize && off == l.channel_offset(c as u32) + 128).then_some(c as u32)
+    }
+
+    /// The send queue whose line 2 (`active`…) starts at `off`, if any.
+    fn queue_line2(&self, off: usize) -> Option<usize> {
+        let l = &self.layout;
+        let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
+        (q < l.send_queues as usize && off == l.send_queue_offset(q as u32) + 128).then_some(q)
     }
 
     /// The receive/accept ring whose server lines (1 or 2) `off` is in.
@@ -186,9 +248,19 @@ impl HostPump {
     pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<Woke, Refused> {
         let l = self.layout;
         let mut woken = Vec::new();
+        let mut rooms = Vec::new();
         let (mut rings, mut queues, mut log) = (Vec::new(), Vec::new(), false);
         for span in wire::spans(header, data) {
             let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
+            if off == wire::REG_SPAN {
+                // What a `RecvReg` received; a registration the library
+                // dropped meanwhile takes nothing.
+                let (handle, at, data) = wire::reg_span(bytes).ok_or(Refused::Malformed)?;
+                if let Some(copy) = self.regs.get(handle as usize).and_then(Option::as_ref) {
+                    copy.apply(at, data).map_err(Refused::Span)?;
+                }
+                continue;
+            }
             let mut off = off as usize;
             let mut bytes = bytes;
             if off == SERVER_WORDS && bytes.len() >= 4 {
@@ -200,16 +272,28 @@ impl HostPump {
                 }
             }
             let ring = self.ring_line2(off);
+            let queue = self.queue_line2(off);
             // `owner` and `binds`: either changed, the ring was bound anew.
             let mut was = [0u8; 16];
-            if ring.is_some() {
+            if ring.is_some() || queue.is_some() {
                 let _ = region.read_span(off, &mut was);
             }
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
-            let rebound = bytes.get(..4) != Some(&was[..4])
+            // Ring line 2: `owner` then `binds` at 12; queue line 2: `owner`
+            // at 8, `binds` at 12.
+            let owner_at = if queue.is_some() { 8 } else { 0 };
+            let rebound = bytes.get(owner_at..owner_at + 4) != Some(&was[owner_at..owner_at + 4])
                 || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
+            if let Some(q) = queue.filter(|_| rebound) {
+                // Bound anew (the server's bind stored head = 0 in its
+                // copy): the queue restarts at 0 here too, before the
+                // library hears of the binding (it comes later in order).
+                let at = self.layout.send_queue_offset(q as u32);
+                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+                self.sq_heads[q] = 0;
+            }
             if let Some(r) = ring.filter(|_| rebound) {
                 // Bound anew: the server's bind stored head = 0 in its copy;
                 // head is the host's to write here.
@@ -224,6 +308,8 @@ impl HostPump {
                     woken.push(c);
                 }
             }
+            // A channel's line 2 (`req_head` moved): its room waiters.
+            rooms.extend(self.channel_line2(off));
             log |= off == READY_LOG_OFFSET;
             if let Some(r) = self.ring_of(off).filter(|r| !rings.contains(r)) {
                 rings.push(r);
@@ -235,6 +321,11 @@ impl HostPump {
         for c in woken {
             if let Some(ch) = region.channel(c) {
                 HostCursor::wake_sleepers(&ch);
+            }
+        }
+        for c in rooms {
+            if let Some(ch) = region.channel(c).filter(ServerCursor::room_wanted) {
+                ServerCursor::wake_room(&ch);
             }
         }
         let mut woke = Woke::default();
@@ -249,6 +340,31 @@ impl HostPump {
         }
         Ok(woke)
     }
+}
+
+/// Ships `len` bytes at `off` of registration `handle` (none if it is
+/// unknown or the range is outside it: the server then fails the send).
+fn ship_reg(regs: &[Option<RegCopy>], handle: u32, off: u64, len: usize, out: &mut Spans) {
+    let Some(copy) = regs.get(handle as usize).and_then(Option::as_ref) else {
+        return;
+    };
+    if len == 0 || len > copy.len() {
+        return;
+    }
+    let mut bytes = vec![0u8; len];
+    if copy.read(off, &mut bytes).is_ok() {
+        out.push_reg(handle, off, &bytes);
+    }
+}
+
+/// The registration range a send-queue descriptor (32 bytes) sends from:
+/// `(mem, off, len)`, none for a file range.
+fn desc_range(d: &[u8; 32]) -> Option<(u32, u64, usize)> {
+    let off = u64::from_le_bytes(d[..8].try_into().ok()?);
+    let len = u32::from_le_bytes(d[8..12].try_into().ok()?);
+    let mem = u16::from_le_bytes([d[12], d[13]]);
+    let flags = u16::from_le_bytes([d[14], d[15]]);
+    (flags & DESC_FILE == 0).then_some((u32::from(mem), off, len as usize))
 }
 
 fn join(a: &mut Woke, b: Woke) {

@@ -39,7 +39,11 @@ pub struct SendQueueCtl {
     /// Server-written: the socket id + 1 the queue is bound to; 0 when free
     /// (after the socket was closed and its sends finished).
     pub owner: AtomicU32,
-    _pad2: [u8; 52],
+    /// Server-written: binds of this queue (free-running), stored before
+    /// `owner`: over a fabric a queue bound again to the same socket id
+    /// shows a new value here (the host's pump then restarts its `head`).
+    pub binds: AtomicU32,
+    _pad2: [u8; 48],
 }
 
 // Under loom the atomics are loom's (bigger); the block is then never mapped.
@@ -64,7 +68,8 @@ impl SendQueueCtl {
             active: AtomicU32::new(0),
             kicks_seen: AtomicU32::new(0),
             owner: AtomicU32::new(0),
-            _pad2: [0; 52],
+            binds: AtomicU32::new(0),
+            _pad2: [0; 48],
         }
     }
 }

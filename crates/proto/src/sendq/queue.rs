@@ -262,6 +262,7 @@ impl<'a> SendQueueConsumer<'a> {
         ctl.misuse.store(0, Ordering::Relaxed);
         ctl.bytes_done.store(0, Ordering::Relaxed);
         ctl.done.store(start, Ordering::Relaxed);
+        ctl.binds.fetch_add(1, Ordering::Relaxed);
         ctl.owner.store(sid + 1, Ordering::Release);
     }
 

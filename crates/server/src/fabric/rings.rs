@@ -43,8 +43,8 @@ pub struct Rings {
     shadow: Vec<Shadow>,
     /// Each send queue's server lines (line 1: `done`, `error`,
     /// `error_seq`, `misuse`, `bytes_done`; line 2: `active`,
-    /// `kicks_seen`, `owner`) as last shipped.
-    queues: Vec<[u8; 36]>,
+    /// `kicks_seen`, `owner`, `binds`) as last shipped.
+    queues: Vec<[u8; 40]>,
     /// The ready log's `tail` as last shipped.
     log_shipped: u32,
 }
@@ -57,7 +57,7 @@ impl Rings {
     pub fn new(l: &Layout) -> Rings {
         Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
-            queues: vec![[0; 36]; l.send_queues as usize],
+            queues: vec![[0; 40]; l.send_queues as usize],
             log_shipped: 0,
         }
     }
@@ -66,7 +66,7 @@ impl Rings {
     fn collect_queues(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
         for (q, shadow) in self.queues.iter_mut().enumerate() {
             let base = l.send_queue_offset(q as u32);
-            let mut lines = [0u8; 36];
+            let mut lines = [0u8; 40];
             let (l1, l2) = lines.split_at_mut(24);
             if region.read_span(base + 2 * LINE, l2).is_err()
                 || region.read_span(base + LINE, l1).is_err()
@@ -106,8 +106,13 @@ impl Rings {
     pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
         let mut log_tail = [0u8; 4];
         let log_read = region.read_span(READY_LOG_OFFSET, &mut log_tail).is_ok();
+        // An accept record may name a send queue the server bound for the
+        // connection (`SETUP_SENDQ`, `done` reset): the queues are read
+        // after the rings and shipped before them.
+        let mut rings = Spans::new();
+        self.collect_rings(l, region, &mut rings);
         self.collect_queues(l, region, out);
-        self.collect_rings(l, region, out);
+        out.append(&mut rings);
         if log_read {
             self.collect_log(region, u32::from_le_bytes(log_tail), out);
         }

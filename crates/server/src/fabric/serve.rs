@@ -14,6 +14,7 @@
 //! thread sleeps on those, with a 5 ms backstop.
 
 use super::attach::{Attach, Step};
+use super::control::Ctl;
 use super::pump::ServerPump;
 use crate::config::{Config, FabricConfig};
 use crate::control::{admit_host, host_region, WorkerHandle};
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tcps_fabric::auth::Secret;
 use tcps_fabric::wire::{
-    Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
+    Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_CONTROL, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
 use tcps_proto::handshake::ControlMsg;
@@ -49,6 +50,8 @@ struct Live {
     /// When the host was last heard from, and last sent anything.
     heard: Instant,
     sent: Instant,
+    /// Its control messages forwarded to the worker (`control`).
+    ctl: Ctl,
 }
 
 /// A gap this long in the thread's own loop (it sleeps at most
@@ -72,12 +75,15 @@ impl Live {
         }
     }
 
-    /// Takes the worker's answer (doorbell 0) if it came; empties the bell.
-    fn drain_bell(&mut self) {
+    /// Takes the worker's answer (doorbell 0) if it came; empties the bell;
+    /// relays the worker's later replies to the host (`control`).
+    fn drain_bell(&mut self, ep: &Endpoint) {
         let mut b = [0u8; 64];
         if let Some(bell) = &self.bell {
             // SAFETY: reading a non-blocking pipe into a local buffer.
             while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+            let control = self.control.as_raw_fd();
+            self.ctl.relay(&mut self.pump, control, ep);
             return;
         }
         let fd = self.control.as_raw_fd();
@@ -110,6 +116,8 @@ enum State {
 struct Conn {
     ep: Endpoint,
     state: State,
+    /// The host's fabric address (its node), from the connection request.
+    peer: Option<std::net::IpAddr>,
 }
 
 /// Everything the thread needs of the server.
@@ -137,7 +145,7 @@ impl Fabric {
         // Active messages only: the server is never the target of a put.
         let ctx = Context::new(&ContextOptions::default()).map_err(|e| err(format!("UCX: {e}")))?;
         let worker = Worker::new(&ctx).map_err(|e| err(format!("UCX: {e}")))?;
-        for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE] {
+        for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE, AM_CONTROL] {
             worker
                 .set_am_handler(id)
                 .map_err(|e| err(format!("UCX: {e}")))?;
@@ -189,7 +197,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
         }
         for c in conns.values_mut() {
             if let State::Live(l) = &mut c.state {
-                l.drain_bell();
+                l.drain_bell(&c.ep);
             }
         }
         if srv.shared.stopping.load(Ordering::Relaxed) {
@@ -197,10 +205,11 @@ pub fn serve(fabric: Fabric, srv: Server) {
         }
         fabric.worker.progress();
         while let Some(req) = fabric.listener.take_request() {
+            let peer = req.peer_addr().map(|a| a.ip());
             match req.accept() {
                 Ok(ep) => {
                     let state = State::Attaching(Attach::new(Instant::now()));
-                    conns.insert(ep.tag(), Conn { ep, state });
+                    conns.insert(ep.tag(), Conn { ep, state, peer });
                 }
                 Err(e) => warn!("fabric: cannot accept a connection: {e}"),
             }
@@ -239,6 +248,11 @@ pub fn serve(fabric: Fabric, srv: Server) {
                         }
                     }
                 }
+                State::Live(l) if m.id == AM_CONTROL => {
+                    let control = l.control.as_raw_fd();
+                    l.ctl
+                        .from_host(&srv.cfg, &mut l.pump, control, &conn.ep, &m.header)
+                }
                 State::Live(_) => m.id == AM_KEEPALIVE,
             };
             if !keep {
@@ -254,9 +268,10 @@ pub fn serve(fabric: Fabric, srv: Server) {
 fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bool) {
     let wait = if any_live { BACKSTOP_MS } else { 100 };
     let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
-    fds.extend(conns.values().filter_map(|c| match &c.state {
-        State::Live(l) => Some(l.watched()),
-        State::Attaching(_) => None,
+    fds.extend(conns.values().flat_map(|c| match &c.state {
+        // The worker's replies to forwarded control messages too.
+        State::Live(l) => vec![l.watched(), l.control.as_raw_fd()],
+        State::Attaching(_) => Vec::new(),
     }));
     let mut pfds: Vec<libc::pollfd> = fds
         .into_iter()
@@ -333,7 +348,7 @@ fn attach_step(
             *next_id += 1;
             let w = &srv.workers[*next_worker % srv.workers.len().max(1)];
             *next_worker += 1;
-            match new_remote_host(*next_id, &srv.cfg, pid, uid, w) {
+            match new_remote_host(*next_id, &srv.cfg, (pid, uid, conn.peer), w) {
                 Ok(live) => {
                     info!(host = live.id, pid, uid, "remote host attached");
                     welcome(&conn.ep, 0, srv.cfg.layout.to_words(), String::new());
@@ -355,8 +370,7 @@ fn attach_step(
 fn new_remote_host(
     id: u64,
     cfg: &Config,
-    pid: u32,
-    uid: u32,
+    (pid, uid, peer): (u32, u32, Option<std::net::IpAddr>),
     w: &WorkerHandle,
 ) -> std::io::Result<Live> {
     let io = std::io::Error::from_raw_os_error;
@@ -365,7 +379,7 @@ fn new_remote_host(
     ServerPump::init(&pump_region);
     let doorbell = sys::eventfd().map_err(io)?;
     let pump_doorbell = doorbell.try_clone()?;
-    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let (a, b) = super::control::socket_pair()?;
     let ask = ControlMsg::HostDoorbell { handle: 0 }.encode();
     tcps_proto::fdpass::send_with_fds(b.as_raw_fd(), &ask, &[])?;
     let host = NewHost {
@@ -373,9 +387,10 @@ fn new_remote_host(
         pid,
         uid,
         region,
-        control: OwnedFd::from(a),
+        control: a,
         doorbell,
         remote: true,
+        fabric_peer: peer,
         memfd: None,
     };
     if let Ok(mut inbox) = w.inbox.hosts.lock() {
@@ -387,10 +402,11 @@ fn new_remote_host(
         pump: ServerPump::new(cfg.layout),
         region: pump_region,
         doorbell: pump_doorbell,
-        control: OwnedFd::from(b),
+        control: b,
         bell: None,
         heard: Instant::now(),
         sent: Instant::now(),
+        ctl: Ctl::default(),
     })
 }
 
