@@ -693,6 +693,110 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     drop(server);
 }
 
+/// Fork over the fabric: a Python prefork server under `tcps run
+/// --remote` on the application node (the parent listens and forks two
+/// children, which accept and serve; the parent never accepts) echoes
+/// payloads of up to 1 MiB to clients on the client node, byte for byte
+/// with their SHA-256; every answer comes from a child.
+#[test]
+fn cluster_forked_children_serve_the_parents_listener() {
+    let n = nodes();
+    let dir = TempDir::new("cluster-fork");
+    key_file(dir.path(), "fabric.key", SECRET);
+    let (server, socket, log, addr) = start_server(&n, dir.path());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fabric_host/prefork_echo.py"
+    );
+    let out = dir.path().join("prefork.out");
+    let argv = ["python3", script, "serve", "8083", "2"];
+    let parent = run_remote(&n, &addr, dir.path(), &argv, &out);
+    let logs = || {
+        std::fs::read_to_string(&out).unwrap_or_default()
+            + &std::fs::read_to_string(&log).unwrap_or_default()
+    };
+    let t = Instant::now();
+    let pids: Vec<i32> = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.starts_with("LISTENING ")) {
+            break l
+                .split_whitespace()
+                .skip(1)
+                .map(|p| p.parse().unwrap())
+                .collect();
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The parent and its two children are hosts of the server node.
+    while hosts_attached(&socket) != 3 {
+        assert!(t.elapsed() < Duration::from_secs(15), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let host = n.srv_cli_addr.clone();
+    let mut served_by = std::collections::BTreeSet::new();
+    for (i, size) in [
+        1usize,
+        1000,
+        65_536,
+        300_001,
+        (1 << 20) + 3,
+        17,
+        4096,
+        200_000,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let get = in_ns(
+            &n.cli,
+            &[
+                "python3",
+                script,
+                "get",
+                &host,
+                "8083",
+                &size.to_string(),
+                &i.to_string(),
+            ],
+        )
+        .output()
+        .unwrap();
+        let said = String::from_utf8_lossy(&get.stdout).trim().to_string();
+        let pid: i32 = said
+            .strip_prefix("OK ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{size} bytes: {said} {}\n{}",
+                    String::from_utf8_lossy(&get.stderr),
+                    logs()
+                )
+            });
+        assert!(
+            pids[1..].contains(&pid),
+            "served by {pid}, not a child of {pids:?}"
+        );
+        served_by.insert(pid);
+    }
+    eprintln!("served by the children {served_by:?} of {}", pids[0]);
+    assert!(
+        logs()
+            .matches("child inherited its parent's sockets")
+            .count()
+            >= 2,
+        "{}",
+        logs()
+    );
+    for &pid in &pids[1..] {
+        // SAFETY: kill(2) of the children this test's program forked.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    drop(parent);
+    wait_freed(&socket, Duration::from_secs(5), &logs);
+    drop(server);
+}
+
 /// A native host blocked in `accept` (run by
 /// `cluster_cut_link_fails_calls_within_a_second` on the application
 /// node): prints READY, then how its accept and a later call failed.
