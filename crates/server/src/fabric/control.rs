@@ -122,7 +122,7 @@ impl Ctl {
 impl Ctl {
     /// Carries out a host's control message: to the worker on `control`,
     /// or answered on `ep`. False: cut the host off.
-    pub fn from_host(
+    pub fn carry_out(
         &mut self,
         cfg: &Config,
         pump: &mut ServerPump,
@@ -146,12 +146,14 @@ impl Ctl {
     }
 
     /// The worker's replies waiting on `control`, to the host in order.
-    pub fn relay(&mut self, pump: &mut ServerPump, control: RawFd, ep: &Endpoint) {
+    /// False: the worker hung up (it cut the host off).
+    pub fn relay(&mut self, pump: &mut ServerPump, control: RawFd, ep: &Endpoint) -> bool {
         loop {
             let mut b = [0u8; CONTROL_MSG_LEN + 1];
             let n = match fdpass::recv_with_fds(control, &mut b, libc::MSG_DONTWAIT) {
                 Ok((n, _)) if n > 0 => n,
-                _ => return,
+                Ok(_) => return false,
+                Err(e) => return e.raw_os_error() == Some(libc::EAGAIN),
             };
             let reply = ControlMsg::decode(&b[..n]).and_then(|m| self.on_reply(pump, m));
             if let Some(r) = reply {
@@ -192,9 +194,10 @@ mod tests {
     use crate::fabric::test_region::layout;
 
     fn cfg() -> Config {
-        let mut c = Config::default();
-        c.max_registered_bytes_per_host = 1 << 20;
-        c
+        Config {
+            max_registered_bytes_per_host: 1 << 20,
+            ..Config::default()
+        }
     }
 
     #[test]

@@ -76,26 +76,30 @@ impl Live {
     }
 
     /// Takes the worker's answer (doorbell 0) if it came; empties the bell;
-    /// relays the worker's later replies to the host (`control`).
-    fn drain_bell(&mut self, ep: &Endpoint) {
+    /// relays the worker's later replies to the host (`control`). False:
+    /// the worker hung up the stand-in (it cut the host off).
+    fn drain_bell(&mut self, ep: &Endpoint) -> bool {
         let mut b = [0u8; 64];
         if let Some(bell) = &self.bell {
             // SAFETY: reading a non-blocking pipe into a local buffer.
             while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
             let control = self.control.as_raw_fd();
-            self.ctl.relay(&mut self.pump, control, ep);
-            return;
+            return self.ctl.relay(&mut self.pump, control, ep);
         }
         let fd = self.control.as_raw_fd();
-        if let Ok((n, mut got)) = tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT)
-        {
-            let ok = matches!(
-                ControlMsg::decode(&b[..n]),
-                Some(ControlMsg::Reply { errno: 0, .. })
-            );
-            if ok && got.len() == 1 {
-                self.bell = got.pop();
+        match tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+            Ok((0, _)) => false,
+            Ok((n, mut got)) => {
+                let ok = matches!(
+                    ControlMsg::decode(&b[..n]),
+                    Some(ControlMsg::Reply { errno: 0, .. })
+                );
+                if ok && got.len() == 1 {
+                    self.bell = got.pop();
+                }
+                true
             }
+            Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
         }
     }
 }
@@ -195,11 +199,10 @@ pub fn serve(fabric: Fabric, srv: Server) {
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
             sleep(&fabric, &srv, &conns, any_live);
         }
-        for c in conns.values_mut() {
-            if let State::Live(l) = &mut c.state {
-                l.drain_bell(&c.ep);
-            }
-        }
+        conns.retain(|_, c| match &mut c.state {
+            State::Live(l) => l.drain_bell(&c.ep),
+            State::Attaching(_) => true,
+        });
         if srv.shared.stopping.load(Ordering::Relaxed) {
             return;
         }
@@ -251,7 +254,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
                 State::Live(l) if m.id == AM_CONTROL => {
                     let control = l.control.as_raw_fd();
                     l.ctl
-                        .from_host(&srv.cfg, &mut l.pump, control, &conn.ep, &m.header)
+                        .carry_out(&srv.cfg, &mut l.pump, control, &conn.ep, &m.header)
                 }
                 State::Live(_) => m.id == AM_KEEPALIVE,
             };
