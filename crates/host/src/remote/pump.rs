@@ -672,4 +672,106 @@ mod tests {
         );
         assert_eq!(pump.apply(&host, &h[..2], &d), Err(Refused::Malformed));
     }
+
+    /// A registration of `len` bytes: the library's memfd (its writes seen
+    /// through `RegCopy`s of it).
+    fn registration(len: usize) -> (std::fs::File, RegCopy) {
+        let f = crate::remote::tests_memfd(len);
+        let copy = RegCopy::map(f.as_fd(), len).unwrap();
+        (f, copy)
+    }
+
+    #[test]
+    fn queued_registered_bytes_go_before_their_descriptor() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let (file, copy) = registration(8192);
+        pump.add_registration(3, copy);
+        // The library staged 6 bytes at 4000 of registration 3, then
+        // published a descriptor naming them, and one for a file range.
+        let lib = RegCopy::map(file.as_fd(), 8192).unwrap();
+        lib.apply(4000, b"staged").unwrap();
+        let q = l.send_queue_offset(0);
+        let mut d = [0u8; 32];
+        d[..8].copy_from_slice(&4000u64.to_le_bytes());
+        d[8..12].copy_from_slice(&6u32.to_le_bytes());
+        d[12..14].copy_from_slice(&3u16.to_le_bytes());
+        host.apply_span(Writer::Host, q + 192, &d).unwrap();
+        let mut f = [0u8; 32];
+        f[8..12].copy_from_slice(&6u32.to_le_bytes());
+        f[14..16].copy_from_slice(&DESC_FILE.to_le_bytes());
+        host.apply_span(Writer::Host, q + 224, &f).unwrap();
+        host.apply_span(Writer::Host, q, &2u32.to_le_bytes())
+            .unwrap();
+        let mut out = Spans::new();
+        pump.collect(&host, &mut out);
+        let (h, data) = out.take();
+        let got: Vec<_> = wire::spans(&h, &data).map(|s| s.unwrap()).collect();
+        let regs: Vec<_> = got
+            .iter()
+            .filter(|(o, _)| *o == wire::REG_SPAN)
+            .map(|(_, b)| wire::reg_span(b).unwrap())
+            .collect();
+        assert_eq!(
+            regs,
+            vec![(3, 4000, &b"staged"[..])],
+            "the file range ships none"
+        );
+        let pos = |off: u32| got.iter().position(|(o, _)| *o == off).unwrap();
+        assert!(pos(wire::REG_SPAN) < pos((q + 192) as u32));
+        assert!(
+            pos((q + 224) as u32) < pos(q as u32),
+            "descriptors, then head"
+        );
+        // An unknown registration ships nothing (the server fails the send).
+        pump.drop_registration(3);
+        host.apply_span(Writer::Host, q + 256, &d).unwrap();
+        host.apply_span(Writer::Host, q, &3u32.to_le_bytes())
+            .unwrap();
+        pump.collect(&host, &mut out);
+        let (h, data) = out.take();
+        assert!(wire::spans(&h, &data).all(|s| s.unwrap().0 != wire::REG_SPAN));
+    }
+
+    /// The server binds a queue again (same owner, a new `binds`): the
+    /// host's copy restarts at `head = 0` and only new descriptors go.
+    #[test]
+    fn a_queue_bound_again_restarts_at_0() {
+        let l = layout();
+        let (_a, host) = region(l);
+        let mut pump = HostPump::new(l);
+        let q = l.send_queue_offset(1);
+        host.apply_span(Writer::Host, q, &5u32.to_le_bytes())
+            .unwrap();
+        let mut out = Spans::new();
+        pump.collect(&host, &mut out);
+        out.take();
+        let line2 = |binds: u32| {
+            let mut b = [0u8; 16];
+            b[8..12].copy_from_slice(&2u32.to_le_bytes()); // owner
+            b[12..].copy_from_slice(&binds.to_le_bytes());
+            let mut s = Spans::new();
+            s.push((q + 128) as u32, &b);
+            s.take()
+        };
+        let (h, d) = line2(1);
+        pump.apply(&host, &h, &d).unwrap();
+        let mut head = [0u8; 4];
+        host.read_span(q, &mut head).unwrap();
+        assert_eq!(head, [0; 4], "bound: head restarts");
+        // One new descriptor: exactly it and head 1 go.
+        host.apply_span(Writer::Host, q + 192, &[7; 32]).unwrap();
+        host.apply_span(Writer::Host, q, &1u32.to_le_bytes())
+            .unwrap();
+        pump.collect(&host, &mut out);
+        let (h, d) = out.take();
+        let offs: Vec<usize> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
+        assert_eq!(offs, vec![q + 192, q]);
+        // The same line again (done moved): no reset.
+        let (h, d) = line2(1);
+        pump.apply(&host, &h, &d).unwrap();
+        host.read_span(q, &mut head).unwrap();
+        assert_eq!(u32::from_le_bytes(head), 1);
+    }
 }

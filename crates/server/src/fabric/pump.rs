@@ -450,4 +450,90 @@ mod tests {
         );
         assert_eq!(pump.apply(&server, &h, &d[..3]), Err(Refused::Malformed));
     }
+
+    /// A fresh registration copy of `len` bytes (a sealed memfd, as the
+    /// fabric thread makes) and a second mapping standing for the worker's.
+    fn registration(len: usize) -> (RegCopy, RegCopy) {
+        use std::os::fd::AsFd;
+        let fd = crate::sys::memfd(c"reg-test", len).unwrap();
+        let a = RegCopy::map(fd.as_fd(), len).unwrap();
+        (a, RegCopy::map(fd.as_fd(), len).unwrap())
+    }
+
+    #[test]
+    fn registration_spans_land_in_the_copy_only_inside() {
+        let l = layout();
+        let server = region(l);
+        let mut pump = ServerPump::new(l);
+        let (copy, worker) = registration(4096);
+        pump.add_registration(5, copy);
+        let mut s = Spans::new();
+        s.push_reg(5, 4090, b"bytes!");
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&server, &h, &d), Ok(false));
+        let mut got = [0u8; 6];
+        worker.read(4090, &mut got).unwrap();
+        assert_eq!(&got, b"bytes!", "the worker's mapping sees them");
+        for (handle, off, why) in [
+            (5, 4091, Refused::Span(SpanRefused::Outside)),
+            (6, 0, Refused::NoRegistration),
+        ] {
+            let mut s = Spans::new();
+            s.push_reg(handle, off, b"bytes!");
+            let (h, d) = s.take();
+            assert_eq!(pump.apply(&server, &h, &d), Err(why), "{handle} {off}");
+        }
+        pump.drop_registration(5);
+        let mut s = Spans::new();
+        s.push_reg(5, 0, b"x");
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&server, &h, &d), Err(Refused::NoRegistration));
+    }
+
+    /// What a `RecvReg` received goes back before its completion.
+    #[test]
+    fn a_recv_into_a_registration_comes_back_before_its_completion() {
+        let l = layout();
+        let (host, server) = (region(l), region(l));
+        let mut pump = ServerPump::new(l);
+        let (copy, worker) = registration(4096);
+        pump.add_registration(2, copy);
+        let mut hc = HostCursor::default();
+        let mut req = Request {
+            user_data: 4,
+            op: Op::RecvReg as u16,
+            sock: 1,
+            ..Default::default()
+        };
+        req.args[..3].copy_from_slice(&[2, 100, 50]);
+        hc.submit(&host.channel(0).unwrap(), &req).unwrap();
+        let (h, d) = ship_request(&host, &l).take();
+        assert_eq!(pump.apply(&server, &h, &d), Ok(true));
+        let ch = server.channel(0).unwrap();
+        let mut sc = ServerCursor::default();
+        sc.pop(&ch).unwrap().expect("taken");
+        worker.apply(100, b"received").unwrap();
+        let done = Completion {
+            user_data: 4,
+            op: Op::RecvReg as u16,
+            result: 8,
+            ..Default::default()
+        };
+        sc.complete(&ch, &done).unwrap();
+        let mut out = Spans::new();
+        pump.collect(&server, &mut out);
+        let (h, d) = out.take();
+        let got: Vec<_> = wire::spans(&h, &d).map(|s| s.unwrap()).collect();
+        let reg = got
+            .iter()
+            .position(|(o, _)| *o == wire::REG_SPAN)
+            .expect("shipped");
+        assert_eq!(
+            wire::reg_span(got[reg].1),
+            Some((2, 100, &b"received"[..])),
+            "only what was received"
+        );
+        let slot = (l.channel_offset(0) + l.completions_offset()) as u32;
+        assert!(reg < got.iter().position(|(o, _)| *o == slot).unwrap());
+    }
 }
