@@ -463,8 +463,10 @@ fn webserver() -> PathBuf {
 
 /// The example web server, a native host attached with `TCPS_REMOTE` on
 /// the application node, serves files byte-identical to the disk to curl
-/// on the client node; when it exits the server node frees it and its
-/// port.
+/// on the client node — with copied asynchronous sends (`async`: the
+/// staging pool crosses as a registration), queued sends from its
+/// registered file cache (`async-registered`) and synchronous `SendReg`
+/// from it (`sync`); when it exits the server node frees it and its port.
 #[test]
 fn cluster_web_server_serves_curl_across_namespaces() {
     let n = nodes();
@@ -473,38 +475,47 @@ fn cluster_web_server_serves_curl_across_namespaces() {
     let (server, socket, log, addr) = start_server(&n, dir.path());
     let root = dir.path().join("www");
     let files = www(&root);
-    let web_log = dir.path().join("web.log");
-    let web = webserver();
-    let mut cmd = in_ns(
-        &n.app,
-        &[web.to_str().unwrap(), "--net", "tcps", "--port", "8080"],
-    );
-    cmd.args(["--root", root.to_str().unwrap(), "--mode", "async"]);
-    let out = std::fs::File::create(&web_log).unwrap();
-    let web = InNs(
-        remote_env(&mut cmd, &n, &addr, dir.path())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-    );
-    let logs = || {
-        std::fs::read_to_string(&web_log).unwrap_or_default()
-            + &std::fs::read_to_string(&log).unwrap_or_default()
-    };
-    let base = format!("http://{}:8080", n.srv_cli_addr);
-    wait_http(&n, &format!("{base}/one.bin"), &logs);
-    fetch_all(&n, &base, &files, "webserver", &logs);
-    let dynamic = curl(&n, &format!("{base}/dynamic/300000")).expect("GET /dynamic");
-    assert_eq!(dynamic.len(), 300_000);
-    assert!(dynamic.iter().all(u8::is_ascii_lowercase));
-    assert_eq!(hosts_attached(&socket), 1, "{}", logs());
-    drop(web);
-    wait_freed(&socket, Duration::from_secs(5), &logs);
-    assert!(
-        curl(&n, &format!("{base}/one.bin")).is_none(),
-        "the departed host's listener still answers"
-    );
+    for (mode, port) in [("async", 8080), ("async-registered", 8086), ("sync", 8087)] {
+        let web_log = dir.path().join(format!("web-{mode}.log"));
+        let web = webserver();
+        let p = port.to_string();
+        let mut cmd = in_ns(
+            &n.app,
+            &[web.to_str().unwrap(), "--net", "tcps", "--port", &p],
+        );
+        cmd.args(["--root", root.to_str().unwrap(), "--mode", mode]);
+        let out = std::fs::File::create(&web_log).unwrap();
+        let web = InNs(
+            remote_env(&mut cmd, &n, &addr, dir.path())
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .unwrap(),
+        );
+        let logs = || {
+            std::fs::read_to_string(&web_log).unwrap_or_default()
+                + &std::fs::read_to_string(&log).unwrap_or_default()
+        };
+        let base = format!("http://{}:{port}", n.srv_cli_addr);
+        wait_http(&n, &format!("{base}/one.bin"), &logs);
+        fetch_all(
+            &n,
+            &base,
+            &files,
+            &format!("webserver --mode {mode}"),
+            &logs,
+        );
+        let dynamic = curl(&n, &format!("{base}/dynamic/300000")).expect("GET /dynamic");
+        assert_eq!(dynamic.len(), 300_000);
+        assert!(dynamic.iter().all(u8::is_ascii_lowercase));
+        assert_eq!(hosts_attached(&socket), 1, "{}", logs());
+        drop(web);
+        wait_freed(&socket, Duration::from_secs(5), &logs);
+        assert!(
+            curl(&n, &format!("{base}/one.bin")).is_none(),
+            "the departed host's listener still answers"
+        );
+    }
     drop(server);
 }
 
