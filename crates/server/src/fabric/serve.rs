@@ -200,7 +200,13 @@ pub fn serve(fabric: Fabric, srv: Server) {
             sleep(&fabric, &srv, &conns, any_live);
         }
         conns.retain(|_, c| match &mut c.state {
-            State::Live(l) => l.drain_bell(&c.ep),
+            State::Live(l) => {
+                let kept = l.drain_bell(&c.ep);
+                if !kept {
+                    info!(host = l.id, "remote host let go: its worker dropped it");
+                }
+                kept
+            }
             State::Attaching(_) => true,
         });
         if srv.shared.stopping.load(Ordering::Relaxed) {
