@@ -11,6 +11,15 @@
 //! waking the library's sleepers — futexes, and the host doorbell pipes
 //! it hands out for `HostDoorbell` — as the server would.
 //!
+//! Control messages that make sense across nodes go to the server
+//! (`AM_CONTROL`, after the spans gathered so far, so the server has
+//! applied everything the library wrote before it) and its replies back
+//! to the library: fork snapshots (`Fork`, `Forked`, `Inherit`: a forked
+//! child's own helper claims its parent's snapshot) and registrations
+//! (`Register`: the library's memfd is mapped here, and the bytes its
+//! descriptors and `SendReg`s name are shipped from it; `Deregister`).
+//! The rest (descriptors, files) is answered EOPNOTSUPP.
+//!
 //! Failure: the server's endpoint failing, or the server silent for
 //! 800 ms (it sends a keepalive every 250 ms), ends the link: the copy's
 //! `server_alive` goes to 0, every sleeper is woken and the process exits,
@@ -19,9 +28,10 @@
 //! (the program exited) ends the helper, and the server frees the host.
 
 use clap::Args;
+use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tcps::remote::pump::HostPump;
@@ -31,7 +41,7 @@ use tcps_fabric::{Context, ContextOptions, Endpoint, Worker};
 use tcps_proto::fdpass;
 use tcps_proto::handshake::{ControlMsg, Hello, Welcome, CONTROL_MSG_LEN};
 use tcps_proto::layout::{Layout, VERSION};
-use tcps_proto::mirror::Writer;
+use tcps_proto::mirror::{RegCopy, Writer};
 use tcps_proto::ready_log::{DOORBELL_SLOTS, READY_LOG_OFFSET};
 use tcps_proto::ring::HostCursor;
 use tcps_proto::Region;
@@ -66,6 +76,8 @@ const STARVED: Duration = Duration::from_millis(200);
 const SWEEP: Duration = Duration::from_millis(10);
 /// Offset of `server_alive` in the region header.
 const SERVER_ALIVE: usize = 68;
+/// `Pump::forward`'s "sent; the reply comes later" (not an errno).
+const FORWARDED: i32 = -1;
 
 fn os(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
@@ -141,6 +153,7 @@ impl Link {
             wire::AM_WELCOME,
             wire::AM_SPANS,
             wire::AM_KEEPALIVE,
+            wire::AM_CONTROL,
         ] {
             worker
                 .set_am_handler(id)
@@ -241,6 +254,10 @@ struct Pump {
     swept: (u32, Instant),
     /// When the loop last ran.
     looped: Instant,
+    /// Control messages sent to the server, not answered yet.
+    awaiting: VecDeque<ControlMsg>,
+    /// The library's memfd of a `Register` not answered yet, mapped.
+    registering: Option<(u32, RegCopy)>,
 }
 
 impl Pump {
@@ -272,6 +289,8 @@ impl Pump {
             sent: Instant::now(),
             swept: (0, Instant::now()),
             looped: Instant::now(),
+            awaiting: VecDeque::new(),
+            registering: None,
         })
     }
 
@@ -320,8 +339,12 @@ impl Pump {
             self.heard = Instant::now();
         }
         self.looped = Instant::now();
-        while let Some(m) = w.take_am() {
+        while let Some(m) = self.link.worker.take_am() {
             self.heard = Instant::now();
+            if m.id == wire::AM_CONTROL {
+                self.server_reply(&m.header)?;
+                continue;
+            }
             if m.id != wire::AM_SPANS {
                 continue;
             }
@@ -335,6 +358,12 @@ impl Pump {
         if self.heard.elapsed() > SILENCE {
             return Err(format!("the server was silent for {SILENCE:?}"));
         }
+        self.ship()
+    }
+
+    /// The library's writes since the last pass in one batch (or a
+    /// keepalive when due).
+    fn ship(&mut self) -> Result<(), String> {
         let mut out = Spans::new();
         self.pump.collect(&self.region, &mut out);
         let ep = &self.link.ep;
@@ -380,7 +409,7 @@ impl Pump {
         loop {
             let mut b = [0u8; CONTROL_MSG_LEN + 1];
             let fd = self.ctl.as_raw_fd();
-            let (n, _fds) = match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+            let (n, fds) = match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
                 Ok(got) => got,
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return true,
                 Err(_) => return false,
@@ -397,15 +426,79 @@ impl Pump {
                     Ok(rx) => (0, Some(rx)),
                     Err(e) => (e.raw_os_error().unwrap_or(libc::EIO), None),
                 },
-                // Descriptors, registrations, fork snapshots: not across nodes.
+                ControlMsg::Fork { .. }
+                | ControlMsg::Forked { .. }
+                | ControlMsg::Inherit { .. }
+                | ControlMsg::Deregister { .. } => (self.forward(msg), None),
+                ControlMsg::Register { handle, len } => {
+                    let mapped = match fds.first() {
+                        Some(fd) => RegCopy::map(fd.as_fd(), len as usize),
+                        None => Err(os(libc::EINVAL)),
+                    };
+                    match mapped {
+                        Ok(copy) => {
+                            self.registering = Some((handle, copy));
+                            (self.forward(msg), None)
+                        }
+                        Err(e) => (e.raw_os_error().unwrap_or(libc::EINVAL), None),
+                    }
+                }
+                // Descriptors and files: not across nodes.
                 _ => (libc::EOPNOTSUPP, None),
             };
+            if errno == FORWARDED {
+                continue;
+            }
             let reply = ControlMsg::Reply { handle, errno }.encode();
             let fds: Vec<RawFd> = give.iter().map(|f| f.as_raw_fd()).collect();
             if fdpass::send_with_fds(fd, &reply, &fds).is_err() {
                 return false;
             }
         }
+    }
+
+    /// Sends a control message to the server after the spans gathered so
+    /// far: `FORWARDED` (its reply comes later), or the errno for the
+    /// library if the server cannot be reached.
+    fn forward(&mut self, msg: ControlMsg) -> i32 {
+        if self.ship().is_err() {
+            return libc::ECONNRESET;
+        }
+        let ep = &self.link.ep;
+        match ep.am_send(wire::AM_CONTROL, &msg.encode(), Vec::new(), true) {
+            Ok(()) => {
+                self.sent = Instant::now();
+                self.awaiting.push_back(msg);
+                FORWARDED
+            }
+            Err(_) => libc::ECONNRESET,
+        }
+    }
+
+    /// The server's reply to the oldest forwarded message, to the library.
+    fn server_reply(&mut self, header: &[u8]) -> Result<(), String> {
+        let bad = || "a bad control reply from the server".to_string();
+        let Some(ControlMsg::Reply { errno, .. }) = ControlMsg::decode(header) else {
+            return Err(bad());
+        };
+        let asked = self.awaiting.pop_front().ok_or_else(bad)?;
+        match asked {
+            ControlMsg::Register { handle, .. } => {
+                let copy = self.registering.take().filter(|(h, _)| *h == handle);
+                if let (0, Some((h, copy))) = (errno, copy) {
+                    self.pump.add_registration(h, copy);
+                }
+            }
+            ControlMsg::Deregister { handle } if errno == 0 => self.pump.drop_registration(handle),
+            _ => {}
+        }
+        let reply = ControlMsg::Reply {
+            handle: asked.handle(),
+            errno,
+        };
+        // The library waits for it; a library gone is seen by `control`.
+        let _ = fdpass::send_with_fds(self.ctl.as_raw_fd(), &reply.encode(), &[]);
+        Ok(())
     }
 
     /// Host doorbell `slot`, made on first request: a duplicate of its

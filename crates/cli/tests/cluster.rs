@@ -419,6 +419,17 @@ fn run_remote(n: &Nodes, addr: &str, dir: &Path, argv: &[&str], out: &Path) -> I
     )
 }
 
+/// Signals the process (`sig`) and waits up to 10 s for it to exit.
+fn stop_gracefully(mut p: InNs, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(p.0.id() as i32, sig) };
+    let t = Instant::now();
+    while p.0.try_wait().ok().flatten().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A GET from the client node: the body, or None.
 fn curl(n: &Nodes, url: &str) -> Option<Vec<u8>> {
     let out = in_ns(&n.cli, &["curl", "-sf", "--max-time", "20", url])
@@ -467,10 +478,21 @@ fn www(root: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Every file fetched from the client node is the file (SHA-256).
-fn fetch_all(n: &Nodes, base: &str, files: &[(String, Vec<u8>)], what: &str) {
+fn fetch_all(
+    n: &Nodes,
+    base: &str,
+    files: &[(String, Vec<u8>)],
+    what: &str,
+    log: &dyn Fn() -> String,
+) {
     for (name, bytes) in files {
-        let got = curl(n, &format!("{base}/{name}"))
-            .unwrap_or_else(|| panic!("{what}: GET /{name} failed"));
+        let got = curl(n, &format!("{base}/{name}")).unwrap_or_else(|| {
+            let again = in_ns(&n.cli, &["curl", "-sS", "-v", "--max-time", "20"])
+                .arg(format!("{base}/{name}"))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
+            panic!("{what}: GET /{name} failed (again: {again:?})\n{}", log())
+        });
         assert_eq!(
             (got.len(), sha256(&got)),
             (bytes.len(), sha256(bytes)),
@@ -496,8 +518,10 @@ fn webserver() -> PathBuf {
 
 /// The example web server, a native host attached with `TCPS_REMOTE` on
 /// the application node, serves files byte-identical to the disk to curl
-/// on the client node; when it exits the server node frees it and its
-/// port.
+/// on the client node — with copied asynchronous sends (`async`: the
+/// staging pool crosses as a registration), queued sends from its
+/// registered file cache (`async-registered`) and synchronous `SendReg`
+/// from it (`sync`); when it exits the server node frees it and its port.
 #[test]
 fn cluster_web_server_serves_curl_across_namespaces() {
     let n = nodes();
@@ -506,38 +530,47 @@ fn cluster_web_server_serves_curl_across_namespaces() {
     let (server, socket, log, addr) = start_server(&n, dir.path());
     let root = dir.path().join("www");
     let files = www(&root);
-    let web_log = dir.path().join("web.log");
-    let web = webserver();
-    let mut cmd = in_ns(
-        &n.app,
-        &[web.to_str().unwrap(), "--net", "tcps", "--port", "8080"],
-    );
-    cmd.args(["--root", root.to_str().unwrap(), "--mode", "async"]);
-    let out = std::fs::File::create(&web_log).unwrap();
-    let web = InNs(
-        remote_env(&mut cmd, &n, &addr, dir.path())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-    );
-    let logs = || {
-        std::fs::read_to_string(&web_log).unwrap_or_default()
-            + &std::fs::read_to_string(&log).unwrap_or_default()
-    };
-    let base = format!("http://{}:8080", n.srv_cli_addr);
-    wait_http(&n, &format!("{base}/one.bin"), &logs);
-    fetch_all(&n, &base, &files, "webserver");
-    let dynamic = curl(&n, &format!("{base}/dynamic/300000")).expect("GET /dynamic");
-    assert_eq!(dynamic.len(), 300_000);
-    assert!(dynamic.iter().all(u8::is_ascii_lowercase));
-    assert_eq!(hosts_attached(&socket), 1, "{}", logs());
-    drop(web);
-    wait_freed(&socket, Duration::from_secs(5), &logs);
-    assert!(
-        curl(&n, &format!("{base}/one.bin")).is_none(),
-        "the departed host's listener still answers"
-    );
+    for (mode, port) in [("async", 8080), ("async-registered", 8086), ("sync", 8087)] {
+        let web_log = dir.path().join(format!("web-{mode}.log"));
+        let web = webserver();
+        let p = port.to_string();
+        let mut cmd = in_ns(
+            &n.app,
+            &[web.to_str().unwrap(), "--net", "tcps", "--port", &p],
+        );
+        cmd.args(["--root", root.to_str().unwrap(), "--mode", mode]);
+        let out = std::fs::File::create(&web_log).unwrap();
+        let web = InNs(
+            remote_env(&mut cmd, &n, &addr, dir.path())
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .unwrap(),
+        );
+        let logs = || {
+            std::fs::read_to_string(&web_log).unwrap_or_default()
+                + &std::fs::read_to_string(&log).unwrap_or_default()
+        };
+        let base = format!("http://{}:{port}", n.srv_cli_addr);
+        wait_http(&n, &format!("{base}/one.bin"), &logs);
+        fetch_all(
+            &n,
+            &base,
+            &files,
+            &format!("webserver --mode {mode}"),
+            &logs,
+        );
+        let dynamic = curl(&n, &format!("{base}/dynamic/300000")).expect("GET /dynamic");
+        assert_eq!(dynamic.len(), 300_000);
+        assert!(dynamic.iter().all(u8::is_ascii_lowercase));
+        assert_eq!(hosts_attached(&socket), 1, "{}", logs());
+        drop(web);
+        wait_freed(&socket, Duration::from_secs(5), &logs);
+        assert!(
+            curl(&n, &format!("{base}/one.bin")).is_none(),
+            "the departed host's listener still answers"
+        );
+    }
     drop(server);
 }
 
@@ -571,10 +604,11 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     let root = d.join("www");
     let files = www(&root);
     std::fs::create_dir_all(d.join("tmp")).unwrap();
-    // One process (master_process off): a forked worker would not inherit
-    // sockets across nodes.
+    // The default master process and two workers: each worker, forked by
+    // the master, attaches through its own helper and claims the master's
+    // sockets (the listener) from the server node.
     let conf = format!(
-        "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {d}/nginx.pid;\n\
+        "worker_processes 2;\ndaemon off;\npid {d}/nginx.pid;\n\
          error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
          http {{\n access_log off;\n sendfile on;\n client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
          fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
@@ -605,9 +639,24 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     };
     let base = format!("http://{}:8081", n.srv_cli_addr);
     wait_http(&n, &format!("{base}/one.bin"), &logs);
-    fetch_all(&n, &base, &files, "nginx");
-    drop(nginx);
-    wait_freed(&socket, Duration::from_secs(5), &logs);
+    // The master and its two workers are hosts of the server node; the
+    // workers serve (the master only listened).
+    let t = Instant::now();
+    while hosts_attached(&socket) != 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for round in 0..3 {
+        fetch_all(&n, &base, &files, &format!("nginx, round {round}"), &logs);
+    }
+    assert!(
+        logs().contains("child inherited its parent's sockets"),
+        "{}",
+        logs()
+    );
+    // Stopped as an operator would (the workers go with the master).
+    stop_gracefully(nginx, libc::SIGQUIT);
+    wait_freed(&socket, Duration::from_secs(10), &logs);
 
     let out = d.join("redis.out");
     let redis = run_remote(
@@ -706,6 +755,110 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
         "redis answers"
     );
     drop(redis);
+    wait_freed(&socket, Duration::from_secs(5), &logs);
+    drop(server);
+}
+
+/// Fork over the fabric: a Python prefork server under `tcps run
+/// --remote` on the application node (the parent listens and forks two
+/// children, which accept and serve; the parent never accepts) echoes
+/// payloads of up to 1 MiB to clients on the client node, byte for byte
+/// with their SHA-256; every answer comes from a child.
+#[test]
+fn cluster_forked_children_serve_the_parents_listener() {
+    let n = nodes();
+    let dir = TempDir::new("cluster-fork");
+    key_file(dir.path(), "fabric.key", SECRET);
+    let (server, socket, log, addr) = start_server(&n, dir.path());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fabric_host/prefork_echo.py"
+    );
+    let out = dir.path().join("prefork.out");
+    let argv = ["python3", script, "serve", "8083", "2"];
+    let parent = run_remote(&n, &addr, dir.path(), &argv, &out);
+    let logs = || {
+        std::fs::read_to_string(&out).unwrap_or_default()
+            + &std::fs::read_to_string(&log).unwrap_or_default()
+    };
+    let t = Instant::now();
+    let pids: Vec<i32> = loop {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.starts_with("LISTENING ")) {
+            break l
+                .split_whitespace()
+                .skip(1)
+                .map(|p| p.parse().unwrap())
+                .collect();
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The parent and its two children are hosts of the server node.
+    while hosts_attached(&socket) != 3 {
+        assert!(t.elapsed() < Duration::from_secs(15), "{}", logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let host = n.srv_cli_addr.clone();
+    let mut served_by = std::collections::BTreeSet::new();
+    for (i, size) in [
+        1usize,
+        1000,
+        65_536,
+        300_001,
+        (1 << 20) + 3,
+        17,
+        4096,
+        200_000,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let get = in_ns(
+            &n.cli,
+            &[
+                "python3",
+                script,
+                "get",
+                &host,
+                "8083",
+                &size.to_string(),
+                &i.to_string(),
+            ],
+        )
+        .output()
+        .unwrap();
+        let said = String::from_utf8_lossy(&get.stdout).trim().to_string();
+        let pid: i32 = said
+            .strip_prefix("OK ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{size} bytes: {said} {}\n{}",
+                    String::from_utf8_lossy(&get.stderr),
+                    logs()
+                )
+            });
+        assert!(
+            pids[1..].contains(&pid),
+            "served by {pid}, not a child of {pids:?}"
+        );
+        served_by.insert(pid);
+    }
+    eprintln!("served by the children {served_by:?} of {}", pids[0]);
+    assert!(
+        logs()
+            .matches("child inherited its parent's sockets")
+            .count()
+            >= 2,
+        "{}",
+        logs()
+    );
+    for &pid in &pids[1..] {
+        // SAFETY: kill(2) of the children this test's program forked.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    drop(parent);
     wait_freed(&socket, Duration::from_secs(5), &logs);
     drop(server);
 }

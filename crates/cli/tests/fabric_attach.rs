@@ -215,3 +215,57 @@ fn host_libraries_do_not_link_ucx() {
     }
     assert!(needed(std::path::Path::new(TCPS)).contains("libucp"));
 }
+
+/// A remote host's fork snapshot (`Fork` over `AM_CONTROL`) is bound to
+/// its authenticated peer: a local host cannot claim it, nor a remote host
+/// that is not the child the parent named (and a host claims only once);
+/// the named child, a host of the same node and credential, takes it.
+#[test]
+fn a_remote_snapshot_is_claimed_only_by_its_named_child_of_the_same_peer() {
+    use tcps_proto::handshake::ControlMsg;
+    let (srv, addr, _dir) = fabric_server(&[]);
+    let (parent, w) = attach_as(addr, SECRET, 4001);
+    assert_eq!(w.status, 0, "{}", w.message);
+    assert_eq!(control(&parent, ControlMsg::Fork { handle: 77 }), 0);
+    let named = ControlMsg::Forked {
+        handle: 77,
+        child: 4002,
+    };
+    assert_eq!(control(&parent, named), 0);
+    // Descriptors do not cross nodes.
+    let dup = ControlMsg::SocketDup { handle: 1 };
+    assert_eq!(control(&parent, dup), libc::EOPNOTSUPP);
+
+    // A local host with the nonce: not its snapshot.
+    let local = tcps::Client::attach(&srv.socket).unwrap();
+    let (reply, _) = local
+        .control_exchange(&ControlMsg::Inherit { handle: 77 }, &[])
+        .unwrap();
+    assert_eq!(
+        reply,
+        ControlMsg::Reply {
+            handle: 77,
+            errno: libc::ENOENT
+        }
+    );
+    // A remote host of the same node, not the named child: refused, and
+    // it does not get to try again.
+    let (other, _) = attach_as(addr, SECRET, 4003);
+    assert_eq!(
+        control(&other, ControlMsg::Inherit { handle: 77 }),
+        libc::ENOENT
+    );
+    assert_eq!(
+        control(&other, ControlMsg::Inherit { handle: 77 }),
+        libc::EPERM
+    );
+    // The named child takes it.
+    let (child, _) = attach_as(addr, SECRET, 4002);
+    assert_eq!(control(&child, ControlMsg::Inherit { handle: 77 }), 0);
+    assert!(
+        srv.log_text()
+            .contains("child inherited its parent's sockets"),
+        "{}",
+        srv.log_text()
+    );
+}

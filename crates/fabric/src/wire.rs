@@ -22,6 +22,31 @@ pub const AM_WELCOME: u32 = 4;
 pub const AM_SPANS: u32 = 5;
 /// either way, every 250 ms of silence: the link is alive.
 pub const AM_KEEPALIVE: u32 = 6;
+/// host → server: a control message (`ControlMsg`, 24 B) the host library
+/// sent its helper (fork snapshots, registrations); server → host: the
+/// `Reply` to it, in order. Memory registrations come without a memfd: the
+/// server makes its own copy of `len` bytes, filled by registration spans.
+pub const AM_CONTROL: u32 = 7;
+
+/// The offset of a *registration span* in a batch ([`Spans::push_reg`]):
+/// its bytes are `handle u32 | offset u64 | data`, to be written at that
+/// offset of the receiver's copy of registration `handle` (no region is
+/// this large, so no region span has this offset).
+pub const REG_SPAN: u32 = u32::MAX;
+
+/// A registration span's `(handle, offset, data)`; `None` if it is shorter
+/// than its 12-byte head or carries no data.
+pub fn reg_span(bytes: &[u8]) -> Option<(u32, u64, &[u8])> {
+    let head = bytes.get(..12)?;
+    let data = &bytes[12..];
+    if data.is_empty() {
+        return None;
+    }
+    let handle = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let mut off = [0u8; 8];
+    off.copy_from_slice(&head[4..12]);
+    Some((handle, u64::from_le_bytes(off), data))
+}
 
 /// What the host's answer is bound to besides the nonce.
 pub fn auth_context(version: u32, pid: u32) -> Vec<u8> {
@@ -90,6 +115,21 @@ impl Spans {
         self.buf.extend_from_slice(&off.to_le_bytes());
         self.buf
             .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(bytes);
+        self.count += 1;
+    }
+
+    /// Appends a registration span ([`REG_SPAN`]): `bytes` at offset
+    /// `off` of registration `handle`; an empty one is skipped.
+    pub fn push_reg(&mut self, handle: u32, off: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.buf.extend_from_slice(&REG_SPAN.to_le_bytes());
+        self.buf
+            .extend_from_slice(&(12 + bytes.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&handle.to_le_bytes());
+        self.buf.extend_from_slice(&off.to_le_bytes());
         self.buf.extend_from_slice(bytes);
         self.count += 1;
     }
@@ -225,6 +265,21 @@ mod tests {
         assert!(bad(&h, &huge), "length past the end");
         // After an error nothing more is yielded.
         assert_eq!(spans(&h[..3], &d).count(), 1);
+    }
+
+    #[test]
+    fn registration_spans_round_trip() {
+        let mut s = Spans::new();
+        s.push(64, &1u32.to_le_bytes());
+        s.push_reg(3, 1 << 33, b"staged");
+        s.push_reg(3, 0, b"");
+        let (h, d) = s.take();
+        let got: Vec<_> = spans(&h, &d).map(Result::unwrap).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].0, REG_SPAN);
+        assert_eq!(reg_span(got[1].1), Some((3, 1 << 33, &b"staged"[..])));
+        assert_eq!(reg_span(&got[1].1[..12]), None, "no data");
+        assert_eq!(reg_span(&got[1].1[..5]), None, "short head");
     }
 
     #[test]

@@ -87,10 +87,18 @@ impl Client {
     }
 
     /// Attached to a server on another node (`TCPS_REMOTE`): sockets have
-    /// no descriptor in this process, and descriptor passing, memory
-    /// registration and fork inheritance are not available.
+    /// no descriptor in this process, and descriptor passing is not
+    /// available (memory registration and fork inheritance are, through
+    /// the helper: `crate::remote`).
     pub fn is_remote(&self) -> bool {
         self.conn.remote
+    }
+
+    /// The control socket's descriptor (remote: the helper's socketpair,
+    /// made without socket(2)): a forked child closes its copy of its
+    /// parent's, so that the parent's end is seen when the parent exits.
+    pub fn control_fd(&self) -> std::os::fd::RawFd {
+        self.conn.control().raw()
     }
 
     /// False once the server died or the client was detached.

@@ -76,6 +76,11 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
             // The parent's channels are not ours; its control socket must
             // not stay open here (the server would not see the parent go).
             let ctl = control::take_socket();
+            // Remote: the helper's socketpair, not noted by socket(2).
+            let ctl = match state::client() {
+                Some(c) if ctl < 0 => c.control_fd(),
+                _ => ctl,
+            };
             if ctl >= 0 {
                 real::close()(ctl);
             }

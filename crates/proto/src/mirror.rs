@@ -260,6 +260,97 @@ impl Region {
     }
 }
 
+/// One side's copy of a memory registration over a fabric (a mapping of a
+/// memfd: at the host's helper the library's own, at the server one it
+/// made of the announced length). A peer's registration span is applied
+/// only inside it, as a region span only inside its zone: the bytes a
+/// send-queue descriptor or `SendReg` names cross before the descriptor
+/// or request, so the sender of a registration's bytes is always the
+/// registration's owner (the host) and the server sends from its copy.
+pub struct RegCopy {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a shared mapping owned by this value; readers of the bytes (the
+// server's worker, through its own mapping) read them only after an index
+// shipped after them (a descriptor's `head`, a request's stamp).
+unsafe impl Send for RegCopy {}
+
+impl RegCopy {
+    /// Maps `len` bytes of `fd` from offset 0, read-write and shared.
+    pub fn map(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> std::io::Result<RegCopy> {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a fresh shared mapping of a file we were given; the kernel
+        // picks the address. Failure is reported as MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(p as *mut u8)
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(RegCopy { base, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `off..off + n` if it lies inside the registration.
+    fn range(&self, off: u64, n: usize) -> Result<usize, SpanRefused> {
+        let off = usize::try_from(off).map_err(|_| SpanRefused::Outside)?;
+        match off.checked_add(n) {
+            Some(end) if n > 0 && end <= self.len => Ok(off),
+            _ => Err(SpanRefused::Outside),
+        }
+    }
+
+    /// Applies a registration span: `bytes` at `off`, refused outside.
+    pub fn apply(&self, off: u64, bytes: &[u8]) -> Result<(), SpanRefused> {
+        let at = self.range(off, bytes.len())?;
+        // SAFETY: at..at+len lies inside the mapping (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.as_ptr().add(at), bytes.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `off` out, refused outside.
+    pub fn read(&self, off: u64, out: &mut [u8]) -> Result<(), SpanRefused> {
+        let at = self.range(off, out.len())?;
+        fence(Ordering::Acquire);
+        // SAFETY: at..at+len lies inside the mapping (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(at), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
+    }
+}
+
+impl Drop for RegCopy {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped; no pointer into it
+        // outlives this value.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,5 +487,29 @@ mod tests {
         let mut data = [0u8; 7];
         server.read_span(arena_at, &mut data).unwrap();
         assert_eq!(&data, b"payload");
+    }
+
+    #[test]
+    fn a_registration_copy_takes_spans_only_inside() {
+        use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+        // SAFETY: memfd_create with a valid name; checked.
+        let fd = unsafe { libc::memfd_create(c"reg-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor, owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        std::fs::File::from(fd.try_clone().unwrap())
+            .set_len(8192)
+            .unwrap();
+        let a = RegCopy::map(fd.as_fd(), 8192).unwrap();
+        let b = RegCopy::map(fd.as_fd(), 8192).unwrap();
+        a.apply(8190, b"xy").unwrap();
+        let mut got = [0u8; 2];
+        b.read(8190, &mut got).unwrap();
+        assert_eq!(&got, b"xy", "one memfd, two mappings");
+        assert_eq!(a.apply(8191, b"xy"), Err(SpanRefused::Outside));
+        assert_eq!(a.apply(u64::MAX, b"x"), Err(SpanRefused::Outside));
+        assert_eq!(a.apply(0, b""), Err(SpanRefused::Outside));
+        assert_eq!(a.read(8192, &mut got), Err(SpanRefused::Outside));
+        assert!(RegCopy::map(fd.as_fd(), 0).is_err());
     }
 }

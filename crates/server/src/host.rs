@@ -23,6 +23,9 @@ pub struct NewHost {
     pub doorbell: OwnedFd,
     /// On another node (`fabric`): its `Socket` and `Bind` run here.
     pub remote: bool,
+    /// A remote host's fabric address (its node): who may claim its fork
+    /// snapshots (`inherit`).
+    pub fabric_peer: Option<std::net::IpAddr>,
     /// The region's memfd, kept for a hot upgrade to map it again (None:
     /// a remote host's copy, which no upgrade carries).
     pub memfd: Option<OwnedFd>,
@@ -55,6 +58,8 @@ pub struct Host {
     pub uid: u32,
     /// On another node (`NewHost::remote`).
     pub remote: bool,
+    /// Its fabric address (`NewHost::fabric_peer`).
+    pub fabric_peer: Option<std::net::IpAddr>,
     /// Shared with operations in flight that read or write it (a receive
     /// into a ring, `Engine::submit_recv`): unmapped after the last one
     /// completed, also when the host went away before.
@@ -176,6 +181,7 @@ impl Host {
             pid: h.pid,
             uid: h.uid,
             remote: h.remote,
+            fabric_peer: h.fabric_peer,
             cursors: vec![ServerCursor::default(); layout.n_channels as usize],
             layout,
             region: std::sync::Arc::new(h.region),

@@ -53,6 +53,15 @@
 //! parent's attachment (below), so a host that detaches and attaches again
 //! must not get a fresh budget.
 //!
+//! A remote host (`fabric`) forks on another node, whose processes this
+//! server cannot see in /proc: its snapshot is bound to the authenticated
+//! peer instead — claimed only by a remote host of the same fabric
+//! address and mapped uid (so never by another node's host, nor by a
+//! local one), with the nonce, and, once the parent named it, only by
+//! that child's pid; it expires after [`REMOTE_TTL`] unclaimed (a child
+//! claims within its attach, right after fork). The fabric thread lets a
+//! remote host claim once per attachment (a wrong nonce is not retried).
+//!
 //! A host that detaches leaves its snapshots pending: the parent of an
 //! exec(2) detaches (its control socket closes with the old image) before
 //! the new image attaches and claims, and a child may attach after its
@@ -69,6 +78,10 @@ use tracing::{debug, info, warn};
 
 /// How long an unclaimed snapshot is kept.
 pub const TTL: Duration = Duration::from_secs(60);
+/// How long a remote host's unclaimed snapshot is kept: whether its child
+/// still runs cannot be seen from here, so this is what holds its
+/// sockets after a child died before claiming.
+pub const REMOTE_TTL: Duration = Duration::from_secs(10);
 
 struct Inherited {
     id: u32,
@@ -90,6 +103,8 @@ struct Snapshot {
     /// The child the parent named after fork(2) (`ControlMsg::Forked`).
     child_pid: Option<u32>,
     uid: u32,
+    /// A remote parent's fabric address (`Host::fabric_peer`).
+    peer: Option<std::net::IpAddr>,
     made: Instant,
     sockets: Vec<Inherited>,
 }
@@ -98,7 +113,25 @@ impl Snapshot {
     /// Whether someone may still claim it: young enough, and its child (or,
     /// none named yet, its parent) still running.
     fn claimable(&self) -> bool {
+        if self.peer.is_some() {
+            return self.made.elapsed() < REMOTE_TTL;
+        }
         self.made.elapsed() < TTL && running(self.child_pid.unwrap_or(self.parent_pid))
+    }
+
+    /// A remote snapshot (or claimant): the same authenticated peer (fabric
+    /// address and credential's uid), then the named child or the parent
+    /// itself; pids are that node's, not checkable here.
+    fn peer_may_claim(&self, peer: Option<std::net::IpAddr>, uid: u32, pid: u32) -> bool {
+        let same_peer = self.peer.is_some() && self.peer == peer && self.uid == uid;
+        let child = self.child_pid.is_none_or(|c| c == pid);
+        same_peer && (child || self.parent_pid == pid)
+    }
+
+    /// Whether it is `host`'s own (made by the process `host` is, on the
+    /// same node: pids of two nodes may be equal).
+    fn made_by(&self, host: &Host, nonce: u32) -> bool {
+        self.parent_pid == host.pid && self.peer == host.fabric_peer && self.nonce == nonce
     }
 }
 
@@ -107,6 +140,9 @@ impl Snapshot {
     /// one the parent named, or before that any child of the parent), or
     /// the parent itself after exec(2), as the same user.
     fn may_claim(&self, host: &Host, parent: Option<u32>) -> bool {
+        if self.peer.is_some() || host.fabric_peer.is_some() {
+            return self.peer_may_claim(host.fabric_peer, host.uid, host.pid);
+        }
         let child = match self.child_pid {
             Some(child) => child == host.pid,
             None => Some(self.parent_pid) == parent,
@@ -162,10 +198,7 @@ pub fn pending_count() -> usize {
 /// already claimed (the child was quick) or dropped is no error.
 pub fn forked(host: &Host, nonce: u32, child: u32) -> Result<(), i32> {
     let mut p = pending();
-    if let Some(pos) = p
-        .iter()
-        .position(|s| s.parent_pid == host.pid && s.nonce == nonce)
-    {
+    if let Some(pos) = p.iter().position(|s| s.made_by(host, nonce)) {
         if child == 0 {
             p.swap_remove(pos);
         } else {
@@ -272,12 +305,13 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
         carried,
         "fork: sockets snapshotted for a child"
     );
-    p.retain(|s| !(s.parent_pid == host.pid && s.nonce == nonce));
+    p.retain(|s| !s.made_by(host, nonce));
     p.push(Snapshot {
         nonce,
         parent_pid: host.pid,
         child_pid: None,
         uid: host.uid,
+        peer: host.fabric_peer,
         made: Instant::now(),
         sockets,
     });
@@ -313,7 +347,8 @@ fn ppid(pid: u32) -> Option<u32> {
 /// `ControlMsg::Inherit`: move snapshot `nonce` into `host` (a fresh child).
 /// ENOENT: no such snapshot for this process; EEXIST: an id is taken.
 pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
-    let parent = ppid(host.pid);
+    // A remote host's pid is its node's: not in this /proc.
+    let parent = if host.remote { None } else { ppid(host.pid) };
     let snap = {
         let mut p = pending();
         let pos = p
@@ -422,6 +457,7 @@ mod tests {
             parent_pid,
             child_pid: None,
             uid,
+            peer: None,
             made: Instant::now(),
             sockets,
         }
@@ -454,6 +490,34 @@ mod tests {
         let mut old = snap(0, me, 1, 1);
         old.made = Instant::now() - TTL;
         assert!(!old.claimable());
+    }
+
+    /// A remote snapshot: only the same fabric peer and uid, only the named
+    /// child once named, and never through /proc (expiry only).
+    #[test]
+    fn a_remote_snapshot_is_claimed_only_by_its_peer() {
+        let node: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+        let other: std::net::IpAddr = "10.0.0.3".parse().unwrap();
+        let mut s = snap(7, 0x3fff_fff0, 1, 1);
+        s.peer = Some(node);
+        assert!(
+            s.claimable(),
+            "a parent pid of another node is not looked up"
+        );
+        assert!(
+            s.peer_may_claim(Some(node), 7, 42),
+            "before the child is named"
+        );
+        assert!(!s.peer_may_claim(Some(other), 7, 42), "another node");
+        assert!(!s.peer_may_claim(None, 7, 42), "a local host");
+        assert!(!s.peer_may_claim(Some(node), 8, 42), "another credential");
+        s.child_pid = Some(43);
+        assert!(!s.peer_may_claim(Some(node), 7, 42), "not the named child");
+        assert!(s.peer_may_claim(Some(node), 7, 43));
+        s.made = Instant::now() - REMOTE_TTL;
+        assert!(!s.claimable(), "expired");
+        // A local snapshot is never a remote host's.
+        assert!(!snap(7, 1, 1, 1).peer_may_claim(Some(node), 7, 1));
     }
 
     #[test]

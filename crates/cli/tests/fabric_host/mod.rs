@@ -66,6 +66,11 @@ impl Remote {
 
 /// Connects to `addr` and authenticates with `secret`: the server's `Welcome`.
 pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
+    attach_as(addr, secret, std::process::id())
+}
+
+/// As [`attach`], saying it is process `pid` (of the host's node).
+pub fn attach_as(addr: std::net::SocketAddr, secret: &str, pid: u32) -> (Remote, Welcome) {
     let ctx = Context::new(&ContextOptions {
         transports: Some("tcp".into()),
         rma: false,
@@ -77,11 +82,11 @@ pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
         wire::AM_WELCOME,
         wire::AM_SPANS,
         wire::AM_KEEPALIVE,
+        wire::AM_CONTROL,
     ] {
         worker.set_am_handler(id).unwrap();
     }
     let ep = worker.connect(addr).unwrap();
-    let pid = std::process::id();
     ep.am_send(wire::AM_HELLO, &Hello::new(pid).encode(), Vec::new(), true)
         .unwrap();
     let r = Remote {
@@ -105,6 +110,25 @@ pub fn attach(addr: std::net::SocketAddr, secret: &str) -> (Remote, Welcome) {
             }
             wire::AM_KEEPALIVE => {}
             other => panic!("unexpected message {other} during attach"),
+        }
+    }
+}
+
+/// Sends a control message as a host's helper does (`AM_CONTROL`) and
+/// returns the errno of the server's reply.
+pub fn control(r: &Remote, msg: tcps_proto::handshake::ControlMsg) -> i32 {
+    use tcps_proto::handshake::ControlMsg;
+    r.ep.am_send(wire::AM_CONTROL, &msg.encode(), Vec::new(), true)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = r.next(deadline);
+        if m.id != wire::AM_CONTROL {
+            continue;
+        }
+        match ControlMsg::decode(&m.header) {
+            Some(ControlMsg::Reply { errno, .. }) => return errno,
+            other => panic!("not a reply: {other:?}"),
         }
     }
 }

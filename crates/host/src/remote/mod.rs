@@ -17,8 +17,10 @@
 //! loaded by `dlopen` into every program.
 //!
 //! What a remote host cannot do: hand sockets over (socket adoption,
-//! `SocketDup`, `Export`), register memory, fork with its sockets. Its
-//! `socket` and `bind` are requests the server executes (`Client::socket`).
+//! `SocketDup`, `Export`). Registering memory and forking with its
+//! sockets go through the helper (its control messages are forwarded to
+//! the server; registered bytes are shipped by `pump`). Its `socket` and
+//! `bind` are requests the server executes (`Client::socket`).
 
 pub mod pump;
 

@@ -11,6 +11,13 @@
 //! anew — a new `owner` or `binds` — restarts at 0 here too) and the send
 //! queues' descriptors and `head`.
 //!
+//! Registered memory (the library's memfds, mapped here as `RegCopy`s
+//! when the helper forwards their `Register`): the bytes a new send-queue
+//! descriptor or a `SendReg` request names go out as registration spans
+//! in the same batch, before the descriptor (and `head`) or the request,
+//! so the server sends from its copy what the host queued; what a
+//! `RecvReg` received comes back the same way before its completion.
+//!
 //! `server_sleeping` in the host's copy is the pump's, not the server's:
 //! it stays non-zero, so every request the library posts rings the
 //! doorbell eventfd the pump sleeps on (one write per post; the pump could
@@ -18,11 +25,12 @@
 
 use tcps_fabric::wire::{self, Spans};
 use tcps_proto::layout::Layout;
-use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
+use tcps_proto::mirror::{zone, Kind, RegCopy, SpanRefused, Writer};
 use tcps_proto::msg::{Op, Request};
 use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::{stamp, Region};
-use tcps_proto::ring::HostCursor;
+use tcps_proto::ring::{HostCursor, ServerCursor};
+use tcps_proto::sendq::{DESC_FILE, MAX_REGISTRATIONS};
 use tcps_proto::wake::Woke;
 
 /// Offset of `server_sleeping` (and the server's two words after it).
@@ -47,6 +55,8 @@ pub struct HostPump {
     heads: Vec<[u8; 4]>,
     /// Each send queue's `head` as last shipped.
     sq_heads: Vec<u32>,
+    /// The library's registrations, by handle.
+    regs: Vec<Option<RegCopy>>,
 }
 
 /// Why a server batch could not be applied (the link is then dropped).
@@ -64,6 +74,26 @@ impl HostPump {
             used: [0; 4],
             heads: vec![[0; 4]; layout.recv_rings as usize],
             sq_heads: vec![0; layout.send_queues as usize],
+            regs: Vec::new(),
+        }
+    }
+
+    /// Registration `handle` (the library's memfd, mapped), once the
+    /// server took it.
+    pub fn add_registration(&mut self, handle: u32, copy: RegCopy) {
+        let h = handle as usize;
+        if handle >= MAX_REGISTRATIONS {
+            return;
+        }
+        if self.regs.len() <= h {
+            self.regs.resize_with(h + 1, || None);
+        }
+        self.regs[h] = Some(copy);
+    }
+
+    pub fn drop_registration(&mut self, handle: u32) {
+        if let Some(r) = self.regs.get_mut(handle as usize) {
+            *r = None;
         }
     }
 
@@ -100,6 +130,16 @@ impl HostPump {
                     break;
                 }
                 ship_in_args(region, &l, base, &b, out);
+                let r = Request::from_slot(&b);
+                if Op::from_u16(r.op) == Some(Op::SendReg) {
+                    ship_reg(
+                        &self.regs,
+                        r.args[0] as u32,
+                        r.args[1],
+                        r.args[2] as usize,
+                        out,
+                    );
+                }
                 out.push(at as u32, &b);
                 chan.shipped = chan.shipped.wrapping_add(1);
             }
@@ -137,11 +177,19 @@ impl HostPump {
             if head == *shipped {
                 continue;
             }
-            let n = head.wrapping_sub(*shipped).min(e);
+            // A queue bound anew starts again at 0 (the library's
+            // `reset_head`): only its new descriptors go.
+            let n = match head.wrapping_sub(*shipped) {
+                n if n > e => head.min(e),
+                n => n,
+            };
             for seq in head.wrapping_sub(n)..head.wrapping_sub(n).wrapping_add(n) {
                 let at = base + 192 + 32 * (seq % e) as usize;
                 let mut d = [0u8; 32];
                 if region.read_span(at, &mut d).is_ok() {
+                    if let Some((mem, off, len)) = desc_range(&d) {
+                        ship_reg(&self.regs, mem, off, len, out);
+                    }
                     out.push(at as u32, &d);
                 }
             }
@@ -161,8 +209,14 @@ impl HostPump {
         (r < l.recv_rings as usize && off == l.recv_ring_offset(r as u32) + 128).then_some(r)
     }
 
-    /// The send queue whose line 2 (`active`, `kicks_seen`, `owner`,
-    /// `binds`) starts at `off`, if any.
+    /// The channel whose line 2 (`req_head`, `cq_tail`) starts at `off`.
+    fn channel_line2(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        let c = off.checked_sub(l.channel_offset(0))? / l.channel_stride();
+        (c < l.n_channels as usize && off == l.channel_offset(c as u32) + 128).then_some(c as u32)
+    }
+
+    /// The send queue whose line 2 (`active`…) starts at `off`, if any.
     fn queue_line2(&self, off: usize) -> Option<usize> {
         let l = &self.layout;
         let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
@@ -194,9 +248,19 @@ impl HostPump {
     pub fn apply(&mut self, region: &Region, header: &[u8], data: &[u8]) -> Result<Woke, Refused> {
         let l = self.layout;
         let mut woken = Vec::new();
+        let mut rooms = Vec::new();
         let (mut rings, mut queues, mut log) = (Vec::new(), Vec::new(), false);
         for span in wire::spans(header, data) {
             let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
+            if off == wire::REG_SPAN {
+                // What a `RecvReg` received; a registration the library
+                // dropped meanwhile takes nothing.
+                let (handle, at, data) = wire::reg_span(bytes).ok_or(Refused::Malformed)?;
+                if let Some(copy) = self.regs.get(handle as usize).and_then(Option::as_ref) {
+                    copy.apply(at, data).map_err(Refused::Span)?;
+                }
+                continue;
+            }
             let mut off = off as usize;
             let mut bytes = bytes;
             if off == SERVER_WORDS && bytes.len() >= 4 {
@@ -207,9 +271,9 @@ impl HostPump {
                     continue;
                 }
             }
-            let (ring, queue) = (self.ring_line2(off), self.queue_line2(off));
-            // `owner` and `binds`: either changed, the ring (the queue) was
-            // bound anew.
+            let ring = self.ring_line2(off);
+            let queue = self.queue_line2(off);
+            // `owner` and `binds`: either changed, the ring was bound anew.
             let mut was = [0u8; 16];
             if ring.is_some() || queue.is_some() {
                 let _ = region.read_span(off, &mut was);
@@ -217,20 +281,25 @@ impl HostPump {
             region
                 .apply_span(Writer::Server, off, bytes)
                 .map_err(Refused::Span)?;
-            let changed = |r: std::ops::Range<usize>| bytes.get(r.clone()) != Some(&was[r]);
-            if let Some(r) = ring.filter(|_| changed(0..4) || changed(12..16)) {
+            // Ring line 2: `owner` then `binds` at 12; queue line 2: `owner`
+            // at 8, `binds` at 12.
+            let owner_at = if queue.is_some() { 8 } else { 0 };
+            let rebound = bytes.get(owner_at..owner_at + 4) != Some(&was[owner_at..owner_at + 4])
+                || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
+            if let Some(q) = queue.filter(|_| rebound) {
+                // Bound anew (the server's bind stored head = 0 in its
+                // copy): the queue restarts at 0 here too, before the
+                // library hears of the binding (it comes later in order).
+                let at = self.layout.send_queue_offset(q as u32);
+                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+                self.sq_heads[q] = 0;
+            }
+            if let Some(r) = ring.filter(|_| rebound) {
                 // Bound anew: the server's bind stored head = 0 in its copy;
                 // head is the host's to write here.
                 let at = self.layout.recv_ring_offset(r as u32);
                 let _ = region.apply_span(Writer::Host, at, &[0; 4]);
                 self.heads[r] = [0; 4];
-            }
-            if let Some(q) = queue.filter(|_| changed(8..12) || changed(12..16)) {
-                // The same for a send queue (its descriptors start at 0):
-                // what this pump shipped of the last binding is history.
-                let at = self.layout.send_queue_offset(q as u32);
-                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
-                self.sq_heads[q] = 0;
             }
             let z = zone(&l, off).filter(|z| z.kind == Kind::Slots(32));
             if let Some(z) = z {
@@ -239,6 +308,8 @@ impl HostPump {
                     woken.push(c);
                 }
             }
+            // A channel's line 2 (`req_head` moved): its room waiters.
+            rooms.extend(self.channel_line2(off));
             log |= off == READY_LOG_OFFSET;
             if let Some(r) = self.ring_of(off).filter(|r| !rings.contains(r)) {
                 rings.push(r);
@@ -250,6 +321,11 @@ impl HostPump {
         for c in woken {
             if let Some(ch) = region.channel(c) {
                 HostCursor::wake_sleepers(&ch);
+            }
+        }
+        for c in rooms {
+            if let Some(ch) = region.channel(c).filter(ServerCursor::room_wanted) {
+                ServerCursor::wake_room(&ch);
             }
         }
         let mut woke = Woke::default();
@@ -264,6 +340,31 @@ impl HostPump {
         }
         Ok(woke)
     }
+}
+
+/// Ships `len` bytes at `off` of registration `handle` (none if it is
+/// unknown or the range is outside it: the server then fails the send).
+fn ship_reg(regs: &[Option<RegCopy>], handle: u32, off: u64, len: usize, out: &mut Spans) {
+    let Some(copy) = regs.get(handle as usize).and_then(Option::as_ref) else {
+        return;
+    };
+    if len == 0 || len > copy.len() {
+        return;
+    }
+    let mut bytes = vec![0u8; len];
+    if copy.read(off, &mut bytes).is_ok() {
+        out.push_reg(handle, off, &bytes);
+    }
+}
+
+/// The registration range a send-queue descriptor (32 bytes) sends from:
+/// `(mem, off, len)`, none for a file range.
+fn desc_range(d: &[u8; 32]) -> Option<(u32, u64, usize)> {
+    let off = u64::from_le_bytes(d[..8].try_into().ok()?);
+    let len = u32::from_le_bytes(d[8..12].try_into().ok()?);
+    let mem = u16::from_le_bytes([d[12], d[13]]);
+    let flags = u16::from_le_bytes([d[14], d[15]]);
+    (flags & DESC_FILE == 0).then_some((u32::from(mem), off, len as usize))
 }
 
 fn join(a: &mut Woke, b: Woke) {
@@ -295,317 +396,5 @@ fn ship_in_args(region: &Region, l: &Layout, base: usize, slot: &[u8; 64], out: 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsFd;
-    use tcps_proto::msg::{Completion, Request};
-    use tcps_proto::ring::ServerCursor;
-
-    fn layout() -> Layout {
-        Layout {
-            n_channels: 2,
-            ring_entries: 8,
-            arena_size: 4096,
-            send_queues: 2,
-            sq_entries: 8,
-            recv_rings: 2,
-            rq_bytes: 4096,
-        }
-    }
-
-    fn region(l: Layout) -> (std::fs::File, Region) {
-        let f = crate::remote::tests_memfd(l.region_size());
-        let r = Region::map(f.as_fd(), l).unwrap();
-        r.init_header();
-        (f, r)
-    }
-
-    fn apply_all(to: &Region, who: Writer, s: &mut Spans) {
-        let (h, d) = s.take();
-        for span in wire::spans(&h, &d) {
-            let (off, b) = span.unwrap();
-            to.apply_span(who, off as usize, b).unwrap();
-        }
-    }
-
-    #[test]
-    fn a_send_crosses_to_the_server_and_its_answer_back() {
-        let l = layout();
-        let ((_a, host), (_b, server)) = (region(l), region(l));
-        HostPump::init(&host);
-        let mut pump = HostPump::new(l);
-        // The library: channels_used, arguments in the arena, the request.
-        host.apply_span(Writer::Host, CHANNELS_USED, &1u32.to_le_bytes())
-            .unwrap();
-        let arena = l.channel_offset(0) + l.arena_offset();
-        host.apply_span(Writer::Host, arena + 8, b"GET / HTTP/1.0")
-            .unwrap();
-        let mut hc = HostCursor::default();
-        let req = Request {
-            user_data: 5,
-            op: Op::Send as u16,
-            sock: 2,
-            buf_off: 8,
-            buf_len: 14,
-            ..Default::default()
-        };
-        hc.submit(&host.channel(0).unwrap(), &req).unwrap();
-        let mut out = Spans::new();
-        pump.collect(&host, &mut out);
-        apply_all(&server, Writer::Host, &mut out);
-        // The worker takes it, reads the bytes and answers.
-        let ch = server.channel(0).unwrap();
-        let mut sc = ServerCursor::default();
-        let got = sc.pop(&ch).unwrap().expect("the worker sees the request");
-        assert_eq!((got.user_data, got.buf_len), (5, 14));
-        let mut data = [0u8; 14];
-        server.read_span(arena + 8, &mut data).unwrap();
-        assert_eq!(&data, b"GET / HTTP/1.0");
-        sc.complete(
-            &ch,
-            &Completion {
-                user_data: 5,
-                op: Op::Send as u16,
-                result: 14,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        // The server pump's batch (by hand here): the slot, then line 2,
-        // then the header words with server_sleeping = 0.
-        let mut back = Spans::new();
-        let slot = l.channel_offset(0) + l.completions_offset();
-        for (off, len) in [
-            (slot, 32),
-            (l.channel_offset(0) + 128, 12),
-            (SERVER_WORDS, 12),
-        ] {
-            let mut b = vec![0u8; len];
-            server.read_span(off, &mut b).unwrap();
-            back.push(off as u32, &b);
-        }
-        let (h, d) = back.take();
-        pump.apply(&host, &h, &d).unwrap();
-        let c = hc
-            .reap(&host.channel(0).unwrap())
-            .expect("the host sees the answer");
-        assert_eq!((c.user_data, c.result), (5, 14));
-        let mut sleeping = [0u8; 4];
-        host.read_span(SERVER_WORDS, &mut sleeping).unwrap();
-        assert_eq!(
-            u32::from_le_bytes(sleeping),
-            1,
-            "the pump keeps the doorbell rung by posts"
-        );
-        // The consumed completion's credit goes back; nothing else.
-        pump.collect(&host, &mut out);
-        let (h, d) = out.take();
-        let spans: Vec<_> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
-        assert_eq!(
-            spans,
-            vec![l.channel_offset(0)],
-            "only line 0 (cq_head) changed"
-        );
-    }
-
-    #[test]
-    fn ring_heads_are_shipped_and_reset_by_a_rebind() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let ring = l.recv_ring_offset(1);
-        // The server binds ring 1 (owner 4) and publishes 10 bytes.
-        let mut s = Spans::new();
-        s.push((ring + 64) as u32, &10u32.to_le_bytes());
-        s.push((ring + 128) as u32, &4u32.to_le_bytes());
-        let (h, d) = s.take();
-        pump.apply(&host, &h, &d).unwrap();
-        // The host consumes them: its head goes to the server.
-        host.apply_span(Writer::Host, ring, &10u32.to_le_bytes())
-            .unwrap();
-        let mut out = Spans::new();
-        pump.collect(&host, &mut out);
-        let (h, d) = out.take();
-        let got: Vec<_> = wire::spans(&h, &d).map(|s| s.unwrap()).collect();
-        assert!(
-            got.contains(&(ring as u32, &10u32.to_le_bytes()[..])),
-            "{got:?}"
-        );
-        // Bound anew (owner 5): head is 0 again, and nothing to ship.
-        let mut s = Spans::new();
-        s.push((ring + 64) as u32, &0u32.to_le_bytes());
-        s.push((ring + 128) as u32, &5u32.to_le_bytes());
-        let (h, d) = s.take();
-        pump.apply(&host, &h, &d).unwrap();
-        let mut head = [0u8; 4];
-        host.read_span(ring, &mut head).unwrap();
-        assert_eq!(head, [0; 4]);
-        pump.collect(&host, &mut out);
-        assert!(out.is_empty());
-    }
-
-    /// The same socket id bound again (same `owner`, a new `binds`): the
-    /// host's `head` restarts at 0 as for a new owner.
-    #[test]
-    fn a_rebind_to_the_same_socket_id_resets_the_head() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let ring = l.recv_ring_offset(1);
-        let line2 = |binds: u32| {
-            let mut b = [0u8; 16];
-            b[..4].copy_from_slice(&2u32.to_le_bytes()); // owner
-            b[12..].copy_from_slice(&binds.to_le_bytes());
-            b
-        };
-        let mut s = Spans::new();
-        s.push((ring + 128) as u32, &line2(1));
-        let (h, d) = s.take();
-        pump.apply(&host, &h, &d).unwrap();
-        host.apply_span(Writer::Host, ring, &10u32.to_le_bytes())
-            .unwrap();
-        let mut s = Spans::new();
-        s.push((ring + 128) as u32, &line2(2));
-        let (h, d) = s.take();
-        pump.apply(&host, &h, &d).unwrap();
-        let mut head = [0u8; 4];
-        host.read_span(ring, &mut head).unwrap();
-        assert_eq!(head, [0; 4], "bound again: head restarts");
-        // Unchanged lines shipped again: no reset.
-        host.apply_span(Writer::Host, ring, &7u32.to_le_bytes())
-            .unwrap();
-        let mut s = Spans::new();
-        s.push((ring + 128) as u32, &line2(2));
-        let (h, d) = s.take();
-        pump.apply(&host, &h, &d).unwrap();
-        host.read_span(ring, &mut head).unwrap();
-        assert_eq!(u32::from_le_bytes(head), 7);
-    }
-
-    /// A publish into a ring a doorbell sleeper watches (and into the
-    /// ready log) reports its doorbell slot, as the server's publish does.
-    #[test]
-    fn a_publish_reports_the_doorbell_sleepers_of_the_ring_and_the_log() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let ring = l.recv_ring_offset(1);
-        let tail = |t: u32| {
-            let mut s = Spans::new();
-            s.push((ring + 64) as u32, &t.to_le_bytes());
-            s.take()
-        };
-        let (h, d) = tail(5);
-        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 0, "nobody waits");
-        // A sleeper on doorbell 3 registers on the ring (host_waiting,
-        // bell_slots), one on doorbell 5 on the ready log.
-        let mut w = [0u8; 12];
-        w[..4].copy_from_slice(&tcps_proto::eager::ctl::BELL_SLEEPER.to_le_bytes());
-        w[4..].copy_from_slice(&(1u64 << 3).to_le_bytes());
-        host.apply_span(Writer::Host, ring + 4, &w).unwrap();
-        let (h, d) = tail(9);
-        let woke = pump.apply(&host, &h, &d).unwrap();
-        assert!(woke.bell && woke.bells == 1 << 3, "{woke:?}");
-        // The log's `host_waiting`, padding, `bell_slots`.
-        let log = READY_LOG_OFFSET + 64;
-        host.apply_span(Writer::Host, log, &w[..4]).unwrap();
-        host.apply_span(Writer::Host, log + 8, &(1u64 << 5).to_le_bytes())
-            .unwrap();
-        let mut s = Spans::new();
-        s.push(READY_LOG_OFFSET as u32, &1u32.to_le_bytes());
-        let (h, d) = s.take();
-        assert_eq!(pump.apply(&host, &h, &d).unwrap().bells, 1 << 5);
-    }
-
-    #[test]
-    fn send_queue_descriptors_go_before_their_head_and_before_the_kick() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let q = l.send_queue_offset(1);
-        for seq in 0..3u32 {
-            let d = [seq as u8 + 1; 32];
-            host.apply_span(Writer::Host, q + 192 + 32 * seq as usize, &d)
-                .unwrap();
-        }
-        host.apply_span(Writer::Host, q, &3u32.to_le_bytes())
-            .unwrap();
-        host.apply_span(Writer::Host, CHANNELS_USED, &1u32.to_le_bytes())
-            .unwrap();
-        let mut hc = HostCursor::default();
-        let kick = Request {
-            user_data: 1,
-            op: Op::AsyncKick as u16,
-            sock: 1,
-            ..Default::default()
-        };
-        hc.submit(&host.channel(0).unwrap(), &kick).unwrap();
-        let mut out = Spans::new();
-        pump.collect(&host, &mut out);
-        let (h, d) = out.take();
-        let offs: Vec<usize> = wire::spans(&h, &d).map(|s| s.unwrap().0 as usize).collect();
-        let pos = |o: usize| offs.iter().position(|x| *x == o).unwrap();
-        let slot = l.channel_offset(0) + l.requests_offset();
-        assert!(
-            pos(q + 192) < pos(q + 256) && pos(q + 256) < pos(q),
-            "descriptors, then head: {offs:?}"
-        );
-        assert!(pos(q) < pos(slot), "the queue before the kick: {offs:?}");
-        // Nothing new: nothing shipped for the queue.
-        pump.collect(&host, &mut out);
-        let (h, d) = out.take();
-        assert!(wire::spans(&h, &d).all(|s| s.unwrap().0 as usize != q));
-    }
-
-    /// A send queue bound again to the same socket id (same `owner`, a new
-    /// `binds`): the first descriptor of the new binding is shipped even
-    /// though `head` is back at the value last shipped.
-    #[test]
-    fn a_send_queue_bound_again_ships_its_new_descriptors() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let q = l.send_queue_offset(1);
-        let publish = |pump: &mut HostPump, first: u8| {
-            host.apply_span(Writer::Host, q + 192, &[first; 32])
-                .unwrap();
-            host.apply_span(Writer::Host, q, &1u32.to_le_bytes())
-                .unwrap();
-            let mut out = Spans::new();
-            pump.collect(&host, &mut out);
-            let (h, d) = out.take();
-            wire::spans(&h, &d).any(|s| s.unwrap() == ((q + 192) as u32, &[first; 32][..]))
-        };
-        let bind = |pump: &mut HostPump, binds: u32| {
-            let mut b = [0u8; 16];
-            b[8..12].copy_from_slice(&2u32.to_le_bytes()); // owner: socket 1
-            b[12..].copy_from_slice(&binds.to_le_bytes());
-            let mut s = Spans::new();
-            s.push((q + 128) as u32, &b);
-            let (h, d) = s.take();
-            pump.apply(&host, &h, &d).unwrap();
-        };
-        bind(&mut pump, 1);
-        assert!(publish(&mut pump, 7), "the first binding's descriptor");
-        bind(&mut pump, 2);
-        let mut head = [0u8; 4];
-        host.read_span(q, &mut head).unwrap();
-        assert_eq!(head, [0; 4], "bound again: head restarts");
-        assert!(publish(&mut pump, 9), "the second binding's descriptor");
-    }
-
-    #[test]
-    fn a_bad_server_batch_is_refused() {
-        let l = layout();
-        let (_a, host) = region(l);
-        let mut pump = HostPump::new(l);
-        let mut s = Spans::new();
-        s.push(CHANNELS_USED as u32, &[1, 0, 0, 0]); // a host field
-        let (h, d) = s.take();
-        assert_eq!(
-            pump.apply(&host, &h, &d),
-            Err(Refused::Span(SpanRefused::NotWriter))
-        );
-        assert_eq!(pump.apply(&host, &h[..2], &d), Err(Refused::Malformed));
-    }
-}
+#[path = "pump_tests.rs"]
+mod tests;

@@ -147,10 +147,9 @@ impl Client {
         };
         let sock = conn.socks.get_or_insert(s)?;
         let g = self.send_side(s, sock)?;
-        // A host on another node has no staging pool (registered memory,
-        // `crate::remote`): its copied sends run synchronously.
-        let remote_copy = conn.remote && matches!(src, Source::Copy(_));
-        let Some(q) = g.queue.filter(|_| !remote_copy) else {
+        // (A host on another node too: its helper ships the staged bytes
+        // before the descriptor, `crate::remote::pump`.)
+        let Some(q) = g.queue else {
             drop(g);
             return self.fallback(s, &src, len, flags);
         };
@@ -292,7 +291,11 @@ impl Client {
         g.queued += u64::from(len);
         g.sends += 1;
         g.bytes += u64::from(len);
-        let kick = sub.sq.needs_kick(&mut g.kicks_sent);
+        // Over a fabric this copy's `active` and `kicks_seen` are the
+        // server's a round trip ago (the Dekker with the worker cannot
+        // hold): every publish kicks, and the helper ships the kick after
+        // the descriptor and `head`, in one batch (`crate::remote::pump`).
+        let kick = self.conn.remote || sub.sq.needs_kick(&mut g.kicks_sent);
         let io = IoHandle::new(sub.q, g.gen, seq);
         drop(g);
         if kick {

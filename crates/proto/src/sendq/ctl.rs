@@ -40,8 +40,8 @@ pub struct SendQueueCtl {
     /// (after the socket was closed and its sends finished).
     pub owner: AtomicU32,
     /// Server-written: binds of this queue (free-running), stored before
-    /// `owner`. Over a fabric the pumps restart a queue's shipping when it
-    /// changes: the same socket id bound again has the same `owner`.
+    /// `owner`: over a fabric a queue bound again to the same socket id
+    /// shows a new value here (the host's pump then restarts its `head`).
     pub binds: AtomicU32,
     _pad2: [u8; 48],
 }

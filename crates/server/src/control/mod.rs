@@ -329,6 +329,7 @@ fn new_host(conn: OwnedFd, id: u64, cfg: &Config, pid: u32, uid: u32) -> io::Res
         control: conn,
         doorbell,
         remote: false,
+        fabric_peer: None,
         memfd: Some(memfd),
     })
 }

@@ -5,10 +5,12 @@
 //! (a socketpair stands in for the host's control socket: its hang-up
 //! frees the host, as for a local one), and `calls`: `Socket` and `Bind`
 //! of a remote host, run here; `rings`: the receive/accept rings', send
-//! queues' and ready log's spans.
+//! queues' and ready log's spans; `control`: a remote host's fork and
+//! registration messages, forwarded to the worker.
 
 pub mod attach;
 pub mod calls;
+pub mod control;
 pub mod pump;
 pub mod rings;
 pub mod serve;

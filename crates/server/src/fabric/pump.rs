@@ -2,16 +2,20 @@
 //! "The channel over a fabric"): applies the spans the host's pump sent
 //! to the server's copy of its region (checked by `proto::mirror`: only
 //! host-written zones), and gathers what the server wrote since the last
-//! pass into one batch for the host. This first cut covers the channels
-//! (requests and completions: the synchronous calls) and the receive and
-//! accept rings (`rings`); send queues and the ready log follow the same
-//! pattern.
+//! pass into one batch for the host: the channels (requests and
+//! completions), the receive and accept rings, send queues and the ready
+//! log (`rings`). It holds the server's copies of the host's memory
+//! registrations (`control`): the host's registration spans (the bytes
+//! of its queued and `SendReg` sends, shipped before the descriptor or
+//! request naming them) are written there, bound-checked
+//! (`RegCopy::apply`), and what a `RecvReg` received goes back to the
+//! host the same way, before its completion.
 
 use std::collections::HashMap;
 use tcps_fabric::wire::{self, Spans};
 use tcps_proto::eager::ctl::BELL_SLEEPER;
 use tcps_proto::layout::Layout;
-use tcps_proto::mirror::{zone, Kind, SpanRefused, Writer};
+use tcps_proto::mirror::{zone, Kind, RegCopy, SpanRefused, Writer};
 use tcps_proto::msg::{Completion, Op, Request};
 use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::Region;
@@ -23,6 +27,8 @@ struct Call {
     op: u16,
     buf_off: u32,
     buf_len: u32,
+    /// `RecvReg`: the registration range it receives into.
+    reg: Option<(u32, u64)>,
 }
 
 #[derive(Default)]
@@ -31,6 +37,8 @@ struct Chan {
     shipped: u32,
     /// Requests applied and not yet answered, by `user_data`.
     calls: HashMap<u64, Call>,
+    /// Line 2 (`req_head`, `cq_tail`, `parked_tag`) as last shipped.
+    line2: [u8; 12],
 }
 
 /// Why a host's batch was refused: the host is cut off.
@@ -40,6 +48,8 @@ pub enum Refused {
     Span(SpanRefused),
     /// More requests in flight than its rings hold.
     TooManyCalls,
+    /// A registration span for a handle it has not registered.
+    NoRegistration,
 }
 
 /// One remote host's pump state at the server.
@@ -49,6 +59,8 @@ pub struct ServerPump {
     rings: super::rings::Rings,
     /// The server's header words last shipped (`server_sleeping`, …).
     header: [u8; 12],
+    /// The server's copies of the host's registrations, by handle.
+    regs: Vec<Option<RegCopy>>,
 }
 
 const SERVER_WORDS: usize = 64;
@@ -61,7 +73,37 @@ impl ServerPump {
             chans,
             rings: super::rings::Rings::new(&layout),
             header: [0xff; 12],
+            regs: Vec::new(),
         }
+    }
+
+    pub fn has_registration(&self, handle: u32) -> bool {
+        self.regs.get(handle as usize).is_some_and(Option::is_some)
+    }
+
+    /// The server's copy of registration `handle` (the caller checked the
+    /// handle is below `MAX_REGISTRATIONS`).
+    pub fn add_registration(&mut self, handle: u32, copy: RegCopy) {
+        let h = handle as usize;
+        if self.regs.len() <= h {
+            self.regs.resize_with(h + 1, || None);
+        }
+        self.regs[h] = Some(copy);
+    }
+
+    pub fn drop_registration(&mut self, handle: u32) {
+        if let Some(r) = self.regs.get_mut(handle as usize) {
+            *r = None;
+        }
+    }
+
+    /// A registration span from the host: into the server's copy, inside it.
+    fn apply_reg(&self, bytes: &[u8]) -> Result<(), Refused> {
+        let (handle, off, data) = wire::reg_span(bytes).ok_or(Refused::Malformed)?;
+        let copy = self.regs.get(handle as usize).and_then(Option::as_ref);
+        copy.ok_or(Refused::NoRegistration)?
+            .apply(off, data)
+            .map_err(Refused::Span)
     }
 
     /// Makes the server's copy of a remote host's region look watched
@@ -100,6 +142,10 @@ impl ServerPump {
         let mut requests = false;
         for span in wire::spans(header, data) {
             let (off, bytes) = span.map_err(|_| Refused::Malformed)?;
+            if off == wire::REG_SPAN {
+                self.apply_reg(bytes)?;
+                continue;
+            }
             let off = off as usize;
             region
                 .apply_span(Writer::Host, off, bytes)
@@ -123,7 +169,9 @@ impl ServerPump {
             // Only calls whose results land in the arena are remembered:
             // they always complete (unanswered ops — kicks, unanswered
             // closes — never would, and would pile up here).
-            if !writes_arena(r.op) {
+            let reg =
+                (Op::from_u16(r.op) == Some(Op::RecvReg)).then_some((r.args[0] as u32, r.args[1]));
+            if !writes_arena(r.op) && reg.is_none() {
                 continue;
             }
             if chan.calls.len() >= 2 * l.ring_entries as usize {
@@ -135,6 +183,7 @@ impl ServerPump {
                     op: r.op,
                     buf_off: r.buf_off,
                     buf_len: r.buf_len,
+                    reg,
                 },
             );
         }
@@ -152,40 +201,7 @@ impl ServerPump {
         let out_rings = out;
         let out = &mut done;
         for c in 0..l.n_channels {
-            let Some(ch) = region.channel(c) else {
-                continue;
-            };
-            let tail = HostCursor::published(&ch);
-            let chan = &mut self.chans[c as usize];
-            if tail == chan.shipped {
-                continue;
-            }
-            let base = l.channel_offset(c);
-            while chan.shipped != tail {
-                let slot = (chan.shipped & (l.ring_entries - 1)) as usize;
-                let at = base + l.completions_offset() + 32 * slot;
-                let mut b = [0u8; 32];
-                if region.read_span(at, &mut b).is_err() {
-                    break;
-                }
-                let done = Completion::from_slot(&b);
-                if let Some(call) = chan.calls.remove(&done.user_data) {
-                    let n = out_len(call, &done);
-                    if n > 0 {
-                        let a = base + l.arena_offset() + call.buf_off as usize;
-                        let mut bytes = vec![0u8; n];
-                        if region.read_span(a, &mut bytes).is_ok() {
-                            out.push(a as u32, &bytes);
-                        }
-                    }
-                }
-                out.push(at as u32, &b);
-                chan.shipped = chan.shipped.wrapping_add(1);
-            }
-            let mut line = [0u8; 12];
-            if region.read_span(base + 2 * SERVER_WORDS, &mut line).is_ok() {
-                out.push((base + 2 * SERVER_WORDS) as u32, &line);
-            }
+            self.collect_channel(region, c, out);
         }
         self.rings.collect(&l, region, out_rings);
         out_rings.append(&mut done);
@@ -194,6 +210,64 @@ impl ServerPump {
         if region.read_span(SERVER_WORDS, &mut words).is_ok() && words != self.header {
             self.header = words;
             out.push(SERVER_WORDS as u32, &words);
+        }
+    }
+}
+
+/// What a `RecvReg` received (`n` bytes at `off` of registration
+/// `handle`), back to the host's copy before its completion.
+fn ship_received(copy: Option<&RegCopy>, handle: u32, off: u64, n: i64, out: &mut Spans) {
+    let (Some(copy), Ok(n)) = (copy, usize::try_from(n)) else {
+        return;
+    };
+    let mut bytes = vec![0u8; n];
+    if n > 0 && copy.read(off, &mut bytes).is_ok() {
+        out.push_reg(handle, off, &bytes);
+    }
+}
+
+impl ServerPump {
+    /// Channel `c`'s new completions (each after the bytes it wrote for
+    /// the host), then its server line (`req_head`, `cq_tail`) if it moved:
+    /// requests answered by no completion (kicks) free ring room too.
+    fn collect_channel(&mut self, region: &Region, c: u32, out: &mut Spans) {
+        let l = self.layout;
+        let Some(ch) = region.channel(c) else {
+            return;
+        };
+        let tail = HostCursor::published(&ch);
+        let chan = &mut self.chans[c as usize];
+        let base = l.channel_offset(c);
+        while chan.shipped != tail {
+            let slot = (chan.shipped & (l.ring_entries - 1)) as usize;
+            let at = base + l.completions_offset() + 32 * slot;
+            let mut b = [0u8; 32];
+            if region.read_span(at, &mut b).is_err() {
+                break;
+            }
+            let done = Completion::from_slot(&b);
+            if let Some(call) = chan.calls.remove(&done.user_data) {
+                if let Some((handle, off)) = call.reg.filter(|_| done.errno == 0) {
+                    let copy = self.regs.get(handle as usize).and_then(Option::as_ref);
+                    ship_received(copy, handle, off, done.result, out);
+                }
+                let n = out_len(call, &done);
+                if n > 0 {
+                    let a = base + l.arena_offset() + call.buf_off as usize;
+                    let mut bytes = vec![0u8; n];
+                    if region.read_span(a, &mut bytes).is_ok() {
+                        out.push(a as u32, &bytes);
+                    }
+                }
+            }
+            out.push(at as u32, &b);
+            chan.shipped = chan.shipped.wrapping_add(1);
+        }
+        let mut line = [0u8; 12];
+        let at = base + 2 * SERVER_WORDS;
+        if region.read_span(at, &mut line).is_ok() && line != chan.line2 {
+            chan.line2 = line;
+            out.push(at as u32, &line);
         }
     }
 }
@@ -375,5 +449,91 @@ mod tests {
             Err(Refused::Span(SpanRefused::NotWriter))
         );
         assert_eq!(pump.apply(&server, &h, &d[..3]), Err(Refused::Malformed));
+    }
+
+    /// A fresh registration copy of `len` bytes (a sealed memfd, as the
+    /// fabric thread makes) and a second mapping standing for the worker's.
+    fn registration(len: usize) -> (RegCopy, RegCopy) {
+        use std::os::fd::AsFd;
+        let fd = crate::sys::memfd(c"reg-test", len).unwrap();
+        let a = RegCopy::map(fd.as_fd(), len).unwrap();
+        (a, RegCopy::map(fd.as_fd(), len).unwrap())
+    }
+
+    #[test]
+    fn registration_spans_land_in_the_copy_only_inside() {
+        let l = layout();
+        let server = region(l);
+        let mut pump = ServerPump::new(l);
+        let (copy, worker) = registration(4096);
+        pump.add_registration(5, copy);
+        let mut s = Spans::new();
+        s.push_reg(5, 4090, b"bytes!");
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&server, &h, &d), Ok(false));
+        let mut got = [0u8; 6];
+        worker.read(4090, &mut got).unwrap();
+        assert_eq!(&got, b"bytes!", "the worker's mapping sees them");
+        for (handle, off, why) in [
+            (5, 4091, Refused::Span(SpanRefused::Outside)),
+            (6, 0, Refused::NoRegistration),
+        ] {
+            let mut s = Spans::new();
+            s.push_reg(handle, off, b"bytes!");
+            let (h, d) = s.take();
+            assert_eq!(pump.apply(&server, &h, &d), Err(why), "{handle} {off}");
+        }
+        pump.drop_registration(5);
+        let mut s = Spans::new();
+        s.push_reg(5, 0, b"x");
+        let (h, d) = s.take();
+        assert_eq!(pump.apply(&server, &h, &d), Err(Refused::NoRegistration));
+    }
+
+    /// What a `RecvReg` received goes back before its completion.
+    #[test]
+    fn a_recv_into_a_registration_comes_back_before_its_completion() {
+        let l = layout();
+        let (host, server) = (region(l), region(l));
+        let mut pump = ServerPump::new(l);
+        let (copy, worker) = registration(4096);
+        pump.add_registration(2, copy);
+        let mut hc = HostCursor::default();
+        let mut req = Request {
+            user_data: 4,
+            op: Op::RecvReg as u16,
+            sock: 1,
+            ..Default::default()
+        };
+        req.args[..3].copy_from_slice(&[2, 100, 50]);
+        hc.submit(&host.channel(0).unwrap(), &req).unwrap();
+        let (h, d) = ship_request(&host, &l).take();
+        assert_eq!(pump.apply(&server, &h, &d), Ok(true));
+        let ch = server.channel(0).unwrap();
+        let mut sc = ServerCursor::default();
+        sc.pop(&ch).unwrap().expect("taken");
+        worker.apply(100, b"received").unwrap();
+        let done = Completion {
+            user_data: 4,
+            op: Op::RecvReg as u16,
+            result: 8,
+            ..Default::default()
+        };
+        sc.complete(&ch, &done).unwrap();
+        let mut out = Spans::new();
+        pump.collect(&server, &mut out);
+        let (h, d) = out.take();
+        let got: Vec<_> = wire::spans(&h, &d).map(|s| s.unwrap()).collect();
+        let reg = got
+            .iter()
+            .position(|(o, _)| *o == wire::REG_SPAN)
+            .expect("shipped");
+        assert_eq!(
+            wire::reg_span(got[reg].1),
+            Some((2, 100, &b"received"[..])),
+            "only what was received"
+        );
+        let slot = (l.channel_offset(0) + l.completions_offset()) as u32;
+        assert!(reg < got.iter().position(|(o, _)| *o == slot).unwrap());
     }
 }

@@ -106,8 +106,13 @@ impl Rings {
     pub fn collect(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
         let mut log_tail = [0u8; 4];
         let log_read = region.read_span(READY_LOG_OFFSET, &mut log_tail).is_ok();
+        // An accept record may name a send queue the server bound for the
+        // connection (`SETUP_SENDQ`, `done` reset): the queues are read
+        // after the rings and shipped before them.
+        let mut rings = Spans::new();
+        self.collect_rings(l, region, &mut rings);
         self.collect_queues(l, region, out);
-        self.collect_rings(l, region, out);
+        out.append(&mut rings);
         if log_read {
             self.collect_log(region, u32::from_le_bytes(log_tail), out);
         }

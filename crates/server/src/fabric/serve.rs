@@ -14,6 +14,7 @@
 //! thread sleeps on those, with a 5 ms backstop.
 
 use super::attach::{Attach, Step};
+use super::control::Ctl;
 use super::pump::ServerPump;
 use crate::config::{Config, FabricConfig};
 use crate::control::{admit_host, host_region, WorkerHandle};
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tcps_fabric::auth::Secret;
 use tcps_fabric::wire::{
-    Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
+    Spans, Welcome, AM_AUTH, AM_CHALLENGE, AM_CONTROL, AM_HELLO, AM_KEEPALIVE, AM_SPANS, AM_WELCOME,
 };
 use tcps_fabric::{Context, ContextOptions, Endpoint, Listener, Worker};
 use tcps_proto::handshake::ControlMsg;
@@ -53,6 +54,8 @@ struct Live {
     /// When the host was last heard from, and last sent anything.
     heard: Instant,
     sent: Instant,
+    /// Its control messages forwarded to the worker (`control`).
+    ctl: Ctl,
 }
 
 /// A gap this long in the thread's own loop (it sleeps at most
@@ -76,24 +79,31 @@ impl Live {
         }
     }
 
-    /// Takes the worker's answer (doorbell 0) if it came; empties the bell.
-    fn drain_bell(&mut self) {
+    /// Takes the worker's answer (doorbell 0) if it came; empties the bell;
+    /// relays the worker's later replies to the host (`control`). False:
+    /// the worker hung up the stand-in (it cut the host off).
+    fn drain_bell(&mut self, link: (&Endpoint, &mut LinkCounters)) -> bool {
         let mut b = [0u8; 64];
         if let Some(bell) = &self.bell {
             // SAFETY: reading a non-blocking pipe into a local buffer.
             while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
-            return;
+            let control = self.control.as_raw_fd();
+            return self.ctl.relay(&mut self.pump, control, link);
         }
         let fd = self.control.as_raw_fd();
-        if let Ok((n, mut got)) = tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT)
-        {
-            let ok = matches!(
-                ControlMsg::decode(&b[..n]),
-                Some(ControlMsg::Reply { errno: 0, .. })
-            );
-            if ok && got.len() == 1 {
-                self.bell = got.pop();
+        match tcps_proto::fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
+            Ok((0, _)) => false,
+            Ok((n, mut got)) => {
+                let ok = matches!(
+                    ControlMsg::decode(&b[..n]),
+                    Some(ControlMsg::Reply { errno: 0, .. })
+                );
+                if ok && got.len() == 1 {
+                    self.bell = got.pop();
+                }
+                true
             }
+            Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
         }
     }
 }
@@ -118,6 +128,8 @@ struct Conn {
     /// way (`crate::links`).
     addr: Option<std::net::SocketAddr>,
     io: LinkCounters,
+    /// The host's fabric address (its node), from the connection request.
+    peer: Option<std::net::IpAddr>,
 }
 
 impl Conn {
@@ -127,6 +139,7 @@ impl Conn {
             state: State::Attaching(Attach::new(Instant::now())),
             addr,
             io: LinkCounters::default(),
+            peer: addr.map(|a| a.ip()),
         }
     }
 
@@ -190,7 +203,7 @@ impl Fabric {
         // Active messages only: the server is never the target of a put.
         let ctx = Context::new(&ContextOptions::default()).map_err(|e| err(format!("UCX: {e}")))?;
         let worker = Worker::new(&ctx).map_err(|e| err(format!("UCX: {e}")))?;
-        for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE] {
+        for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE, AM_CONTROL] {
             worker
                 .set_am_handler(id)
                 .map_err(|e| err(format!("UCX: {e}")))?;
@@ -220,6 +233,27 @@ fn welcome(c: &mut Conn, status: i32, geometry: [u32; 8], message: String) {
     c.send(AM_WELCOME, &w.encode(), Vec::new());
 }
 
+/// Takes the worker's answers and replies for every live host; lets go of
+/// those whose worker dropped them.
+fn drain_bells(conns: &mut HashMap<u64, Conn>, links: &LinkBoard) {
+    conns.retain(|_, c| {
+        let kept = match &mut c.state {
+            State::Live(l) => {
+                let kept = l.drain_bell((&c.ep, &mut c.io));
+                if !kept {
+                    info!(host = l.id, "remote host let go: its worker dropped it");
+                }
+                kept
+            }
+            State::Attaching(_) => true,
+        };
+        if !kept {
+            c.gone(links, "dropped by its worker".into());
+        }
+        kept
+    });
+}
+
 /// The thread: runs until the server's shutdown eventfd fires.
 pub fn serve(fabric: Fabric, srv: Server) {
     let mut conns: HashMap<u64, Conn> = HashMap::new();
@@ -241,11 +275,7 @@ pub fn serve(fabric: Fabric, srv: Server) {
         if fabric.worker.progress() == 0 && fabric.worker.arm() {
             sleep(&fabric, &srv, &conns, any_live);
         }
-        for c in conns.values_mut() {
-            if let State::Live(l) = &mut c.state {
-                l.drain_bell();
-            }
-        }
+        drain_bells(&mut conns, &srv.shared.links);
         if srv.shared.stopping.load(Ordering::Relaxed) {
             return;
         }
@@ -295,6 +325,16 @@ pub fn serve(fabric: Fabric, srv: Server) {
                         }
                     }
                 }
+                State::Live(l) if m.id == AM_CONTROL => {
+                    let control = l.control.as_raw_fd();
+                    l.ctl.carry_out(
+                        &srv.cfg,
+                        &mut l.pump,
+                        control,
+                        (&conn.ep, &mut conn.io),
+                        &m.header,
+                    )
+                }
                 State::Live(_) => m.id == AM_KEEPALIVE,
             };
             if !keep {
@@ -312,9 +352,10 @@ pub fn serve(fabric: Fabric, srv: Server) {
 fn sleep(fabric: &Fabric, srv: &Server, conns: &HashMap<u64, Conn>, any_live: bool) {
     let wait = if any_live { BACKSTOP_MS } else { 100 };
     let mut fds = vec![srv.shutdown_fd, fabric.worker.event_fd()];
-    fds.extend(conns.values().filter_map(|c| match &c.state {
-        State::Live(l) => Some(l.watched()),
-        State::Attaching(_) => None,
+    fds.extend(conns.values().flat_map(|c| match &c.state {
+        // The worker's replies to forwarded control messages too.
+        State::Live(l) => vec![l.watched(), l.control.as_raw_fd()],
+        State::Attaching(_) => Vec::new(),
     }));
     let mut pfds: Vec<libc::pollfd> = fds
         .into_iter()
@@ -408,7 +449,7 @@ fn attach_step(
             *next_id += 1;
             let w = &srv.workers[*next_worker % srv.workers.len().max(1)];
             *next_worker += 1;
-            match new_remote_host(*next_id, &srv.cfg, pid, uid, w) {
+            match new_remote_host(*next_id, &srv.cfg, (pid, uid, conn.peer), w) {
                 Ok(live) => {
                     info!(host = live.id, pid, uid, "remote host attached");
                     welcome(conn, 0, srv.cfg.layout.to_words(), String::new());
@@ -430,8 +471,7 @@ fn attach_step(
 fn new_remote_host(
     id: u64,
     cfg: &Config,
-    pid: u32,
-    uid: u32,
+    (pid, uid, peer): (u32, u32, Option<std::net::IpAddr>),
     w: &WorkerHandle,
 ) -> std::io::Result<Live> {
     let io = std::io::Error::from_raw_os_error;
@@ -440,7 +480,7 @@ fn new_remote_host(
     ServerPump::init(&pump_region);
     let doorbell = sys::eventfd().map_err(io)?;
     let pump_doorbell = doorbell.try_clone()?;
-    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    let (a, b) = super::control::socket_pair()?;
     let ask = ControlMsg::HostDoorbell { handle: 0 }.encode();
     tcps_proto::fdpass::send_with_fds(b.as_raw_fd(), &ask, &[])?;
     let host = NewHost {
@@ -448,9 +488,10 @@ fn new_remote_host(
         pid,
         uid,
         region,
-        control: OwnedFd::from(a),
+        control: a,
         doorbell,
         remote: true,
+        fabric_peer: peer,
         memfd: None,
     };
     if let Ok(mut inbox) = w.inbox.hosts.lock() {
@@ -465,10 +506,11 @@ fn new_remote_host(
         pump: ServerPump::new(cfg.layout),
         region: pump_region,
         doorbell: pump_doorbell,
-        control: OwnedFd::from(b),
+        control: b,
         bell: None,
         heard: Instant::now(),
         sent: Instant::now(),
+        ctl: Ctl::default(),
     })
 }
 

@@ -48,6 +48,7 @@ pub fn host(r: HostRecord, cfg: &Config, shared: &Shared) -> io::Result<Host> {
         control: own(r.control)?,
         doorbell: own(r.doorbell)?,
         remote: false,
+        fabric_peer: None,
         memfd: Some(memfd),
     };
     let mut h = Host::new(nh, cfg.max_pull_bytes_per_host);
