@@ -152,7 +152,16 @@ fn shutdown_behind_queued_sends_does_not_wait(engine: &str) {
     // state and asks the server (with it, `shutdown` is posted unanswered).
     let srv = Server::start(engine, &["--eager-recv", "off"]);
     let c = srv.attach();
-    let (s, k) = connected(&c);
+    // Small buffers both ends: most of what is queued stays queued.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    set_rcvbuf(&l, 4096);
+    let s = c.socket(libc::AF_INET, libc::SOCK_STREAM, 0).unwrap();
+    c.setsockopt(s, libc::SOL_SOCKET, libc::SO_SNDBUF, &4096i32.to_ne_bytes())
+        .unwrap();
+    c.connect(s, &l.local_addr().unwrap())
+        .expect("tcps connect");
+    let (k, _) = l.accept().unwrap();
+    k.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     c.set_nonblocking(s, true).unwrap();
     let mut rng = Rng::new(5);
     let mut accepted = Vec::new();

@@ -119,15 +119,31 @@ fn start(
         | Call::SendReg { sock, .. }
         | Call::RecvReg { sock, .. }
         | Call::Connect { sock, .. } => blocking::start(cx, host, ch, user_data, op, call, sock),
-        Call::Shutdown { sock, reply, .. } => {
+        Call::Shutdown { sock, reply, how } => {
             if !reply {
                 // Unanswered (the host knew the connection open): its
                 // completion credit is free now, and `finish` publishes
                 // nothing for it.
                 host.cursors[ch as usize].retire();
             }
-            if host.socket(sock).is_none() {
+            let Some(s) = host.socket(sock) else {
                 return reply.then_some(Err(libc::EBADF));
+            };
+            if reply
+                && !s.writers.is_empty()
+                && sys::getpeername(std::os::fd::AsRawFd::as_raw_fd(&s.fd)).is_ok()
+            {
+                // Behind sends the peer has not taken, on a connection: the
+                // kernel's shutdown does not wait for its send buffer
+                // either. Answered now; the shutdown itself waits its turn
+                // unanswered, so the FIN still follows every byte.
+                let call = Call::Shutdown {
+                    sock,
+                    how,
+                    reply: false,
+                };
+                blocking::start_shutdown(cx, host, ch, user_data, call, sock);
+                return Some(Ok((0, 0)));
             }
             blocking::start_shutdown(cx, host, ch, user_data, call, sock);
         }
