@@ -5,7 +5,7 @@
 //! an error, Ctrl-C through `harness::check_interrupted`, a panic).
 //!
 //! Used by `tcps bench cluster` and by the test `crates/cli/tests/cluster.rs`
-//! (which includes this file with `#[path]`): std only.
+//! (which includes this file with `#[path]`): std and libc only.
 //!
 //! Links (`sub` picks the third octet, so concurrent tests differ):
 //! application `.2` — server `.1` in 10.78.sub (the fabric), client `.2` —
@@ -58,6 +58,16 @@ pub struct Nodes {
 impl Drop for Nodes {
     fn drop(&mut self) {
         for ns in [&self.app, &self.srv, &self.cli] {
+            // What still runs on a node goes with it (a program's forked
+            // workers outlive a master killed by a failed run).
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        // SAFETY: kill(2) of a process in our namespace.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
             let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }
         for d in &self.devs {

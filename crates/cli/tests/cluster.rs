@@ -636,6 +636,7 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
         std::fs::read_to_string(&out).unwrap_or_default()
             + &std::fs::read_to_string(d.join("error.log")).unwrap_or_default()
             + &std::fs::read_to_string(&log).unwrap_or_default()
+            + &format!("\ntcps stat: {}", stat_json(&socket)["hosts"])
     };
     let base = format!("http://{}:8081", n.srv_cli_addr);
     wait_http(&n, &format!("{base}/one.bin"), &logs);

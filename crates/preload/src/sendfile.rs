@@ -199,9 +199,12 @@ unsafe fn offloaded_sendfile(
     finish(in_fd, offset, start, total as usize, err)
 }
 
-/// sendfile when attached to a server on another node (`TCPS_REMOTE`):
-/// the file's bytes read here and sent as ordinary sends, 64 KiB at a
-/// time, until `count`, a short send or an error.
+/// sendfile when attached to a server on another node (`TCPS_REMOTE`)
+/// that does not share the file: its bytes read here and sent as writes
+/// are (`io::send_id`: queued asynchronously while the send queue has
+/// room, so a full one gives a non-blocking socket a short count or EAGAIN
+/// and EPOLLOUT when room returns, as for any write), 64 KiB at a time,
+/// until `count`, a short send or an error.
 unsafe fn remote_sendfile(
     c: &tcps::Client,
     out_fd: c_int,
@@ -212,7 +215,8 @@ unsafe fn remote_sendfile(
     count: size_t,
 ) -> ssize_t {
     let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
-    let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    // SIGPIPE is raised once, by `finish`.
+    let flags = libc::MSG_NOSIGNAL | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
     let mut buf = vec![0u8; count.min(64 << 10)];
     let (mut total, mut err) = (0usize, 0);
     while total < count {
@@ -223,17 +227,14 @@ unsafe fn remote_sendfile(
             err = if n < 0 { crate::errno::last_errno() } else { 0 };
             break;
         }
-        match c.send(id, &buf[..n as usize], flags) {
-            Ok(sent) => {
-                total += sent;
-                if sent < n as usize {
-                    break;
-                }
-            }
-            Err(e) => {
-                err = crate::errno::errno_of(&e);
-                break;
-            }
+        let sent = crate::io::send_id(c, out_fd, id, &buf[..n as usize], flags);
+        if sent < 0 {
+            err = crate::errno::last_errno();
+            break;
+        }
+        total += sent as usize;
+        if (sent as usize) < n as usize {
+            break;
         }
     }
     finish(in_fd, offset, start, total, err)

@@ -41,6 +41,7 @@ pub mod sendq;
 mod sync;
 pub mod wake;
 pub mod wake_batch;
+pub mod watch;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

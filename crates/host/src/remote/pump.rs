@@ -32,6 +32,7 @@ use tcps_proto::region::{stamp, Region};
 use tcps_proto::ring::{HostCursor, ServerCursor};
 use tcps_proto::sendq::{DESC_FILE, MAX_REGISTRATIONS};
 use tcps_proto::wake::Woke;
+use tcps_proto::watch::Watch;
 
 /// Offset of `server_sleeping` (and the server's two words after it).
 const SERVER_WORDS: usize = 64;
@@ -55,6 +56,10 @@ pub struct HostPump {
     heads: Vec<[u8; 4]>,
     /// Each send queue's `head` as last shipped.
     sq_heads: Vec<u32>,
+    /// The rings and queues the server has bound (a pass looks at these
+    /// only: the host writes nowhere else), from their line 2.
+    bound_rings: Watch,
+    bound_queues: Watch,
     /// The library's registrations, by handle.
     regs: Vec<Option<RegCopy>>,
 }
@@ -74,6 +79,8 @@ impl HostPump {
             used: [0; 4],
             heads: vec![[0; 4]; layout.recv_rings as usize],
             sq_heads: vec![0; layout.send_queues as usize],
+            bound_rings: Watch::new(layout.recv_rings as usize),
+            bound_queues: Watch::new(layout.send_queues as usize),
             regs: Vec::new(),
         }
     }
@@ -153,8 +160,9 @@ impl HostPump {
 
     /// What the host consumed from its rings (the server's room).
     fn collect_heads(&mut self, region: &Region, out: &mut Spans) {
-        for (r, shipped) in self.heads.iter_mut().enumerate() {
-            let at = self.layout.recv_ring_offset(r as u32);
+        for &r in self.bound_rings.members() {
+            let shipped = &mut self.heads[r as usize];
+            let at = self.layout.recv_ring_offset(r);
             let mut head = [0u8; 4];
             if region.read_span(at, &mut head).is_ok() && head != *shipped {
                 *shipped = head;
@@ -167,8 +175,9 @@ impl HostPump {
     fn collect_queues(&mut self, region: &Region, out: &mut Spans) {
         let l = self.layout;
         let e = l.sq_entries;
-        for (q, shipped) in self.sq_heads.iter_mut().enumerate() {
-            let base = l.send_queue_offset(q as u32);
+        for &q in self.bound_queues.members() {
+            let shipped = &mut self.sq_heads[q as usize];
+            let base = l.send_queue_offset(q);
             let mut w = [0u8; 4];
             if region.read_span(base, &mut w).is_err() {
                 continue;
@@ -196,6 +205,64 @@ impl HostPump {
             out.push(base as u32, &w);
             *shipped = head;
         }
+    }
+
+    /// Applies one server span; a ring's or queue's line 2 among them
+    /// updates what is bound (the rings and queues a pass looks at) and,
+    /// bound anew, restarts the host's `head` there at 0.
+    fn apply_server_span(
+        &mut self,
+        region: &Region,
+        off: usize,
+        bytes: &[u8],
+    ) -> Result<(), Refused> {
+        let ring = self.ring_line2(off);
+        let queue = self.queue_line2(off);
+        // `owner` and `binds`: either changed, the ring was bound anew.
+        let mut was = [0u8; 16];
+        if ring.is_some() || queue.is_some() {
+            let _ = region.read_span(off, &mut was);
+        }
+        region
+            .apply_span(Writer::Server, off, bytes)
+            .map_err(Refused::Span)?;
+        // Ring line 2: `owner` then `binds` at 12; queue line 2: `owner`
+        // at 8, `binds` at 12.
+        let owner_at = if queue.is_some() { 8 } else { 0 };
+        let rebound = bytes.get(owner_at..owner_at + 4) != Some(&was[owner_at..owner_at + 4])
+            || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
+        let owner_now = |at: usize| {
+            let mut w = [0u8; 4];
+            region.read_span(at, &mut w).is_ok() && w != [0; 4]
+        };
+        if let Some(q) = queue {
+            match owner_now(off + 8) {
+                true => self.bound_queues.touch(q as u32, 1),
+                false => self.bound_queues.remove(q as u32),
+            }
+        }
+        if let Some(r) = ring {
+            match owner_now(off) {
+                true => self.bound_rings.touch(r as u32, 1),
+                false => self.bound_rings.remove(r as u32),
+            }
+        }
+        if let Some(q) = queue.filter(|_| rebound) {
+            // Bound anew (the server's bind stored head = 0 in its
+            // copy): the queue restarts at 0 here too, before the
+            // library hears of the binding (it comes later in order).
+            let at = self.layout.send_queue_offset(q as u32);
+            let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+            self.sq_heads[q] = 0;
+        }
+        if let Some(r) = ring.filter(|_| rebound) {
+            // Bound anew: the server's bind stored head = 0 in its copy;
+            // head is the host's to write here.
+            let at = self.layout.recv_ring_offset(r as u32);
+            let _ = region.apply_span(Writer::Host, at, &[0; 4]);
+            self.heads[r] = [0; 4];
+        }
+        Ok(())
     }
 
     /// The ring whose line 2 (`owner`…) starts at `off`, if any.
@@ -271,36 +338,7 @@ impl HostPump {
                     continue;
                 }
             }
-            let ring = self.ring_line2(off);
-            let queue = self.queue_line2(off);
-            // `owner` and `binds`: either changed, the ring was bound anew.
-            let mut was = [0u8; 16];
-            if ring.is_some() || queue.is_some() {
-                let _ = region.read_span(off, &mut was);
-            }
-            region
-                .apply_span(Writer::Server, off, bytes)
-                .map_err(Refused::Span)?;
-            // Ring line 2: `owner` then `binds` at 12; queue line 2: `owner`
-            // at 8, `binds` at 12.
-            let owner_at = if queue.is_some() { 8 } else { 0 };
-            let rebound = bytes.get(owner_at..owner_at + 4) != Some(&was[owner_at..owner_at + 4])
-                || bytes.get(12..16).is_some_and(|b| b != &was[12..16]);
-            if let Some(q) = queue.filter(|_| rebound) {
-                // Bound anew (the server's bind stored head = 0 in its
-                // copy): the queue restarts at 0 here too, before the
-                // library hears of the binding (it comes later in order).
-                let at = self.layout.send_queue_offset(q as u32);
-                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
-                self.sq_heads[q] = 0;
-            }
-            if let Some(r) = ring.filter(|_| rebound) {
-                // Bound anew: the server's bind stored head = 0 in its copy;
-                // head is the host's to write here.
-                let at = self.layout.recv_ring_offset(r as u32);
-                let _ = region.apply_span(Writer::Host, at, &[0; 4]);
-                self.heads[r] = [0; 4];
-            }
+            self.apply_server_span(region, off, bytes)?;
             let z = zone(&l, off).filter(|z| z.kind == Kind::Slots(32));
             if let Some(z) = z {
                 let c = ((z.start - l.channel_offset(0)) / l.channel_stride()) as u32;

@@ -161,6 +161,9 @@ impl Ctl {
             };
             let reply = ControlMsg::decode(&b[..n]).and_then(|m| self.on_reply(pump, m));
             if let Some(r) = reply {
+                // A claimed snapshot or a registration binds what no
+                // request named: the next pass looks at everything.
+                pump.watch_all();
                 send_to_host(ep, io, r);
             }
         }

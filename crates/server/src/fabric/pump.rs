@@ -21,10 +21,12 @@ use tcps_proto::ready_log::READY_LOG_OFFSET;
 use tcps_proto::region::Region;
 use tcps_proto::ring::HostCursor;
 
-/// What a request left in the arena for its completion to ship back.
+/// What a request left in the arena for its completion to ship back, and
+/// the socket whose ring or queue its call may bind.
 #[derive(Clone, Copy, Debug)]
 struct Call {
     op: u16,
+    sock: u32,
     buf_off: u32,
     buf_len: u32,
     /// `RecvReg`: the registration range it receives into.
@@ -75,6 +77,22 @@ impl ServerPump {
             header: [0xff; 12],
             regs: Vec::new(),
         }
+    }
+
+    /// The next pass looks at every ring and queue (a control message was
+    /// answered: a fork snapshot claimed binds many).
+    pub fn watch_all(&mut self) {
+        self.rings.watch_all();
+    }
+
+    /// The send queue whose host lines or descriptors `off` is in.
+    fn queue_of(&self, off: usize) -> Option<u32> {
+        let l = &self.layout;
+        if off >= l.recv_rings_offset() {
+            return None;
+        }
+        let q = off.checked_sub(l.send_queues_offset())? / l.sq_stride();
+        (q < l.send_queues as usize).then_some(q as u32)
     }
 
     pub fn has_registration(&self, handle: u32) -> bool {
@@ -153,6 +171,9 @@ impl ServerPump {
             if let Some(z) = zone(&self.layout, off).filter(|z| z.kind == Kind::Slots(64)) {
                 self.note_requests(z.start, bytes)?;
                 requests = true;
+            } else if let Some(q) = self.queue_of(off) {
+                // New descriptors: the queue's credits will move.
+                self.rings.watch(q);
             }
         }
         Ok(requests)
@@ -166,12 +187,16 @@ impl ServerPump {
         let chan = &mut self.chans[c];
         for slot in bytes.chunks_exact(64) {
             let r = Request::from_slot(slot.try_into().map_err(|_| Refused::Malformed)?);
+            if Op::from_u16(r.op).is_some_and(Op::names_socket) {
+                // Its ring and queue may change (a bind, a kick, a close).
+                self.rings.watch(r.sock);
+            }
             // Only calls whose results land in the arena are remembered:
             // they always complete (unanswered ops — kicks, unanswered
             // closes — never would, and would pile up here).
             let reg =
                 (Op::from_u16(r.op) == Some(Op::RecvReg)).then_some((r.args[0] as u32, r.args[1]));
-            if !writes_arena(r.op) && reg.is_none() {
+            if !writes_arena(r.op) && reg.is_none() && !may_bind(r.op) {
                 continue;
             }
             if chan.calls.len() >= 2 * l.ring_entries as usize {
@@ -181,6 +206,7 @@ impl ServerPump {
                 r.user_data,
                 Call {
                     op: r.op,
+                    sock: r.sock,
                     buf_off: r.buf_off,
                     buf_len: r.buf_len,
                     reg,
@@ -247,6 +273,16 @@ impl ServerPump {
             }
             let done = Completion::from_slot(&b);
             if let Some(call) = chan.calls.remove(&done.user_data) {
+                // The call may have bound the socket's ring or queue (a
+                // connection set up at accept: the new one's): looked at in
+                // this pass, so the binding ships before the completion
+                // that tells the host of it.
+                if may_bind(call.op) {
+                    self.rings.watch(call.sock);
+                }
+                if Op::from_u16(call.op) == Some(Op::Accept) && done.errno == 0 {
+                    self.rings.watch(done.result as u32);
+                }
                 if let Some((handle, off)) = call.reg.filter(|_| done.errno == 0) {
                     let copy = self.regs.get(handle as usize).and_then(Option::as_ref);
                     ship_received(copy, handle, off, done.result, out);
@@ -270,6 +306,16 @@ impl ServerPump {
             out.push(at as u32, &line);
         }
     }
+}
+
+/// Whether a call of this op may bind its socket's receive ring or send
+/// queue (or, `Accept`, a new connection's) before its completion. Each
+/// always completes, so remembering it cannot pile up.
+fn may_bind(op: u16) -> bool {
+    matches!(
+        Op::from_u16(op),
+        Some(Op::AsyncBind | Op::RecvBind | Op::Listen | Op::Accept | Op::Connect | Op::SetSockOpt)
+    )
 }
 
 /// Whether a call of this op writes results into its arena range.

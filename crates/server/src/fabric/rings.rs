@@ -9,14 +9,26 @@
 //! change.
 //! And the ready log's new slots, then its `tail`.
 //!
-//! Every ring's two lines are read each pass (36 bytes each); a bell that
-//! named the rings that moved would make that O(moved).
+//! A pass looks at the rings and queues in its watch sets, not at all of
+//! them: the bound ones (kept while `owner` is set) and those named since
+//! — by a ready-log entry (a publish), a host request or send-queue span,
+//! an `Accept` completion or an accept record (a connection bound at
+//! accept) — and at every one once per [`FULL_SCAN_EVERY`], a backstop for
+//! a change nothing named.
 
+use std::time::{Duration, Instant};
 use tcps_fabric::wire::Spans;
-use tcps_proto::eager::ctl::{KIND_ACCEPT, RQ_CTL_SIZE};
+use tcps_proto::eager::ctl::{ACCEPT_RECORD_SIZE, KIND_ACCEPT, RQ_CTL_SIZE};
 use tcps_proto::layout::Layout;
 use tcps_proto::ready_log::{READY_LOG_OFFSET, READY_LOG_SLOTS};
 use tcps_proto::region::Region;
+use tcps_proto::watch::Watch;
+
+/// How often a pass looks at every ring and queue.
+pub const FULL_SCAN_EVERY: Duration = Duration::from_millis(50);
+/// How long a ring or queue named (by a request, say, whose call the worker
+/// has not run yet) stays watched though not bound, in milliseconds.
+pub const KEEP_NAMED: u64 = 50;
 
 const LINE: usize = 64;
 /// Line 1's five words and line 2's four (`owner`, `kind`, `kicks_seen`,
@@ -47,6 +59,13 @@ pub struct Rings {
     queues: Vec<[u8; 40]>,
     /// The ready log's `tail` as last shipped.
     log_shipped: u32,
+    /// The rings and queues a pass looks at, each stamped with when it was
+    /// last named or seen bound (`now_ms`).
+    ring_watch: Watch,
+    queue_watch: Watch,
+    /// When the next pass looks at every one.
+    full_due: Instant,
+    epoch: Instant,
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -59,13 +78,46 @@ impl Rings {
             shadow: vec![Shadow::default(); l.recv_rings as usize],
             queues: vec![[0; 40]; l.send_queues as usize],
             log_shipped: 0,
+            ring_watch: Watch::new(l.recv_rings as usize),
+            queue_watch: Watch::new(l.send_queues as usize),
+            full_due: Instant::now(),
+            epoch: Instant::now(),
         }
     }
 
+    /// Socket `sid`'s ring and queue are looked at by the passes of the
+    /// next [`KEEP_NAMED`] at least, and for as long as they are bound
+    /// (named by a request, a completion or an accept record).
+    pub fn watch(&mut self, sid: u32) {
+        let now = self.now_ms();
+        self.ring_watch.touch(sid, now);
+        self.queue_watch.touch(sid, now);
+    }
+
+    /// Milliseconds since this pump began, from 1.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// The next pass looks at every ring and queue (after something that
+    /// may bind many: a fork snapshot claimed).
+    pub fn watch_all(&mut self) {
+        self.full_due = Instant::now();
+    }
+
     /// The send queues' server lines that changed (credits, errors).
-    fn collect_queues(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
-        for (q, shadow) in self.queues.iter_mut().enumerate() {
-            let base = l.send_queue_offset(q as u32);
+    fn collect_queues(&mut self, l: &Layout, region: &Region, full: bool, out: &mut Spans) {
+        let all: Vec<u32>;
+        let look = if full {
+            all = (0..l.send_queues).collect();
+            &all[..]
+        } else {
+            self.queue_watch.members()
+        };
+        let mut bound = Vec::new();
+        for &q in look {
+            let shadow = &mut self.queues[q as usize];
+            let base = l.send_queue_offset(q);
             let mut lines = [0u8; 40];
             let (l1, l2) = lines.split_at_mut(24);
             if region.read_span(base + 2 * LINE, l2).is_err()
@@ -78,7 +130,10 @@ impl Rings {
                 out.push((base + 2 * LINE) as u32, &lines[24..]);
                 *shadow = lines;
             }
+            bound.push((q, word(&lines[32..]) != 0));
         }
+        let now = self.now_ms();
+        keep(&mut self.queue_watch, &bound, now);
     }
 
     /// The ready log's new slots, then its `tail` (read before the rings:
@@ -109,9 +164,17 @@ impl Rings {
         // An accept record may name a send queue the server bound for the
         // connection (`SETUP_SENDQ`, `done` reset): the queues are read
         // after the rings and shipped before them.
+        if log_read {
+            self.watch_logged(region, u32::from_le_bytes(log_tail));
+        }
+        let now = Instant::now();
+        let full = now >= self.full_due;
+        if full {
+            self.full_due = now + FULL_SCAN_EVERY;
+        }
         let mut rings = Spans::new();
-        self.collect_rings(l, region, &mut rings);
-        self.collect_queues(l, region, out);
+        self.collect_rings(l, region, full, &mut rings);
+        self.collect_queues(l, region, full, out);
         out.append(&mut rings);
         if log_read {
             self.collect_log(region, u32::from_le_bytes(log_tail), out);
@@ -123,25 +186,56 @@ impl Rings {
     /// accept rings are read first and shipped last, so the receive rings'
     /// lines in the same batch are at least as new as what they announce
     /// and are applied before it.
-    fn collect_rings(&mut self, l: &Layout, region: &Region, out: &mut Spans) {
+    fn collect_rings(&mut self, l: &Layout, region: &Region, full: bool, out: &mut Spans) {
         let mut accepts = Spans::new();
-        let is_accept = |r: usize| {
+        let is_accept = |r: u32| {
             let mut kind = [0u8; 4];
-            let at = l.recv_ring_offset(r as u32) + 2 * LINE + 4;
+            let at = l.recv_ring_offset(r) + 2 * LINE + 4;
             region.read_span(at, &mut kind).is_ok() && u32::from_le_bytes(kind) == KIND_ACCEPT
         };
-        let kinds: Vec<bool> = (0..self.shadow.len()).map(is_accept).collect();
-        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| **a) {
-            self.collect_ring(l, region, r, &mut accepts);
+        let look: Vec<u32> = match full {
+            true => (0..l.recv_rings).collect(),
+            false => self.ring_watch.members().to_vec(),
+        };
+        let mut seen = Vec::new();
+        // Accept rings first: a record names a connection bound at accept,
+        // whose ring and queue this pass must look at too.
+        let (acc, rest): (Vec<u32>, Vec<u32>) = look.into_iter().partition(|&r| is_accept(r));
+        for &r in &acc {
+            seen.push((r, self.collect_ring(l, region, r as usize, &mut accepts)));
         }
-        for (r, _) in kinds.iter().enumerate().filter(|(_, a)| !**a) {
-            self.collect_ring(l, region, r, out);
+        let rest: Vec<u32> = match full {
+            true => rest,
+            false => (self.ring_watch.members().iter().copied())
+                .filter(|r| !acc.contains(r))
+                .collect(),
+        };
+        for r in rest {
+            seen.push((r, self.collect_ring(l, region, r as usize, out)));
         }
+        let now = self.now_ms();
+        keep(&mut self.ring_watch, &seen, now);
         out.append(&mut accepts);
     }
 
-    /// Ring `r`'s new bytes, then its lines, if they changed.
-    fn collect_ring(&mut self, l: &Layout, region: &Region, r: usize, out: &mut Spans) {
+    /// The ids of the rings published into since the last pass (ready-log
+    /// slots not shipped yet) join the watch.
+    fn watch_logged(&mut self, region: &Region, tail: u32) {
+        let n = tail.wrapping_sub(self.log_shipped).min(READY_LOG_SLOTS);
+        let slots = READY_LOG_OFFSET + 2 * LINE;
+        let now = self.now_ms();
+        for seq in tail.wrapping_sub(n)..tail {
+            let mut id = [0u8; 4];
+            let at = slots + 4 * (seq % READY_LOG_SLOTS) as usize;
+            if region.read_span(at, &mut id).is_ok() {
+                self.ring_watch.touch(u32::from_le_bytes(id), now);
+            }
+        }
+    }
+
+    /// Ships ring `r`'s news; whether it is bound. An accept ring's new
+    /// records put their connections' rings and queues on the watch.
+    fn collect_ring(&mut self, l: &Layout, region: &Region, r: usize, out: &mut Spans) -> bool {
         let size = l.rq_bytes;
         let sh = &mut self.shadow[r];
         let base = l.recv_ring_offset(r as u32);
@@ -150,10 +244,15 @@ impl Rings {
         let (l1, l2) = lines.split_at_mut(L1);
         if region.read_span(base + 2 * LINE, l2).is_err()
             || region.read_span(base + LINE, l1).is_err()
-            || lines == sh.lines
         {
-            return;
+            return false;
         }
+        let bound = word(&lines[L1..]) != 0;
+        if lines == sh.lines {
+            return bound;
+        }
+        let accept = word(&lines[L1 + 4..]) == KIND_ACCEPT;
+        let mut named = Vec::new();
         let (owner, binds) = (L1..L1 + 4, L1 + 12..L1 + 16);
         if lines[owner.clone()] != sh.lines[owner] || lines[binds.clone()] != sh.lines[binds] {
             sh.shipped = 0; // bound anew: the ring restarts at 0
@@ -167,6 +266,10 @@ impl Rings {
                 let mut b = vec![0u8; len];
                 if len > 0 && region.read_span(base + RQ_CTL_SIZE + at, &mut b).is_ok() {
                     out.push((base + RQ_CTL_SIZE + at) as u32, &b);
+                    if accept {
+                        // Whole 64-byte records, the connection's id first.
+                        named.extend(b.chunks_exact(ACCEPT_RECORD_SIZE as usize).map(word));
+                    }
                 }
             }
         }
@@ -174,7 +277,22 @@ impl Rings {
         out.push((base + LINE) as u32, &lines[..L1]);
         out.push((base + 2 * LINE) as u32, &lines[L1..]);
         sh.lines = lines;
+        for sid in named {
+            self.watch(sid);
+        }
+        bound
     }
+}
+
+/// After a pass: what it saw bound stays on the watch; what was named
+/// lately stays for [`KEEP_NAMED`]; the rest leaves.
+fn keep(w: &mut Watch, seen: &[(u32, bool)], now: u64) {
+    for &(i, bound) in seen {
+        if bound {
+            w.touch(i, now);
+        }
+    }
+    w.retain(|_, stamp| now.saturating_sub(stamp) < KEEP_NAMED);
 }
 
 #[cfg(test)]
@@ -191,6 +309,22 @@ mod tests {
 
     /// The server's publish, by hand: bytes at `pos`, then tail and owner.
     fn publish(server: &Region, l: &Layout, pos: u32, bytes: &[u8], owner: u32) {
+        publish_unlogged(server, l, pos, bytes, owner);
+        // As the worker's publish: the ring's id in the ready log.
+        let mut t = [0u8; 4];
+        server.read_span(READY_LOG_OFFSET, &mut t).unwrap();
+        let t = u32::from_le_bytes(t);
+        let slot = READY_LOG_OFFSET + 2 * LINE + 4 * (t % READY_LOG_SLOTS) as usize;
+        server
+            .apply_span(Writer::Server, slot, &1u32.to_le_bytes())
+            .unwrap();
+        server
+            .apply_span(Writer::Server, READY_LOG_OFFSET, &(t + 1).to_le_bytes())
+            .unwrap();
+    }
+
+    /// Ring 1's bytes and lines, with no ready-log entry.
+    fn publish_unlogged(server: &Region, l: &Layout, pos: u32, bytes: &[u8], owner: u32) {
         let base = l.recv_ring_offset(1);
         for (i, b) in bytes.iter().enumerate() {
             let at = (pos as usize + i) % l.rq_bytes as usize;
@@ -230,6 +364,46 @@ mod tests {
                 b[0]
             })
             .collect()
+    }
+
+    /// A pass looks at the rings something named (a publish logged, a
+    /// request) and at every ring once per FULL_SCAN_EVERY: a ring that
+    /// changed unnamed waits for that scan; a bound one stays watched.
+    #[test]
+    fn a_pass_looks_at_named_and_bound_rings_and_all_now_and_then() {
+        let l = layout();
+        let (server, host) = (region(l), region(l));
+        let mut rings = Rings::new(&l);
+        assert_eq!(
+            ship(&mut rings, &l, &server, &host),
+            0,
+            "the first pass: a full scan"
+        );
+        publish_unlogged(&server, &l, 0, b"quiet", 2);
+        assert_eq!(ship(&mut rings, &l, &server, &host), 0, "named by nothing");
+        rings.watch(1);
+        assert!(
+            ship(&mut rings, &l, &server, &host) > 0,
+            "named by a request"
+        );
+        assert_eq!(ring_bytes(&host, &l, 0, 5), b"quiet");
+        publish_unlogged(&server, &l, 5, b"more", 2);
+        assert!(
+            ship(&mut rings, &l, &server, &host) > 0,
+            "bound: still watched"
+        );
+        publish_unlogged(&server, &l, 9, b"!", 0); // unbound
+        assert!(ship(&mut rings, &l, &server, &host) > 0);
+        std::thread::sleep(std::time::Duration::from_millis(KEEP_NAMED + 5));
+        ship(&mut rings, &l, &server, &host); // unbound and not named lately: dropped
+        publish_unlogged(&server, &l, 0, b"late", 4); // bound anew: from 0
+        assert_eq!(ship(&mut rings, &l, &server, &host), 0, "no longer watched");
+        std::thread::sleep(FULL_SCAN_EVERY);
+        assert!(
+            ship(&mut rings, &l, &server, &host) > 0,
+            "the full scan finds it"
+        );
+        assert_eq!(ring_bytes(&host, &l, 0, 4), b"late");
     }
 
     #[test]
