@@ -16,9 +16,9 @@ Configurations (--configs; each is started afresh for every measurement):
                 (TCPS_REMOTE); its sockets are the server node's
   nginx, nginx-local, nginx-remote
                 the unmodified nginx (one process, sendfile on) the same three
-                ways (`tcps run`, `tcps run --remote`; master_process off:
-                forked workers do not inherit sockets across nodes); their
-                ratios are to nginx on kernel sockets
+                ways (`tcps run`, `tcps run --remote`; master_process off,
+                so the three run the same single process on the pinned
+                --host-cpus); their ratios are to nginx on kernel sockets
 
 Columns of summary.md (medians over the rounds):
   req/s         requests per second wrk got (client node)

@@ -164,8 +164,8 @@ fn web_command(env: &Env, c: &Config, sock: &Path) -> Command {
     cmd
 }
 
-/// nginx (one process: `master_process off`, as forked workers would not
-/// inherit their sockets across nodes), directly or under `tcps run`.
+/// nginx (one process: `master_process off`, the same single process on
+/// the pinned host CPUs in all three ways), directly or under `tcps run`.
 fn nginx_command(env: &Env, c: &Config, sock: &Path) -> Result<Command, Error> {
     let dir = env.tmp.join(format!("nginx-{}", c.id));
     let listen = format!("{}:{PORT}", env.listen_addr(c));

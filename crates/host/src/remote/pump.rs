@@ -112,17 +112,31 @@ impl HostPump {
 
     /// Gathers the host's new writes into `out`.
     pub fn collect(&mut self, region: &Region, out: &mut Spans) {
-        let l = self.layout;
         let mut used = [0u8; 4];
         if region.read_span(CHANNELS_USED, &mut used).is_ok() && used != self.used {
             self.used = used;
             out.push(CHANNELS_USED as u32, &used);
         }
-        // Rings and queues before the requests: a kick in this batch finds
-        // what it announces already applied at the server.
+        // The requests are read first and shipped last: the library stores
+        // a ring's or queue's `head` before it posts a request that relies
+        // on it (a kick; a close, which the server runs after every
+        // descriptor up to the `head` it sees), so the heads read after the
+        // requests are at least that new, and applied before them. (Read
+        // the other way round, a descriptor and a close published between
+        // the two reads crossed as the close without its descriptor, and
+        // the server closed before sending it.)
+        let mut requests = Spans::new();
+        self.collect_requests(region, u32::from_le_bytes(used), &mut requests);
         self.collect_heads(region, out);
         self.collect_queues(region, out);
-        let n = u32::from_le_bytes(used).min(l.n_channels);
+        out.append(&mut requests);
+    }
+
+    /// The channels' new requests (each after the bytes it names), then
+    /// each channel's line 0.
+    fn collect_requests(&mut self, region: &Region, used: u32, out: &mut Spans) {
+        let l = self.layout;
+        let n = used.min(l.n_channels);
         for c in 0..n {
             let Some(ch) = region.channel(c) else {
                 continue;
