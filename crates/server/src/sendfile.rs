@@ -49,7 +49,7 @@ fn fs_type(fd: i32) -> Result<i64, i32> {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs into a statfs we own, on a descriptor we own.
     if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
-        return Err(last_errno());
+        return Err(crate::sys::errno());
     }
     Ok(st.f_type as i64)
 }
@@ -59,27 +59,40 @@ pub const MAX_COUNT: u32 = 1 << 30;
 /// Most files one host may keep open here.
 pub const MAX_FILES: usize = 4096;
 
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
 /// `ControlMsg::FileOpen`: keep the regular file passed along as `handle`.
 pub fn open(host: &mut Host, handle: u32, fds: Vec<OwnedFd>) -> Result<(), i32> {
     let [file]: [OwnedFd; 1] = fds.try_into().map_err(|_| libc::EINVAL)?;
-    keep(host, handle, file)
+    keep(host, handle, file, None)
 }
 
 /// Keeps `file` as the host's file `handle` if it is a regular file on a
 /// local file system (a passed one, or one the server opened for a remote
-/// host: `crate::shared_files`).
-pub fn keep(host: &mut Host, handle: u32, file: OwnedFd) -> Result<(), i32> {
+/// host: `crate::shared_files`) and, if `same_as` names one, the file of
+/// that size and modification time in nanoseconds (ESTALE otherwise).
+pub fn keep(
+    host: &mut Host,
+    handle: u32,
+    file: OwnedFd,
+    same_as: Option<(u64, u64)>,
+) -> Result<(), i32> {
     // SAFETY: fstat into a zeroed stat we own, on a descriptor we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0 {
-        return Err(last_errno());
+        return Err(crate::sys::errno());
+    }
+    let mtime_ns = (st.st_mtime as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(st.st_mtime_nsec as u64);
+    if let Some(want) = same_as.filter(|&w| w != (st.st_size as u64, mtime_ns)) {
+        debug!(
+            host = host.id,
+            size = st.st_size,
+            mtime_ns,
+            ?want,
+            "file differs from the one the host means"
+        );
+        return Err(libc::ESTALE);
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EINVAL);
@@ -144,7 +157,7 @@ pub fn send_range(
     // the caller); `off` is ours.
     let n = unsafe { libc::sendfile(sfd, f, &mut off, count as usize) };
     crate::sys::count(1);
-    let e = last_errno();
+    let e = crate::sys::errno();
     drop(guard);
     if n < 0 {
         if e == libc::EINTR {

@@ -23,7 +23,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use tcps_proto::msg::ArenaRange;
-use tracing::debug;
 
 /// The file's identity as the host sees it (`Call::FileOpen`).
 pub struct Wanted {
@@ -44,15 +43,7 @@ pub fn open(dir: Option<&Path>, host: &mut Host, ch: u32, w: Wanted) -> Res {
     let path = arena_bytes(host, ch, w.path);
     let rel = inside(dir, &path).ok_or(libc::EACCES)?;
     let file = as_user(host.uid, || open_beneath(dir, rel))?;
-    let (size, mtime_ns) = identity(&file)?;
-    if (size, mtime_ns) != (w.size, w.mtime_ns) {
-        debug!(
-            host = host.id,
-            size, w.size, mtime_ns, w.mtime_ns, "shared file differs from the host's"
-        );
-        return Err(libc::ESTALE);
-    }
-    crate::sendfile::keep(host, w.handle, file)?;
+    crate::sendfile::keep(host, w.handle, file, Some((w.size, w.mtime_ns)))?;
     Ok((0, 0))
 }
 
@@ -63,12 +54,6 @@ fn inside<'a>(dir: &Path, path: &'a [u8]) -> Option<&'a [u8]> {
     let d = d.strip_suffix(b"/").unwrap_or(d);
     let rel = path.strip_prefix(d)?.strip_prefix(b"/")?;
     (!rel.is_empty() && !rel.contains(&0)).then_some(rel)
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
 }
 
 /// Opens `rel` beneath `dir` for reading, never leaving it and never
@@ -84,7 +69,7 @@ fn open_beneath(dir: &Path, rel: &[u8]) -> Result<OwnedFd, i32> {
         )
     };
     if dfd < 0 {
-        return Err(last_errno());
+        return Err(crate::sys::errno());
     }
     // SAFETY: a fresh descriptor, owned from here on.
     let dfd = unsafe { OwnedFd::from_raw_fd(dfd) };
@@ -105,24 +90,10 @@ fn open_beneath(dir: &Path, rel: &[u8]) -> Result<OwnedFd, i32> {
     };
     crate::sys::count(2);
     if fd < 0 {
-        return Err(last_errno());
+        return Err(crate::sys::errno());
     }
     // SAFETY: a fresh descriptor, owned from here on.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// The file's size and modification time in nanoseconds.
-fn identity(f: &OwnedFd) -> Result<(u64, u64), i32> {
-    // SAFETY: fstat into a zeroed stat we own, on a descriptor we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(f), &mut st) } != 0 {
-        return Err(last_errno());
-    }
-    let mtime_ns = (st.st_mtime as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(st.st_mtime_nsec as u64);
-    Ok((st.st_size as u64, mtime_ns))
 }
 
 /// The primary group of `uid` (nogroup if it has no passwd entry).
