@@ -12,35 +12,10 @@ use common::{Server, TempDir};
 use preload::*;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PROBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/server_death.py");
-
-/// Waits (at most 10 s) until `log` has a line starting with `prefix`;
-/// returns that line.
-fn wait_line(log: &Path, prefix: &str) -> String {
-    let t = Instant::now();
-    loop {
-        if let Some(l) = read(log).lines().find(|l| l.starts_with(prefix)) {
-            return l.to_string();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no {prefix:?} line:\n{}",
-            read(log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn echo(s: &mut TcpStream, msg: &[u8]) {
-    s.write_all(msg).unwrap();
-    let mut back = vec![0u8; msg.len()];
-    s.read_exact(&mut back).unwrap();
-    assert_eq!(back, msg);
-}
 
 /// An epoll echo server (Python) with a listener and two connections: after
 /// the kill each socket reports once, the loop wakes only for what the test
@@ -111,18 +86,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     n(11) + n(12)
-}
-
-/// nginx's master and workers.
-fn nginx_pids(master: u32) -> Vec<u32> {
-    let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
-        .unwrap_or_default();
-    let mut pids: Vec<u32> = kids
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    pids.push(master);
-    pids
 }
 
 /// nginx (master + 2 workers) with keep-alive connections open: after the

@@ -80,22 +80,6 @@ fn run(reattach: bool, srv: &Server, stats: &Path, log: &Path, argv: &[&str]) ->
     c
 }
 
-/// Waits (at most 10 s) until `log` has a line starting with `prefix`.
-fn wait_line(log: &Path, prefix: &str) -> String {
-    let t = Instant::now();
-    loop {
-        if let Some(l) = read(log).lines().find(|l| l.starts_with(prefix)) {
-            return l.to_string();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no {prefix:?} line:\n{}",
-            read(log)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn count(out: &str, prefix: &str) -> usize {
     out.lines().filter(|l| l.starts_with(prefix)).count()
 }
@@ -142,13 +126,6 @@ fn ended(c: &mut TcpStream) -> bool {
         }
     }
     false
-}
-
-fn echo(s: &mut TcpStream, msg: &[u8]) {
-    s.write_all(msg).unwrap();
-    let mut back = vec![0u8; msg.len()];
-    s.read_exact(&mut back).unwrap();
-    assert_eq!(back, msg);
 }
 
 engine_tests!(
@@ -359,19 +336,6 @@ fn without_reattach_the_listener_stays_dead() {
     assert_eq!(count(&out, "accept error"), 1, "{out}");
     assert_eq!(count(&out, "accept error ECONNABORTED"), 1, "{out}");
     assert!(!out.contains("is back"), "{out}");
-}
-
-/// nginx's master and workers.
-fn nginx_pids(master: u32) -> Vec<u32> {
-    let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
-        .unwrap_or_default();
-    let mut pids: Vec<u32> = kids
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    pids.push(master);
-    pids.sort();
-    pids
 }
 
 /// `curl` of `url`: the body's SHA-256, bounded in time.

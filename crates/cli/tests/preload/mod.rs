@@ -398,3 +398,42 @@ pub fn wrk_requests(port: u16, path: &str) -> u64 {
         })
         .unwrap_or_else(|| panic!("no request count in wrk output:\n{text}"))
 }
+
+/// Waits (at most 10 s) until `log` has a line starting with `prefix`;
+/// returns that line.
+pub fn wait_line(log: &Path, prefix: &str) -> String {
+    let t = Instant::now();
+    loop {
+        if let Some(l) = read(log).lines().find(|l| l.starts_with(prefix)) {
+            return l.to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no {prefix:?} line:\n{}",
+            read(log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `msg` and reads back exactly as many bytes: the same bytes.
+pub fn echo(s: &mut TcpStream, msg: &[u8]) {
+    use std::io::{Read, Write};
+    s.write_all(msg).unwrap();
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, msg);
+}
+
+/// nginx's master and its workers (from /proc), in pid order.
+pub fn nginx_pids(master: u32) -> Vec<u32> {
+    let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+        .unwrap_or_default();
+    let mut pids: Vec<u32> = kids
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    pids.push(master);
+    pids.sort();
+    pids
+}
