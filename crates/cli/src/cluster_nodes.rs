@@ -12,6 +12,13 @@
 //! server `.1` in 10.79.sub, and with `clients_to_app` client `.2` —
 //! application `.1` in 10.80.sub (clients of a program on kernel sockets
 //! or a local TCP server on the application node).
+//!
+//! `Nodes::create_two_servers` adds a second TCP-server node
+//! `{prefix}srv2-{tag}` (a host with several servers, `TCPS_REMOTE=a,b`):
+//! application `.2` — srv2 `.1` in 10.81.sub, client `.2` — srv2 `.1` in
+//! 10.82.sub; each server node then routes to every client-node address
+//! through its own client link (its default route), so both can connect
+//! out to the same client address.
 
 use std::process::{Command, Stdio};
 
@@ -32,7 +39,21 @@ pub fn ip(args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// The three namespaces and their links; deleted on drop.
+/// The second TCP-server node: its namespace, its application link (the
+/// server's and the application node's addresses, the devices) and its
+/// address on its own link to the client node.
+#[allow(dead_code)] // read by tests/cluster_multi.rs, not by the bench
+pub struct Server2 {
+    pub ns: String,
+    pub srv_app_addr: String,
+    pub app_addr: String,
+    pub app_dev: String,
+    pub srv_dev: String,
+    pub srv_cli_addr: String,
+}
+
+/// The three namespaces (four with a second server) and their links;
+/// deleted on drop.
 pub struct Nodes {
     pub app: String,
     pub srv: String,
@@ -41,6 +62,8 @@ pub struct Nodes {
     /// addresses, and its devices. UCX must use them (`UCX_NET_DEVICES`):
     /// with several interfaces it would also offer the node's other
     /// addresses, which the peer cannot reach, and its connection times out.
+    /// With a second server the application node has two such links: it
+    /// names both (`app_devs`).
     pub srv_app_addr: String,
     pub app_addr: String,
     pub app_dev: String,
@@ -50,6 +73,8 @@ pub struct Nodes {
     /// With `clients_to_app`: the application node's address on its own
     /// link to the client node.
     pub app_cli_addr: Option<String>,
+    /// With `create_two_servers`: the second TCP-server node.
+    pub srv2: Option<Server2>,
     /// Devices made in the root namespace (removed on drop if they are
     /// still there: a failure before they moved).
     devs: Vec<String>,
@@ -57,7 +82,8 @@ pub struct Nodes {
 
 impl Drop for Nodes {
     fn drop(&mut self) {
-        for ns in [&self.app, &self.srv, &self.cli] {
+        let srv2 = self.srv2.as_ref().map(|s| &s.ns);
+        for ns in [&self.app, &self.srv, &self.cli].into_iter().chain(srv2) {
             // What still runs on a node goes with it (a program's forked
             // workers outlive a master killed by a failed run).
             if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
@@ -88,6 +114,23 @@ impl Nodes {
         sub: u32,
         clients_to_app: bool,
     ) -> Result<Nodes, String> {
+        Nodes::create_with(prefix, tag, sub, clients_to_app, false)
+    }
+
+    /// `create` without the client-to-application link, plus the second
+    /// TCP-server node `{prefix}srv2-{tag}` and its links.
+    #[allow(dead_code)] // tests/cluster_multi.rs
+    pub fn create_two_servers(prefix: &str, tag: &str, sub: u32) -> Result<Nodes, String> {
+        Nodes::create_with(prefix, tag, sub, false, true)
+    }
+
+    fn create_with(
+        prefix: &str,
+        tag: &str,
+        sub: u32,
+        clients_to_app: bool,
+        two_servers: bool,
+    ) -> Result<Nodes, String> {
         let net = |n: u32| format!("10.{n}.{sub}");
         let mut n = Nodes {
             app: format!("{prefix}app-{tag}"),
@@ -99,9 +142,21 @@ impl Nodes {
             srv_dev: format!("tAs{tag}"),
             srv_cli_addr: format!("{}.1", net(79)),
             app_cli_addr: clients_to_app.then(|| format!("{}.1", net(80))),
+            srv2: two_servers.then(|| Server2 {
+                ns: format!("{prefix}srv2-{tag}"),
+                srv_app_addr: format!("{}.1", net(81)),
+                app_addr: format!("{}.2", net(81)),
+                app_dev: format!("tB{tag}"),
+                srv_dev: format!("tBs{tag}"),
+                srv_cli_addr: format!("{}.1", net(82)),
+            }),
             devs: Vec::new(),
         };
-        for ns in [n.app.clone(), n.srv.clone(), n.cli.clone()] {
+        let srv2 = n.srv2.as_ref().map(|s| s.ns.clone());
+        for ns in [n.app.clone(), n.srv.clone(), n.cli.clone()]
+            .into_iter()
+            .chain(srv2.clone())
+        {
             ip(&["netns", "add", &ns])?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         }
@@ -123,6 +178,23 @@ impl Nodes {
                 &format!("tDa{tag}"),
                 &net(80),
             )?;
+        }
+        if let Some(s2) = srv2 {
+            let (ad, sd) = (format!("tB{tag}"), format!("tBs{tag}"));
+            n.link(&app, &s2, &ad, &sd, &net(81))?;
+            let (cd, sd) = (format!("tE{tag}"), format!("tEs{tag}"));
+            n.link(&cli, &s2, &cd, &sd, &net(82))?;
+            for (ns, via) in [(&srv, net(79)), (&s2, net(82))] {
+                ip(&[
+                    "-n",
+                    ns,
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &format!("{via}.2"),
+                ])?;
+            }
         }
         // HTTP/1.0 opens a connection per request: give the clients every
         // ephemeral port (these sysctls are per namespace).
@@ -161,6 +233,16 @@ impl Nodes {
             ip(&["-n", ns, "link", "set", dev, "up"])?;
         }
         Ok(())
+    }
+
+    /// The application node's fabric devices, for its `UCX_NET_DEVICES`:
+    /// one per server node (a comma list with two).
+    #[allow(dead_code)] // tests/cluster_multi.rs
+    pub fn app_devs(&self) -> String {
+        match &self.srv2 {
+            Some(s2) => format!("{},{}", self.app_dev, s2.app_dev),
+            None => self.app_dev.clone(),
+        }
     }
 
     /// `ip netns exec NS`: the command to prefix.

@@ -15,9 +15,12 @@
 //! clients on the client node through the server node (files compared by
 //! checksum), and a cut link fails a blocked call within a second.
 
+mod cluster_common;
 mod common;
 mod fabric_host;
 
+use cluster_common::start_server;
+use cluster_common::*;
 use common::*;
 use fabric_host::*;
 use std::io::{BufRead, BufReader};
@@ -26,57 +29,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tcps_proto::msg::Op;
 
-const PORT: u16 = 7010;
-/// The server node's metrics listener (inside its namespace).
-const METRICS: &str = "127.0.0.1:9477";
-
 #[path = "../src/cluster_nodes.rs"]
 #[allow(dead_code)] // remove_stale and the client-to-application link: the bench's
 mod cluster_nodes;
 use cluster_nodes::Nodes;
-
-fn ip(args: &[&str]) {
-    cluster_nodes::ip(args).unwrap();
-}
-
-fn nodes() -> Nodes {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "cluster.rs needs root (network namespaces)"
-    );
-    // The tests of this file run at once: each its own nodes and subnets.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
-    let pid = std::process::id();
-    Nodes::create("tcps-", &format!("{pid}{k}"), (pid % 30) * 8 + k, false).unwrap()
-}
-
-/// A process in a namespace, killed (SIGKILL) and reaped on drop.
-struct InNs(std::process::Child);
-
-impl Drop for InNs {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn stat_json(socket: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(TCPS)
-        .args(["stat", "--json", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
-}
-
-fn hosts_attached(socket: &std::path::Path) -> u64 {
-    stat_json(socket)["server"]["hosts_attached"]
-        .as_u64()
-        .unwrap_or(u64::MAX)
-}
 
 /// `tcps stat`'s fabric links once `ready` holds for them (they are
 /// published every 100 ms), within 3 s.
@@ -144,20 +100,6 @@ fn assert_link_up(n: &Nodes, socket: &Path, addr: &str) -> serde_json::Value {
         "{text}"
     );
     f
-}
-
-/// Waits until the server has no remote host left: how long it took.
-fn wait_freed(socket: &std::path::Path, limit: Duration, log: &dyn Fn() -> String) -> Duration {
-    let t = Instant::now();
-    while hosts_attached(socket) != 0 {
-        assert!(
-            t.elapsed() < limit,
-            "a departed remote host was not freed:\n{}",
-            log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    t.elapsed()
 }
 
 /// The remote host (run by `cluster_remote_host_across_namespaces` in the
@@ -239,41 +181,6 @@ fn lines_until(c: &mut InNs, until: &str) -> Vec<String> {
     // Keep reading what it prints after (its test harness' report).
     std::thread::spawn(move || lines.for_each(drop));
     got
-}
-
-/// The TCP server in the server namespace, its fabric listener on the
-/// application link: the server, its control socket, its log, and the
-/// fabric address.
-fn start_server(n: &Nodes, dir: &Path) -> (InNs, PathBuf, PathBuf, String) {
-    let key = dir.join("fabric.key");
-    let socket = dir.join("tcps.sock");
-    let log = dir.join("server.log");
-    let addr = format!("{}:{PORT}", n.srv_app_addr);
-    let server = InNs(
-        Command::new("ip")
-            .args(["netns", "exec", &n.srv, TCPS, "server", "--socket"])
-            .arg(&socket)
-            .args(["--fabric-listen", &addr, "--fabric-auth"])
-            .env("UCX_NET_DEVICES", &n.srv_dev)
-            .arg(&key)
-            .args(["--metrics-listen", METRICS, "--metrics-per-host"])
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("fabric listener")
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "server did not start: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (server, socket, log, addr)
 }
 
 #[test]
@@ -386,121 +293,6 @@ fn cluster_remote_host_across_namespaces() {
 // clients on the client node reach them only through it (the client node
 // has no route to the application node).
 
-/// `args` in namespace `ns`.
-fn in_ns(ns: &str, args: &[&str]) -> Command {
-    let mut c = Nodes::exec(ns);
-    c.args(args);
-    c
-}
-
-/// A remote host's environment on the application node (the native way:
-/// `TCPS_REMOTE`, `TCPS_FABRIC_AUTH`; `TCPS_BIN` names the helper).
-fn remote_env<'a>(c: &'a mut Command, n: &Nodes, addr: &str, dir: &Path) -> &'a mut Command {
-    c.env("TCPS_REMOTE", addr)
-        .env("TCPS_FABRIC_AUTH", dir.join("fabric.key"))
-        .env("TCPS_BIN", TCPS)
-        .env("UCX_NET_DEVICES", &n.app_dev)
-}
-
-/// An unmodified program under `tcps run --remote` on the application node.
-fn run_remote(n: &Nodes, addr: &str, dir: &Path, argv: &[&str], out: &Path) -> InNs {
-    let key = dir.join("fabric.key");
-    let mut args = vec![TCPS, "run", "--fallback", "fail", "--remote", addr];
-    args.extend(["--fabric-auth", key.to_str().unwrap(), "--"]);
-    args.extend_from_slice(argv);
-    let log = std::fs::File::create(out).unwrap();
-    InNs(
-        in_ns(&n.app, &args)
-            .env("UCX_NET_DEVICES", &n.app_dev)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-/// Signals the process (`sig`) and waits up to 10 s for it to exit.
-fn stop_gracefully(mut p: InNs, sig: i32) {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(p.0.id() as i32, sig) };
-    let t = Instant::now();
-    while p.0.try_wait().ok().flatten().is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A GET from the client node: the body, or None.
-fn curl(n: &Nodes, url: &str) -> Option<Vec<u8>> {
-    let out = in_ns(&n.cli, &["curl", "-sf", "--max-time", "20", url])
-        .output()
-        .ok()?;
-    out.status.success().then_some(out.stdout)
-}
-
-fn wait_http(n: &Nodes, url: &str, log: &dyn Fn() -> String) {
-    let t = Instant::now();
-    while curl(n, url).is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "{url} does not answer:\n{}",
-            log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn sha256(b: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    format!("{:x}", Sha256::digest(b))
-}
-
-/// Random files under `root`: 1 byte, 16 KiB, one larger than a channel
-/// arena, and 1 MiB + 7.
-fn www(root: &Path) -> Vec<(String, Vec<u8>)> {
-    use std::io::Read;
-    let mut rnd = std::fs::File::open("/dev/urandom").unwrap();
-    let mut files = Vec::new();
-    for (name, len) in [
-        ("one.bin", 1),
-        ("index.html", 16384),
-        ("sub/big.bin", 300_001),
-        ("mega.bin", (1 << 20) + 7),
-    ] {
-        let mut b = vec![0u8; len];
-        rnd.read_exact(&mut b).unwrap();
-        let p = root.join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, &b).unwrap();
-        files.push((name.to_string(), b));
-    }
-    files
-}
-
-/// Every file fetched from the client node is the file (SHA-256).
-fn fetch_all(
-    n: &Nodes,
-    base: &str,
-    files: &[(String, Vec<u8>)],
-    what: &str,
-    log: &dyn Fn() -> String,
-) {
-    for (name, bytes) in files {
-        let got = curl(n, &format!("{base}/{name}")).unwrap_or_else(|| {
-            let again = in_ns(&n.cli, &["curl", "-sS", "-v", "--max-time", "20"])
-                .arg(format!("{base}/{name}"))
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
-            panic!("{what}: GET /{name} failed (again: {again:?})\n{}", log())
-        });
-        assert_eq!(
-            (got.len(), sha256(&got)),
-            (bytes.len(), sha256(bytes)),
-            "{what}: /{name} differs from the file"
-        );
-    }
-}
-
 fn webserver() -> PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let web = repo.join("examples/build/webserver");
@@ -581,21 +373,13 @@ fn cluster_web_server_serves_curl_across_namespaces() {
 /// redis-cli script gets the answers redis gives.
 #[test]
 fn cluster_nginx_and_redis_unmodified_across_namespaces() {
-    for p in [
+    need(&[
         "nginx",
         "redis-server",
         "redis-benchmark",
         "redis-cli",
         "curl",
-    ] {
-        assert!(
-            Command::new("which")
-                .arg(p)
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "{p} is not installed (scripts/test.sh installs it)"
-        );
-    }
+    ]);
     let n = nodes();
     let dir = TempDir::new("cluster-apps");
     key_file(dir.path(), "fabric.key", SECRET);
@@ -603,22 +387,11 @@ fn cluster_nginx_and_redis_unmodified_across_namespaces() {
     let d = dir.path();
     let root = d.join("www");
     let files = www(&root);
-    std::fs::create_dir_all(d.join("tmp")).unwrap();
     // The default master process and two workers: each worker, forked by
     // the master, attaches through its own helper and claims the master's
     // sockets (the listener) from the server node.
-    let conf = format!(
-        "worker_processes 2;\ndaemon off;\npid {d}/nginx.pid;\n\
-         error_log {d}/error.log notice;\nevents {{ worker_connections 512; }}\n\
-         http {{\n access_log off;\n sendfile on;\n client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
-         fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-         server {{ listen 8081; root {}; }}\n}}\n",
-        root.display(),
-        d = d.display()
-    );
-    std::fs::write(d.join("nginx.conf"), conf).unwrap();
+    let c = nginx_conf(d, &root, 8081);
     let out = d.join("nginx.out");
-    let c = d.join("nginx.conf");
     let nginx = run_remote(
         &n,
         &addr,

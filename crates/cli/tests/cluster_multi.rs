@@ -1,0 +1,363 @@
+//! A host with several TCP servers (issue 17, items 4 and 5): network
+//! namespaces as nodes (`src/cluster_nodes.rs`, `Nodes::create_two_servers`):
+//! the application node `tcps-app-<pid><k>`, two TCP-server nodes
+//! `tcps-srv-…` (S1) and `tcps-srv2-…` (S2), each with its own link to the
+//! application node and to the client node `tcps-cli-…`; all deleted at the
+//! end however the test ends. Needs root, UCX, nginx, curl and python3; it
+//! skips nothing.
+//!
+//! Programs run unmodified under `tcps run --remote S1,S2` (`TCPS_REMOTE`
+//! a comma list, one secret file for both). A listener is opened on every
+//! server, so nginx (master and two forked workers) serves clients that
+//! reach it through either server node; new outgoing connections are
+//! spread over the servers, so their local addresses are both server
+//! nodes' client-link addresses. Then the application–S1 link is cut: S1
+//! frees the host within seconds, and the program keeps working through
+//! S2 (its listener there, every new outgoing connection), byte-identical
+//! (SHA-256) every time; every wait is bounded.
+
+mod cluster_common;
+mod common;
+mod fabric_host;
+
+use cluster_common::start_server;
+use cluster_common::*;
+use common::*;
+use fabric_host::{key_file, SECRET};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[path = "../src/cluster_nodes.rs"]
+#[allow(dead_code)] // remove_stale and the client-to-application link: the bench's
+mod cluster_nodes;
+use cluster_nodes::{Nodes, Server2};
+
+/// Both TCP servers of a test, S1 on its first server node and S2 on the
+/// second, their fabric listeners on their application links, one secret.
+/// Fields drop in order: the servers, the directory, then the nodes.
+struct Two {
+    _s1: InNs,
+    _s2: InNs,
+    sock1: PathBuf,
+    sock2: PathBuf,
+    log1: PathBuf,
+    log2: PathBuf,
+    /// `TCPS_REMOTE`: `S1:PORT,S2:PORT`.
+    remote: String,
+    dir: TempDir,
+    n: Nodes,
+}
+
+impl Two {
+    fn start(what: &str) -> Two {
+        let n = two_server_nodes();
+        let dir = TempDir::new(what);
+        key_file(dir.path(), "fabric.key", SECRET);
+        let (s1, sock1, log1, a1) = start_server(&n, dir.path());
+        let s = n.srv2.as_ref().expect("a second server node");
+        let (s2, sock2, log2, a2) =
+            start_server_in(&s.ns, &s.srv_dev, &s.srv_app_addr, dir.path(), "2");
+        Two {
+            _s1: s1,
+            _s2: s2,
+            sock1,
+            sock2,
+            log1,
+            log2,
+            remote: format!("{a1},{a2}"),
+            dir,
+            n,
+        }
+    }
+
+    fn srv2(&self) -> &Server2 {
+        self.n.srv2.as_ref().expect("a second server node")
+    }
+
+    /// Both servers' logs and what their `tcps stat` says of their hosts.
+    fn logs(&self) -> String {
+        let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+        format!(
+            "--- S1 log:\n{}\n--- S2 log:\n{}\n--- S1 hosts: {}\n--- S2 hosts: {}",
+            read(&self.log1),
+            read(&self.log2),
+            stat_json(&self.sock1)["hosts"],
+            stat_json(&self.sock2)["hosts"]
+        )
+    }
+
+    /// Cuts the application node's link to S1 (its end goes down, the
+    /// other end loses its carrier).
+    fn cut_s1(&self) {
+        ip(&["-n", &self.n.app, "link", "set", &self.n.app_dev, "down"]);
+    }
+
+    /// Waits until `socket`'s server has `want` hosts attached.
+    fn wait_hosts(&self, socket: &Path, want: u64, log: &dyn Fn() -> String) {
+        let t = Instant::now();
+        while hosts_attached(socket) != want {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} has {} hosts, not {want}:\n{}",
+                socket.display(),
+                hosts_attached(socket),
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Unmodified nginx (master and two workers) under `tcps run --remote
+/// S1,S2`: it listens on both servers, every worker inherits the listener
+/// on each, and curl on the client node gets every file byte-identical
+/// through either server node. The application–S1 link is cut: S1 frees
+/// the three hosts within seconds and its address stops answering, while
+/// nginx keeps serving every file through S2, round after round.
+#[test]
+fn multi_nginx_serves_through_both_servers_and_survives_a_cut_link() {
+    need(&["nginx", "curl"]);
+    let t = Two::start("multi-nginx");
+    let d = t.dir.path();
+    let root = d.join("www");
+    let files = www(&root);
+    let conf = nginx_conf(d, &root, 8081);
+    let out = d.join("nginx.out");
+    let (c, p) = (conf.to_str().unwrap(), d.to_str().unwrap());
+    let mut nginx = run_remote(&t.n, &t.remote, d, &["nginx", "-c", c, "-p", p], &out);
+    let logs = || {
+        format!(
+            "--- tcps run nginx:\n{}\n--- nginx error.log:\n{}\n{}",
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            std::fs::read_to_string(d.join("error.log")).unwrap_or_default(),
+            t.logs()
+        )
+    };
+    let b1 = format!("http://{}:8081", t.n.srv_cli_addr);
+    let b2 = format!("http://{}:8081", t.srv2().srv_cli_addr);
+    wait_http_from(&t.n, &format!("{b1}/one.bin"), Some(&mut nginx), &logs);
+    wait_http_from(&t.n, &format!("{b2}/one.bin"), Some(&mut nginx), &logs);
+    // The master and its two workers are hosts of both servers; each
+    // worker inherited the master's sockets on each.
+    t.wait_hosts(&t.sock1, 3, &logs);
+    t.wait_hosts(&t.sock2, 3, &logs);
+    for log in [&t.log1, &t.log2] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let forks = text.matches("child inherited its parent's sockets").count();
+        assert!(
+            forks >= 2,
+            "{}: {forks} inheritances\n{}",
+            log.display(),
+            logs()
+        );
+    }
+    for round in 0..2 {
+        fetch_all(&t.n, &b1, &files, &format!("via S1, round {round}"), &logs);
+        fetch_all(&t.n, &b2, &files, &format!("via S2, round {round}"), &logs);
+    }
+
+    let cut = Instant::now();
+    t.cut_s1();
+    let took = wait_freed(&t.sock1, Duration::from_secs(5), &logs);
+    eprintln!("cut link: S1 freed nginx's hosts after {took:?}");
+    // S1 freed the listener with the hosts: its address no longer serves.
+    assert!(
+        curl(&t.n, &format!("{b1}/one.bin")).is_none(),
+        "S1 still serves after the cut:\n{}",
+        logs()
+    );
+    for round in 0..3 {
+        let what = format!("via S2 after the cut, round {round}");
+        fetch_all(&t.n, &b2, &files, &what, &logs);
+    }
+    assert_eq!(hosts_attached(&t.sock2), 3, "{}", logs());
+    eprintln!("served through S2 for {:?} after the cut", cut.elapsed());
+    stop_gracefully(nginx, libc::SIGQUIT);
+    wait_freed(&t.sock2, Duration::from_secs(10), &logs);
+}
+
+/// The probe (`tests/preload/spread_echo.py`).
+const SPREAD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/spread_echo.py");
+const ECHO_PORT: &str = "7020";
+const CONNS: usize = 8;
+
+/// A program's stdout lines, read by a thread (waits on them are bounded).
+struct Lines(mpsc::Receiver<String>);
+
+impl Lines {
+    fn of(p: &mut InNs) -> Lines {
+        let (tx, rx) = mpsc::channel();
+        let out = p.0.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    /// The lines up to the one starting with `last` (included), within 60 s.
+    fn until(&self, last: &str, log: &dyn Fn() -> String) -> Vec<String> {
+        let t = Instant::now();
+        let mut got = Vec::new();
+        loop {
+            let left = Duration::from_secs(60).saturating_sub(t.elapsed());
+            match self.0.recv_timeout(left) {
+                Ok(l) => {
+                    let end = l.starts_with(last);
+                    got.push(l);
+                    if end {
+                        return got;
+                    }
+                }
+                Err(e) => panic!("no {last:?} ({e:?}) after {got:#?}\n{}", log()),
+            }
+        }
+    }
+}
+
+/// One round's `CONN` lines: each connection's local IP, all echoes right.
+fn local_ips(lines: &[String], log: &dyn Fn() -> String) -> Vec<String> {
+    let conns: Vec<&String> = lines.iter().filter(|l| l.starts_with("CONN ")).collect();
+    assert_eq!(conns.len(), CONNS, "{lines:#?}\n{}", log());
+    conns
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert!(f.len() >= 5 && f[4] == "OK", "{l}\n{lines:#?}\n{}", log());
+            f[3].rsplit_once(':').map_or("", |(ip, _)| ip).to_string()
+        })
+        .collect()
+}
+
+/// Outgoing connections under `tcps run --remote S1,S2`, to an echo
+/// server on kernel sockets on the client node: consecutive connections
+/// leave from both server nodes (their local addresses), every echo is
+/// the payload (SHA-256). The application–S1 link is cut while the
+/// program runs: its open connection through S1 fails within about a
+/// second, S1 frees the host, and every new connection of the same
+/// process then leaves from S2 and echoes right; so do all of a new
+/// process's, started with S1 unreachable.
+#[test]
+fn multi_outgoing_connections_spread_over_both_servers() {
+    need(&["python3"]);
+    let t = Two::start("multi-spread");
+    let d = t.dir.path();
+    let echo_out = d.join("echo.out");
+    let f = std::fs::File::create(&echo_out).unwrap();
+    let _echo = InNs(
+        in_ns(&t.n.cli, &["python3", SPREAD, "serve", ECHO_PORT])
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    );
+    wait_text(
+        &echo_out,
+        "LISTENING",
+        Duration::from_secs(10),
+        "echo server",
+    );
+    // The client node's address on S1's link; S2 reaches it by its route.
+    let (net, _) = t.n.srv_cli_addr.rsplit_once('.').unwrap();
+    let target = format!("{net}.2");
+    let (ip1, ip2) = (t.n.srv_cli_addr.clone(), t.srv2().srv_cli_addr.clone());
+    let run = |rounds_hold: &[&str], err: &PathBuf| {
+        let argv = ["python3", SPREAD, "connect", &target, ECHO_PORT];
+        let conns = CONNS.to_string();
+        let argv = [&argv[..], &[&conns, "100000"], rounds_hold].concat();
+        let mut c = remote_cmd(&t.n, &t.remote, d, &argv);
+        let e = std::fs::File::create(err).unwrap();
+        let mut p = InNs(
+            c.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(e)
+                .spawn()
+                .unwrap(),
+        );
+        let lines = Lines::of(&mut p);
+        (p, lines)
+    };
+
+    let err = d.join("client.err");
+    let logs = || {
+        format!(
+            "--- tcps run python3 (stderr):\n{}\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default(),
+            t.logs()
+        )
+    };
+    let (mut client, lines) = run(&["2", &ip1], &err);
+    let first = local_ips(&lines.until("ROUND 0 DONE", &logs), &logs);
+    eprintln!("local addresses with both servers: {first:?}");
+    for ip in [&ip1, &ip2] {
+        assert!(
+            first.contains(ip),
+            "no connection from {ip}: {first:?}\n{}",
+            logs()
+        );
+    }
+    assert!(first.iter().all(|a| *a == ip1 || *a == ip2), "{first:?}");
+    // The running program is a host of both servers.
+    assert_eq!(
+        (hosts_attached(&t.sock1), hosts_attached(&t.sock2)),
+        (1, 1),
+        "{}",
+        logs()
+    );
+
+    // A connection through S1 stays open, its recv blocked, across the
+    // cut: it fails (or ends) within about a second, it does not hang.
+    let hold = lines.until("HOLD", &logs);
+    let held = hold.last().unwrap();
+    assert!(
+        held.starts_with(&format!("HOLD {ip1}:")),
+        "{held}\n{}",
+        logs()
+    );
+    std::thread::sleep(Duration::from_millis(300)); // in recv by now
+    let cut = SystemTime::now();
+    t.cut_s1();
+    let end = lines.until("HELD", &logs);
+    let f: Vec<&str> = end.last().unwrap().split_whitespace().collect();
+    let at = Duration::from_secs_f64(f[2].parse().unwrap());
+    let after = at.saturating_sub(cut.duration_since(UNIX_EPOCH).unwrap());
+    eprintln!(
+        "cut link: the held connection's recv ended ({}) after {after:?}",
+        f[1]
+    );
+    assert!(
+        ["ECONNRESET", "ENOTCONN", "EOF"].contains(&f[1]),
+        "{end:?}\n{}",
+        logs()
+    );
+    // A second, and some slack for a loaded machine.
+    assert!(after < Duration::from_millis(1500), "{after:?}");
+    let took = wait_freed(&t.sock1, Duration::from_secs(5), &logs);
+    eprintln!("cut link: S1 freed the host after {took:?}");
+    // The host notices within a second too; then its next round.
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut stdin = client.0.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let after = local_ips(&lines.until("ROUND 1 DONE", &logs), &logs);
+    eprintln!("local addresses after the cut: {after:?}");
+    assert!(after.iter().all(|a| *a == ip2), "{after:?}\n{}", logs());
+    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
+    wait_freed(&t.sock2, Duration::from_secs(5), &logs);
+
+    // A new process, S1 still unreachable: everything through S2.
+    let (mut client, lines) = run(&["1"], &err);
+    let fresh = local_ips(&lines.until("ROUND 0 DONE", &logs), &logs);
+    eprintln!("local addresses of a new process after the cut: {fresh:?}");
+    assert!(fresh.iter().all(|a| *a == ip2), "{fresh:?}\n{}", logs());
+    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
+    assert_eq!(hosts_attached(&t.sock1), 0, "{}", logs());
+}
