@@ -102,6 +102,7 @@ pub fn run(args: PumpArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let pid = read_hello(&ctl)?;
+    narrow_net_devices(args.remote);
     let link = match Link::attach(&args, pid) {
         Ok(l) => l,
         Err((errno, message)) => {
@@ -113,6 +114,78 @@ pub fn run(args: PumpArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut p = Pump::new(link, ctl)?;
     p.run();
     Ok(())
+}
+
+/// A host that uses several servers names the devices of all its links in
+/// `UCX_NET_DEVICES` (`a,b`); UCX would offer the server every one of
+/// them, and addresses of the other links cannot be reached from it (the
+/// connection fails). So each helper keeps the device its own server is
+/// routed through, when the list names it.
+fn narrow_net_devices(remote: SocketAddr) {
+    let Ok(list) = std::env::var("UCX_NET_DEVICES") else {
+        return;
+    };
+    if !list.contains(',') {
+        return;
+    }
+    let Some(dev) = route_device(remote) else {
+        return;
+    };
+    if list.split(',').any(|d| d.trim() == dev) {
+        // (Single-threaded still: UCX is not loaded yet.)
+        std::env::set_var("UCX_NET_DEVICES", &dev);
+    }
+}
+
+/// The name of the interface the kernel routes `to` through (the one
+/// holding the source address a datagram socket connected to it gets).
+fn route_device(to: std::net::SocketAddr) -> Option<String> {
+    let probe = std::net::UdpSocket::bind(match to {
+        std::net::SocketAddr::V4(_) => "0.0.0.0:0",
+        std::net::SocketAddr::V6(_) => "[::]:0",
+    })
+    .ok()?;
+    probe.connect(to).ok()?;
+    let local = probe.local_addr().ok()?.ip();
+    let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifs` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifs;
+    // SAFETY: walking the list getifaddrs made, until its NULL end; each
+    // entry's name is a C string and its address (if any) a sockaddr of
+    // the family it says.
+    unsafe {
+        while let Some(i) = p.as_ref() {
+            let a = i.ifa_addr;
+            let ip = match a.as_ref().map(|a| i32::from(a.sa_family)) {
+                Some(libc::AF_INET) => {
+                    let sin = &*(a as *const libc::sockaddr_in);
+                    Some(std::net::IpAddr::from(
+                        u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                    ))
+                }
+                Some(libc::AF_INET6) => {
+                    let sin6 = &*(a as *const libc::sockaddr_in6);
+                    Some(std::net::IpAddr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => None,
+            };
+            if ip == Some(local) {
+                found = Some(
+                    std::ffi::CStr::from_ptr(i.ifa_name)
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+                break;
+            }
+            p = i.ifa_next;
+        }
+        libc::freeifaddrs(ifs);
+    }
+    found
 }
 
 /// The library's `Hello`: its pid (named in the HMAC answer).

@@ -62,11 +62,12 @@ pub struct RunArgs {
     pub reattach: bool,
     /// Attach to a TCP server on another node over UCX, at its
     /// `--fabric-listen ADDR:PORT` (sets TCPS_REMOTE; needs --fabric-auth).
-    /// Each process of the program starts a `tcps fabric-pump` helper; its
-    /// sockets are the server's (no fork inheritance of sockets across
-    /// nodes, no registered memory)
-    #[arg(long, value_name = "ADDR:PORT", requires = "fabric_auth")]
-    pub remote: Option<std::net::SocketAddr>,
+    /// Several servers, comma-separated (`A:P,B:P`): listeners are opened on
+    /// each, new outgoing connections are spread over them, and a server
+    /// that dies or is cut off fails only its own sockets. Each process of
+    /// the program starts a `tcps fabric-pump` helper per server
+    #[arg(long, value_name = "ADDR:PORT[,ADDR:PORT...]", requires = "fabric_auth", value_parser = parse_remotes)]
+    pub remote: Option<Remotes>,
     /// The secret shared with that server, a file as its --fabric-auth
     /// (sets TCPS_FABRIC_AUTH)
     #[arg(long, value_name = "FILE", requires = "remote")]
@@ -79,6 +80,33 @@ pub struct RunArgs {
         value_name = "PROGRAM"
     )]
     pub command: Vec<OsString>,
+}
+
+/// The servers of `--remote` (at least one).
+#[derive(Clone, Debug)]
+pub struct Remotes(pub Vec<std::net::SocketAddr>);
+
+impl std::fmt::Display for Remotes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let all: Vec<String> = self.0.iter().map(|a| a.to_string()).collect();
+        f.write_str(&all.join(","))
+    }
+}
+
+/// `ADDR:PORT[,ADDR:PORT...]`, each once.
+fn parse_remotes(s: &str) -> Result<Remotes, String> {
+    let mut all = Vec::new();
+    for part in s.split(',') {
+        let a: std::net::SocketAddr = part
+            .trim()
+            .parse()
+            .map_err(|e| format!("{part:?} is not ADDR:PORT: {e}"))?;
+        if all.contains(&a) {
+            return Err(format!("{a} is named twice"));
+        }
+        all.push(a);
+    }
+    Ok(Remotes(all))
 }
 
 /// `libtcps_preload.so`: $TCPS_PRELOAD_LIB, else next to this executable
@@ -264,6 +292,44 @@ fn attach_waiting(socket: &Path, wait: std::time::Duration) -> std::io::Result<t
     }
 }
 
+/// Attaches to each server of `--remote A,B` once: Ok if one answers (the
+/// program uses those that do; a warning names the others), else the last
+/// error.
+fn probe_each(remotes: &[std::net::SocketAddr], wait: std::time::Duration) -> std::io::Result<()> {
+    let mut last = None;
+    let mut up = 0;
+    for r in remotes {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match tcps::Client::attach_remote(&r.to_string()) {
+                Ok(c) => {
+                    c.detach();
+                    up += 1;
+                }
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ECONNREFUSED)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "tcps run: warning: the TCP server at {r} does not answer ({}); the program uses the others",
+                        tcps::last_attach_error()
+                    );
+                    last = Some(e);
+                }
+            }
+            break;
+        }
+    }
+    match last {
+        Some(e) if up == 0 => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Loads the library into `cmd` (before any LD_PRELOAD it had), with the
 /// fallback it follows.
 fn preload(cmd: &mut std::process::Command, fallback: Fallback) -> Result<(), String> {
@@ -297,7 +363,7 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.env("TCPS_SOCKET", &socket);
-    if let (Some(remote), Some(auth)) = (args.remote, &args.fabric_auth) {
+    if let (Some(remote), Some(auth)) = (&args.remote, &args.fabric_auth) {
         let auth = std::path::absolute(auth)?;
         let exe = std::env::current_exe()?;
         // Here too: the probe below attaches as the program will.
@@ -323,11 +389,13 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("--wait needs a number of seconds >= 0, got {}", args.wait).into());
     }
     // Probe the server once, so that a missing one is reported here, once.
-    match attach_waiting(&socket, std::time::Duration::from_secs_f64(args.wait)) {
-        Ok(c) => {
-            c.detach();
-            preload(&mut cmd, fallback)?;
-        }
+    let wait = std::time::Duration::from_secs_f64(args.wait);
+    let probe = match &args.remote {
+        Some(r) if r.0.len() > 1 => probe_each(&r.0, wait),
+        _ => attach_waiting(&socket, wait).map(|c| c.detach()),
+    };
+    match probe {
+        Ok(()) => preload(&mut cmd, fallback)?,
         Err(e) => {
             let why = why_not_served(&socket, &e);
             match fallback {

@@ -81,17 +81,40 @@ pub fn attach(path: &Path) -> io::Result<Attached> {
     })
 }
 
+/// Does the attach handshake with the server at fabric address `remote`
+/// (`ADDR:PORT`, one server of `TCPS_REMOTE`) through a `tcps fabric-pump`
+/// helper (`crate::remote`).
+pub fn attach_remote(remote: &str) -> io::Result<Attached> {
+    attach_remote_inner(remote).map_err(|f| {
+        record_failure(&f.message);
+        io::Error::from_raw_os_error(f.errno)
+    })
+}
+
+fn attach_remote_inner(remote: &str) -> Result<Attached, Failure> {
+    // Over a fabric: the helper answers the same handshake.
+    let ctl = crate::remote::start_pump(remote).map_err(|e| {
+        Failure::new(
+            e.raw_os_error().unwrap_or(libc::EINVAL),
+            format!("tcps: cannot start `tcps fabric-pump` for TCPS_REMOTE={remote}: {e}"),
+        )
+    })?;
+    handshake(ctl, &format!("TCPS_REMOTE={remote}"))
+}
+
 fn attach_inner(path: &Path) -> Result<Attached, Failure> {
     if let Some(remote) = crate::remote::address() {
-        // Over a fabric: the helper answers the same handshake
-        // (`crate::remote`).
-        let ctl = crate::remote::start_pump(&remote).map_err(|e| {
-            Failure::new(
-                e.raw_os_error().unwrap_or(libc::EINVAL),
-                format!("tcps: cannot start `tcps fabric-pump` for TCPS_REMOTE={remote}: {e}"),
-            )
-        })?;
-        return handshake(ctl, &format!("TCPS_REMOTE={remote}"));
+        if remote.contains(',') {
+            return Err(Failure::new(
+                libc::EINVAL,
+                format!(
+                    "tcps: TCPS_REMOTE={remote} names several servers: a program under \
+                     `tcps run` uses them all; a native host attaches to each with \
+                     Client::attach_remote"
+                ),
+            ));
+        }
+        return attach_remote_inner(&remote);
     }
     let ctl = connect(path).map_err(|e| {
         let errno = e.raw_os_error().unwrap_or(libc::ECONNREFUSED);

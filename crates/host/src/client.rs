@@ -71,7 +71,18 @@ impl Client {
     pub fn attach(path: impl AsRef<Path>) -> io::Result<Client> {
         let a = attach::attach(path.as_ref())?;
         Ok(Client {
-            conn: Arc::new(Conn::new(a)),
+            conn: Arc::new(Conn::new(a, crate::remote::address().is_some())),
+        })
+    }
+
+    /// Attaches to the server on another node at fabric address `remote`
+    /// (`ADDR:PORT`, its `--fabric-listen`), with the secret of
+    /// `TCPS_FABRIC_AUTH`, whatever `TCPS_REMOTE` says: a host that uses
+    /// several servers holds one `Client` for each.
+    pub fn attach_remote(remote: &str) -> io::Result<Client> {
+        let a = attach::attach_remote(remote)?;
+        Ok(Client {
+            conn: Arc::new(Conn::new(a, true)),
         })
     }
 

@@ -49,6 +49,6 @@ pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use direct::Accepted;
 pub use events::{ConnEvent, EventQueue, EV_ACCEPT, EV_ALL, EV_CLOSED, EV_DATA, EV_ERROR, EV_ROOM};
-pub use ring_wait::EdgeWatch;
+pub use ring_wait::{sleep_on_many, sleep_on_rings_many, EdgeWatch};
 pub use sendq::{IoHandle, SendBacklog};
 pub use settings::{pin_settings, pinned_settings, setting, setting_str, Switch};

@@ -189,58 +189,7 @@ impl Client {
         timeout_ms: i32,
         ready: &mut dyn FnMut() -> io::Result<bool>,
     ) -> io::Result<bool> {
-        let mark = crate::interrupt::Mark::new();
-        let Some(slot) = take_slot(&self.conn.bells_held) else {
-            return Ok(false);
-        };
-        let Ok(bell) = self.host_doorbell(slot.slot) else {
-            return Ok(false);
-        };
-        let Some(targets) = self.watch_targets(watch) else {
-            return Ok(false);
-        };
-        // Spin unregistered: a publish meanwhile costs the server no
-        // doorbell write.
-        if self.spin(ready)? {
-            return Ok(true);
-        }
-        let _registered = self.register(targets, slot.slot);
-        drain(bell);
-        // The last look, after registering and emptying the bell: a ring
-        // or queue that moves from here on rings the bell.
-        if ready()? {
-            return Ok(true);
-        }
-        if mark.seen() {
-            // A handler ran before the poll(2), which would have said EINTR.
-            return Err(crate::interrupt::eintr());
-        }
-        let mut all: Vec<libc::pollfd> = kernel
-            .iter()
-            .map(|p| libc::pollfd { revents: 0, ..*p })
-            .collect();
-        all.push(libc::pollfd {
-            fd: bell,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // SAFETY: `all` is a valid array of pollfds for its length.
-        let n = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, timeout_ms) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if all
-            .last()
-            .is_some_and(|b| b.revents & (libc::POLLHUP | libc::POLLERR) != 0)
-        {
-            // The server's end of the doorbell closed: it died. Say so
-            // (the attachment is marked dead), or every sleep ends at once.
-            self.conn.server_alive();
-        }
-        for (k, a) in kernel.iter_mut().zip(&all) {
-            k.revents = a.revents;
-        }
-        Ok(true)
+        sleep_on_many(&[(self, watch)], kernel, timeout_ms, ready)
     }
 
     /// An edge counter of socket `s`'s read side: it changes whenever the
@@ -398,6 +347,128 @@ impl Client {
             .iter()
             .any(|f| f.events & libc::POLLOUT != 0 && room(f.sock)))
     }
+}
+
+/// [`Client::sleep_on_edges`] over several attachments at once (a host
+/// that uses several servers, `TCPS_REMOTE=a,b`): registers on the watches
+/// of every part, each on a doorbell slot of its own attachment, and
+/// sleeps in one poll(2) on all their doorbells and `kernel`. `Ok(false)`:
+/// some part cannot be watched that way; nothing was waited for.
+pub fn sleep_on_many(
+    parts: &[(&Client, &[EdgeWatch])],
+    kernel: &mut [libc::pollfd],
+    timeout_ms: i32,
+    ready: &mut dyn FnMut() -> io::Result<bool>,
+) -> io::Result<bool> {
+    let mark = crate::interrupt::Mark::new();
+    let mut slots = Vec::with_capacity(parts.len());
+    let mut bells = Vec::with_capacity(parts.len());
+    let mut targets = Vec::with_capacity(parts.len());
+    for &(c, watch) in parts {
+        let Some(slot) = take_slot(&c.conn.bells_held) else {
+            return Ok(false);
+        };
+        let Ok(bell) = c.host_doorbell(slot.slot) else {
+            return Ok(false);
+        };
+        let Some(t) = c.watch_targets(watch) else {
+            return Ok(false);
+        };
+        slots.push(slot);
+        bells.push(bell);
+        targets.push(t);
+    }
+    // Spin unregistered: a publish meanwhile costs the server no
+    // doorbell write.
+    if let Some(&(c, _)) = parts.first() {
+        if c.spin(ready)? {
+            return Ok(true);
+        }
+    }
+    let _registered: Vec<Registered<'_>> = parts
+        .iter()
+        .zip(targets)
+        .zip(&slots)
+        .map(|((&(c, _), t), slot)| c.register(t, slot.slot))
+        .collect();
+    bells.iter().for_each(|&b| drain(b));
+    // The last look, after registering and emptying the bells: a ring or
+    // queue that moves from here on rings its bell.
+    if ready()? {
+        return Ok(true);
+    }
+    if mark.seen() {
+        // A handler ran before the poll(2), which would have said EINTR.
+        return Err(crate::interrupt::eintr());
+    }
+    let mut all: Vec<libc::pollfd> = kernel
+        .iter()
+        .map(|p| libc::pollfd { revents: 0, ..*p })
+        .chain(bells.iter().map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }))
+        .collect();
+    // SAFETY: `all` is a valid array of pollfds for its length.
+    let n = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for (&(c, _), b) in parts.iter().zip(&all[kernel.len()..]) {
+        if b.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            // The server's end of the doorbell closed: it died. Say so
+            // (the attachment is marked dead), or every sleep ends at once.
+            c.conn.server_alive();
+        }
+    }
+    for (k, a) in kernel.iter_mut().zip(&all) {
+        k.revents = a.revents;
+    }
+    Ok(true)
+}
+
+/// [`Client::sleep_on_rings`] over several attachments at once (see
+/// [`sleep_on_many`]): each part's entries are sockets of its attachment;
+/// `room(c, sock)` is the caller's rule for POLLOUT. `Ok(false)`: some
+/// entry cannot be watched that way; nothing was waited for.
+pub fn sleep_on_rings_many(
+    parts: &mut [(&Client, &mut [PollEntry])],
+    kernel: &mut [libc::pollfd],
+    timeout_ms: i32,
+    room: &dyn Fn(&Client, u32) -> bool,
+) -> io::Result<bool> {
+    let mut watches = Vec::with_capacity(parts.len());
+    for (_, fds) in parts.iter() {
+        let mut w = Vec::with_capacity(fds.len());
+        for f in fds.iter() {
+            if f.events & !(RING_EVENTS | libc::POLLOUT) != 0 {
+                return Ok(false);
+            }
+            w.push(EdgeWatch {
+                sock: f.sock,
+                read: f.events & READ_EVENTS != 0,
+                write: f.events & libc::POLLOUT != 0,
+            });
+        }
+        watches.push(w);
+    }
+    let clients: Vec<&Client> = parts.iter().map(|(c, _)| *c).collect();
+    let refs: Vec<(&Client, &[EdgeWatch])> = clients
+        .iter()
+        .zip(&watches)
+        .map(|(c, w)| (*c, &w[..]))
+        .collect();
+    sleep_on_many(&refs, kernel, timeout_ms, &mut || {
+        for (c, fds) in parts.iter_mut() {
+            fds.iter_mut().for_each(|f| f.revents = 0);
+            let c: &Client = c;
+            if c.ready_here(fds, &|s| room(c, s))? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
 }
 
 /// Empties the doorbell, a pipe the server writes a byte to per ring

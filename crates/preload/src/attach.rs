@@ -18,8 +18,9 @@ pub fn for_new_socket() -> Result<&'static Client, Option<i32>> {
     loop {
         match state::mode() {
             Mode::Offload => {
-                let c = state::client().ok_or(None)?;
-                if !crate::gone::check(c) {
+                // The next server of a group that is still there; with one
+                // server, that one.
+                if let Some(c) = state::pick_member(|c| !crate::gone::check(c)) {
                     return Ok(c);
                 }
                 // The server died: new sockets fall back as told (until a
@@ -50,7 +51,11 @@ pub fn for_existing() -> Option<&'static Client> {
     if let Some(c) = state::client() {
         return Some(c);
     }
-    for_new_socket().ok()
+    match for_new_socket() {
+        // A group whose last server did not answer: the first that did.
+        Ok(_) if state::is_group() => state::members().map(|(_, c)| c).next(),
+        r => r.ok(),
+    }
 }
 
 /// `TCPS_FALLBACK=fail` (as pinned when the library loaded); any value but `kernel`, `fail` or none is
@@ -106,10 +111,14 @@ pub fn attach_again() -> std::io::Result<Client> {
 }
 
 fn attach() {
+    let remotes = tcps::remote::addresses();
+    if remotes.len() > 1 {
+        return attach_group(&remotes);
+    }
     let path = socket_path();
     log::stats_file();
     IN_ATTACH.with(|a| a.set(true));
-    let inherit = take_inherit_token();
+    let inherit = take_inherit_token(0);
     let result = match inherit {
         Some(token) => attach_inherit(path, token),
         None => Client::attach(path),
@@ -131,28 +140,73 @@ fn attach() {
             state::install(c);
         }
         Err(e) => {
-            let why = tcps::last_attach_error();
-            let why = match e.raw_os_error() {
-                Some(_) if !why.is_empty() => why,
-                _ => e.to_string(),
-            };
+            let why = attach_error(&e);
             if inherit.is_some() {
-                exit_if_sockets_inherited(&why);
+                exit_if_sockets_inherited(&why, state::epoch());
             }
-            if fail_mode() {
-                log::emit(&format!(
-                    "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
-                ));
-                state::fail_tcp_sockets();
-            } else {
-                if tcps::setting("TCPS_FALLBACK_QUIET").is_none() {
-                    warning!("no TCP server ({why}); running on kernel sockets");
+            no_server(&why);
+        }
+    }
+}
+
+/// The words for a failed attach.
+fn attach_error(e: &std::io::Error) -> String {
+    let why = tcps::last_attach_error();
+    match e.raw_os_error() {
+        Some(_) if !why.is_empty() => why,
+        _ => e.to_string(),
+    }
+}
+
+/// Attaches to every server of `TCPS_REMOTE=a,b` (`group.rs`); a forked
+/// child claims its parent's snapshot on each. The servers that do not
+/// answer are left out; with none, as without a server.
+fn attach_group(remotes: &[String]) {
+    log::stats_file();
+    let mut cs = Vec::new();
+    for (slot, r) in remotes.iter().take(state::MAX_GROUP).enumerate() {
+        let inherit = take_inherit_token(slot);
+        let got = Client::attach_remote(r).and_then(|c| match inherit {
+            Some(token) => claim(c, token),
+            None => Ok(c),
+        });
+        match got {
+            Ok(c) => {
+                info!("attached to the TCP server at {r} (TCPS_REMOTE, {} of {}, over UCX): TCP sockets are offloaded", slot + 1, remotes.len());
+                cs.push(Some(c));
+            }
+            Err(e) => {
+                let why = attach_error(&e);
+                if inherit.is_some() {
+                    exit_if_sockets_inherited(&why, state::group_first() + slot as u32);
                 }
-                debug!("fallback: every TCP socket of this process goes to the kernel");
-                state::at_exit_once();
-                state::fall_back_to_kernel();
+                warning!("the TCP server at {r} does not answer ({why}); the others are used");
+                cs.push(None);
             }
         }
+    }
+    if cs.iter().all(Option::is_none) {
+        return no_server("no server of TCPS_REMOTE answers");
+    }
+    state::at_exit_once();
+    state::install_group(cs);
+}
+
+/// No server to attach to: new TCP sockets fail or go to the kernel, as
+/// `TCPS_FALLBACK` says.
+fn no_server(why: &str) {
+    if fail_mode() {
+        log::emit(&format!(
+            "no TCP server ({why}); TCPS_FALLBACK=fail: TCP sockets fail with ECONNREFUSED"
+        ));
+        state::fail_tcp_sockets();
+    } else {
+        if tcps::setting("TCPS_FALLBACK_QUIET").is_none() {
+            warning!("no TCP server ({why}); running on kernel sockets");
+        }
+        debug!("fallback: every TCP socket of this process goes to the kernel");
+        state::at_exit_once();
+        state::fall_back_to_kernel();
     }
 }
 
@@ -180,8 +234,8 @@ fn take_direct(c: &Client) {
 /// dead sockets (an nginx worker that silently never serves) is worse than
 /// one that stops. So it exits at once, status 1, saying why, unless it
 /// inherited no offloaded socket (then the usual fallback applies).
-fn exit_if_sockets_inherited(why: &str) {
-    let inherited = fdtable::all_in(state::epoch()).len();
+fn exit_if_sockets_inherited(why: &str, epoch: u32) {
+    let inherited = fdtable::all_in(epoch).len();
     if inherited == 0 {
         return;
     }
@@ -218,23 +272,29 @@ pub fn close_parent_kfds() {
     }
 }
 
-/// `1 << 32 | nonce` while a forked child has a snapshot to claim.
-static INHERIT: AtomicU64 = AtomicU64::new(0);
+/// `1 << 32 | nonce` while a forked child has a snapshot to claim, per
+/// server of a group (`group.rs`; one server: the first).
+static INHERIT: [AtomicU64; state::MAX_GROUP] = [const { AtomicU64::new(0) }; state::MAX_GROUP];
 
-/// A forked child has the parent's snapshot `nonce` to claim at its attach.
-pub fn set_inherit_token(nonce: u32) {
-    INHERIT.store(1 << 32 | u64::from(nonce), Ordering::Release);
+/// A forked child has the parent's snapshot `nonce` to claim at its attach
+/// to the server at group place `slot`.
+pub fn set_inherit_token(slot: usize, nonce: u32) {
+    INHERIT[slot % state::MAX_GROUP].store(1 << 32 | u64::from(nonce), Ordering::Release);
 }
 
-fn take_inherit_token() -> Option<u32> {
-    let v = INHERIT.swap(0, Ordering::AcqRel);
+fn take_inherit_token(slot: usize) -> Option<u32> {
+    let v = INHERIT[slot % state::MAX_GROUP].swap(0, Ordering::AcqRel);
     (v != 0).then_some(v as u32)
 }
 
 /// Attaches as a forked child and adopts the parent's snapshot `token`;
 /// an error if the server refuses either.
 fn attach_inherit(path: &Path, token: u32) -> std::io::Result<tcps::Client> {
-    let c = tcps::Client::attach(path)?;
+    claim(tcps::Client::attach(path)?, token)
+}
+
+/// Claims the parent's snapshot `token` on the new attachment `c`.
+fn claim(c: tcps::Client, token: u32) -> std::io::Result<tcps::Client> {
     match control::call_on(&c, ControlMsg::Inherit { handle: token }) {
         Ok(()) => {
             c.adopt_kernel_fds(&take_parent_kfds());

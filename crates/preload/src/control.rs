@@ -24,8 +24,10 @@ pub fn take_socket() -> RawFd {
 }
 
 /// Held across fork (`fork.rs`): the child must not inherit it locked.
-pub fn lock_for_fork() -> Option<std::sync::MutexGuard<'static, ()>> {
-    crate::state::client().map(|c| c.control_lock())
+pub fn lock_for_fork() -> Vec<std::sync::MutexGuard<'static, ()>> {
+    crate::state::members()
+        .map(|(_, c)| c.control_lock())
+        .collect()
 }
 
 /// Sends `msg` (with `fds`) on `c`'s control socket and returns the
@@ -39,12 +41,6 @@ pub fn exchange_on(
         .map_err(|e| crate::errno::errno_of(&e))
 }
 
-/// As [`exchange_on`], on this process's attachment.
-pub fn exchange_fds(msg: ControlMsg, fds: &[RawFd]) -> Result<(ControlMsg, Vec<OwnedFd>), i32> {
-    let c = crate::state::client().ok_or(libc::ENOTCONN)?;
-    exchange_on(c, msg, fds)
-}
-
 /// A message answered by `Reply { handle, errno }`: Ok on errno 0.
 pub fn call_on(c: &tcps::Client, msg: ControlMsg) -> Result<(), i32> {
     match exchange_on(c, msg, &[])?.0 {
@@ -52,10 +48,4 @@ pub fn call_on(c: &tcps::Client, msg: ControlMsg) -> Result<(), i32> {
         ControlMsg::Reply { errno, .. } => Err(errno),
         _ => Err(libc::EPROTO),
     }
-}
-
-/// As [`call_on`], on this process's attachment.
-pub fn call(msg: ControlMsg, _handle: u32) -> Result<(), i32> {
-    let c = crate::state::client().ok_or(libc::ENOTCONN)?;
-    call_on(c, msg)
 }

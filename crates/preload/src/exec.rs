@@ -32,15 +32,17 @@ use std::os::fd::AsRawFd;
 use tcps_proto::handshake::ControlMsg;
 
 fn hand_back() {
-    if state::client().is_none() {
-        return;
-    }
-    if let Some(c) = state::client() {
+    // The current attachment's sockets, or each server's of a group (a
+    // dead one's have nothing to hand back).
+    for (epoch, c) in state::members() {
         crate::sendq::flush_all(c);
+        hand_back_from(epoch, c);
     }
-    // The current attachment's sockets (a dead one's have nothing to
-    // hand back).
-    let epoch = state::epoch();
+}
+
+/// Hands back the sockets of attachment `c` (`epoch`) whose fds cross the
+/// exec.
+fn hand_back_from(epoch: u32, c: &'static tcps::Client) {
     let fds = fdtable::all_in(epoch);
     for &(fd, id) in &fds {
         // SAFETY: F_GETFD on an fd we track.
@@ -51,7 +53,7 @@ fn hand_back() {
         {
             continue;
         }
-        let kernel = match control::exchange_fds(ControlMsg::Export { handle: id }, &[]) {
+        let kernel = match control::exchange_on(c, ControlMsg::Export { handle: id }, &[]) {
             Ok((ControlMsg::Reply { handle, errno: 0 }, mut got))
                 if handle == id && got.len() == 1 =>
             {
@@ -68,9 +70,7 @@ fn hand_back() {
         };
         // This process's own descriptor of it (`tcps::Client::kernel_fds`)
         // must not keep it open should the exec fail.
-        if let Some(c) = state::client() {
-            c.forget_kernel_fd(id);
-        }
+        c.forget_kernel_fd(id);
         // Every fd naming this socket (dups) becomes the kernel socket.
         for &(other, oid) in &fds {
             if oid != id || fdtable::lookup_at(other) != Some((epoch, id)) {

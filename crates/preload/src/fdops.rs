@@ -24,6 +24,8 @@ fn forget(fd: c_int) {
                 let r = c.close(id);
                 debug!("close(fd {fd}): tcps socket {id} closed ({r:?})");
             }
+            // A listener opened on several servers closes at each.
+            crate::group::close_siblings(epoch, id);
         }
     }
 }
@@ -115,7 +117,10 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
                 let before = real::fcntl()(fd, libc::F_GETFL);
                 let r = real::fcntl()(fd, cmd, arg);
                 let nb = arg as c_int & libc::O_NONBLOCK;
-                if r == 0 && before >= 0 && before & libc::O_NONBLOCK != nb {
+                // (A listener opened on several servers stays non-blocking
+                // at each: the preload blocks for it, `group_accept.rs`.)
+                let group = crate::group::siblings(state::epoch_of(c), id).is_some();
+                if r == 0 && before >= 0 && before & libc::O_NONBLOCK != nb && !group {
                     if let Err(e) = c.fcntl(id, libc::F_SETFL, i64::from(nb)) {
                         return fail(errno_of(&e));
                     }

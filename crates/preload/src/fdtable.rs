@@ -48,6 +48,11 @@ pub struct IdState {
     /// An accepted connection's: its listener's id + 1 while that
     /// listener's `child_sndbuf` waits for this connection's read (0: none).
     pub parent: AtomicU32,
+    /// A listener opened on every server of a group: it has siblings
+    /// (`group.rs`).
+    pub siblings: AtomicU32,
+    /// What the socket reported of its server's death (`gone.rs`).
+    pub reported: AtomicU32,
     /// The attachment epoch whose socket this state is (0: none yet).
     epoch: AtomicU32,
 }
@@ -61,9 +66,43 @@ static IDS: [IdState; MAX_IDS] = [const {
         sndbuf: AtomicU32::new(0),
         child_sndbuf: AtomicU32::new(0),
         parent: AtomicU32::new(0),
+        siblings: AtomicU32::new(0),
+        reported: AtomicU32::new(0),
         epoch: AtomicU32::new(0),
     }
 }; MAX_IDS];
+
+/// The per-id state of the other members of a group (`state::slot` 1..):
+/// every server hands out the same ids, so each has a table of its own,
+/// made when first used.
+static GROUP_IDS: [std::sync::OnceLock<&'static [IdState]>; crate::state::MAX_GROUP - 1] =
+    [const { std::sync::OnceLock::new() }; crate::state::MAX_GROUP - 1];
+
+/// The per-id table of group place `slot`.
+fn table(slot: usize) -> &'static [IdState] {
+    if slot == 0 {
+        return &IDS;
+    }
+    let cell = &GROUP_IDS[(slot - 1) % GROUP_IDS.len()];
+    cell.get_or_init(|| {
+        let layout = std::alloc::Layout::array::<IdState>(MAX_IDS).expect("a fixed size");
+        // SAFETY: IdState is atomics only, for which all-zero bytes are
+        // the initial value (the statics above are zeros); the zeroed
+        // allocation has the array's layout and is never freed.
+        unsafe {
+            let p = std::alloc::alloc_zeroed(layout).cast::<IdState>();
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            std::slice::from_raw_parts(p, MAX_IDS)
+        }
+    })
+}
+
+/// The state of socket `id` of attachment `epoch`.
+fn state_at(epoch: u32, id: u32) -> &'static IdState {
+    &table(crate::state::slot(epoch))[id as usize % MAX_IDS]
+}
 
 fn unpack(v: u64) -> Option<(u32, u32)> {
     (v & VALID != 0).then_some(((v >> EPOCH_SHIFT) as u32 & 0xffff, v as u32))
@@ -93,7 +132,7 @@ fn pack(epoch: u32, id: u32) -> u64 {
 
 /// One more fd names socket `id` of attachment `epoch`.
 fn count(epoch: u32, id: u32) {
-    let st = &IDS[id as usize];
+    let st = state_at(epoch, id);
     let owner = st.epoch.load(Ordering::Acquire);
     if epoch > owner {
         // A newer attachment's socket under an id an older one used: the
@@ -103,7 +142,7 @@ fn count(epoch: u32, id: u32) {
     }
     if epoch >= owner && st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
         // A new socket under a reused id: its SO_SNDBUF is read anew.
-        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent] {
+        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent, &st.siblings] {
             v.store(0, Ordering::Relaxed);
         }
     }
@@ -112,7 +151,7 @@ fn count(epoch: u32, id: u32) {
 /// One fd less names socket `id` of attachment `epoch`: whether it was the
 /// last.
 fn uncount(epoch: u32, id: u32) -> bool {
-    let st = &IDS[id as usize];
+    let st = state_at(epoch, id);
     if st.epoch.load(Ordering::Acquire) == epoch {
         let dec = |r: u32| r.checked_sub(1);
         st.refs
@@ -170,25 +209,31 @@ pub fn rebind(from: u32, id: u32, to: u32, nid: u32) -> usize {
     n
 }
 
-pub fn id_state(id: u32) -> &'static IdState {
-    &IDS[(id as usize) % MAX_IDS]
+/// The state of socket `id` of attachment `c`.
+pub fn id_state(c: &tcps::Client, id: u32) -> &'static IdState {
+    &table(crate::state::slot_of(c))[id as usize % MAX_IDS]
+}
+
+/// The state of socket `id` of attachment `epoch`.
+pub fn id_state_at(epoch: u32, id: u32) -> &'static IdState {
+    state_at(epoch, id)
 }
 
 /// The program read (or accepted) on `id`: edge-triggered interest re-arms.
 #[inline]
-pub fn note_read(id: u32) {
-    id_state(id).rd_seq.fetch_add(1, Ordering::Relaxed);
+pub fn note_read(c: &tcps::Client, id: u32) {
+    id_state(c, id).rd_seq.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The program wrote (or connected) on `id`.
 #[inline]
-pub fn note_write(id: u32) {
-    id_state(id).wr_seq.fetch_add(1, Ordering::Relaxed);
+pub fn note_write(c: &tcps::Client, id: u32) {
+    id_state(c, id).wr_seq.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A write or sendfile on `id` found no room (EAGAIN or a short count).
-pub fn note_full(id: u32) {
-    id_state(id).full_seq.fetch_add(1, Ordering::Relaxed);
+pub fn note_full(c: &tcps::Client, id: u32) {
+    id_state(c, id).full_seq.fetch_add(1, Ordering::Relaxed);
     note_rescan();
 }
 
@@ -258,7 +303,7 @@ mod tests {
         assert_eq!(remove(a), Some((1, id, false)));
         assert_eq!(remove(b), Some((1, id, true)));
         // The new one's count was not disturbed.
-        assert_eq!(id_state(id).refs.load(Ordering::Relaxed), 1);
+        assert_eq!(id_state_at(2, id).refs.load(Ordering::Relaxed), 1);
         assert_eq!(remove(c), Some((2, id, true)));
     }
 

@@ -36,6 +36,19 @@ fn nonce() -> u32 {
     u32::from_ne_bytes(b).max(1)
 }
 
+/// Asks `c`'s server for a snapshot of this process's sockets there: the
+/// nonce the child presents, or None if refused.
+fn snapshot(c: &tcps::Client) -> Option<u32> {
+    let n = nonce();
+    match control::call_on(c, ControlMsg::Fork { handle: n }) {
+        Ok(()) => Some(n),
+        Err(e) => {
+            warning!("fork: the server refused a socket snapshot (errno {e}); the child will not have the parent's sockets");
+            None
+        }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     // `--reattach`: a server that came back takes the child's sockets (the
@@ -44,72 +57,39 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     if state::reattach_enabled() && state::client().is_some_and(crate::gone::check) {
         crate::reattach::try_now();
     }
-    let attached = state::client().is_some();
+    // The attachment, or each server's of a group (`group.rs`).
+    let members: Vec<(u32, &'static tcps::Client)> = state::members().collect();
     let kfds = state::client().map(|c| c.kernel_fds()).unwrap_or_default();
-    if let Some(c) = state::client() {
+    for (_, c) in &members {
         crate::sendq::flush_all(c);
     }
-    let token = if attached {
-        let n = nonce();
-        match control::call(ControlMsg::Fork { handle: n }, n) {
-            Ok(()) => Some(n),
-            Err(e) => {
-                warning!("fork: the server refused a socket snapshot (errno {e}); the child will not have the parent's sockets");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let tokens: Vec<Option<u32>> = members.iter().map(|(_, c)| snapshot(c)).collect();
     // Locks another thread may hold must not be copied held into the
     // child (it would deadlock on them): take them across the fork, in the
     // order their users take them.
     let files = crate::sendfile::lock_for_fork();
     let ctl = control::lock_for_fork();
     let sets = crate::epoll::lock_for_fork();
+    let group = crate::group::lock_for_fork();
     let pid = real::fork()();
     let fork_errno = errno::last_errno();
-    drop((sets, ctl, files));
+    drop((group, sets, ctl, files));
     if pid == 0 {
         state::new_generation();
-        if attached {
-            // The parent's channels are not ours; its control socket must
-            // not stay open here (the server would not see the parent go).
-            let ctl = control::take_socket();
-            // Remote: the helper's socketpair, not noted by socket(2).
-            let ctl = match state::client() {
-                Some(c) if ctl < 0 => c.control_fd(),
-                _ => ctl,
-            };
-            if ctl >= 0 {
-                real::close()(ctl);
-            }
-            state::forget();
-            attach::keep_parent_kfds(kfds);
-            if let Some(n) = token {
-                attach::set_inherit_token(n);
-                // Claim at once: the snapshot holds the sockets at the server
-                // and must live exactly as long as this process (as the
-                // kernel's fds would), even if it never touches them.
-                let _ = attach::for_new_socket();
-                share_inherited_sockets();
-            } else {
-                attach::close_parent_kfds();
-                for (fd, _) in fdtable::all_in(state::epoch()) {
-                    fdtable::remove(fd);
-                }
-            }
+        if !members.is_empty() {
+            in_child(&members, &tokens, kfds);
         }
     } else {
-        if let Some(n) = token {
+        for ((_, c), token) in members.iter().zip(&tokens) {
+            let Some(n) = *token else { continue };
             let child = u32::try_from(pid).unwrap_or(0);
-            if let Err(e) = control::call(ControlMsg::Forked { handle: n, child }, n) {
+            if let Err(e) = control::call_on(c, ControlMsg::Forked { handle: n, child }) {
                 debug!("fork: naming child {pid} to the server failed (errno {e})");
             }
         }
         if pid > 0 {
             debug!("fork: child {pid}");
-            if token.is_some() {
+            if tokens.iter().any(Option::is_some) {
                 share_inherited_sockets();
             }
         }
@@ -118,13 +98,55 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     pid
 }
 
+/// The child's side: leaves its parent's attachments and claims the
+/// snapshots at once (the snapshot holds the sockets at the server and
+/// must live exactly as long as this process, as the kernel's fds would,
+/// even if it never touches them). The sockets of a server that gave no
+/// snapshot are not the child's.
+fn in_child(
+    members: &[(u32, &'static tcps::Client)],
+    tokens: &[Option<u32>],
+    kfds: Vec<(u32, i32)>,
+) {
+    // The parent's channels are not ours; its control sockets must not
+    // stay open here (the server would not see the parent go).
+    let noted = control::take_socket();
+    for (_, c) in members {
+        // Remote: the helper's socketpair, not noted by socket(2).
+        let ctl = if noted >= 0 && !state::is_group() {
+            noted
+        } else {
+            c.control_fd()
+        };
+        // SAFETY: closing this process's copy of the parent's control
+        // socket, which nothing here uses from now on.
+        unsafe { real::close()(ctl) };
+    }
+    state::forget();
+    attach::keep_parent_kfds(kfds);
+    for ((e, _), token) in members.iter().zip(tokens) {
+        match token {
+            Some(n) => attach::set_inherit_token(state::slot(*e), *n),
+            None => {
+                for (fd, _) in fdtable::all_in(*e) {
+                    fdtable::remove(fd);
+                }
+            }
+        }
+    }
+    if tokens.iter().any(Option::is_some) {
+        let _ = attach::for_new_socket();
+        share_inherited_sockets();
+    } else {
+        attach::close_parent_kfds();
+    }
+}
+
 /// The sockets the child inherited are the parent's too: neither may keep
 /// their options (`tcps::Client::share_sockets`), the other can set them.
 fn share_inherited_sockets() {
-    if let Some(c) = state::client() {
-        let ids = fdtable::all_in(state::epoch())
-            .into_iter()
-            .map(|(_, id)| id);
+    for (e, c) in state::members() {
+        let ids = fdtable::all_in(e).into_iter().map(|(_, id)| id);
         c.share_sockets(ids);
     }
 }

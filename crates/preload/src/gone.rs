@@ -17,7 +17,6 @@
 //! doorbell closes), which marks the attachment detached; here that is one
 //! load per wait.
 
-use crate::fdtable::MAX_IDS;
 use crate::log;
 use crate::state;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,11 +25,11 @@ use tcps::Client;
 /// The last epoch whose death was announced (one line per death).
 static ANNOUNCED: AtomicU32 = AtomicU32::new(0);
 
-/// Per socket id: `epoch << 8 | what it already reported` of the death of
-/// that epoch's attachment. Ids of a dead attachment come back under the
-/// next one (`--reattach`); should that one die too, a socket of the older
-/// attachment still unreported under a shared id stays quiet.
-static REPORTED: [AtomicU32; MAX_IDS] = [const { AtomicU32::new(0) }; MAX_IDS];
+// Per socket (`fdtable::IdState::reported`): `epoch << 8 | what it already
+// reported` of the death of that epoch's attachment. Ids of a dead
+// attachment come back under the next one (`--reattach`); should that one
+// die too, a socket of the older attachment still unreported under a
+// shared id stays quiet.
 const IN_WAIT: u32 = 1;
 const ON_CALL: u32 = 2;
 
@@ -40,7 +39,9 @@ pub fn gone(c: &Client) -> bool {
         return false;
     }
     let e = state::epoch_of(c);
-    if e == state::epoch() && ANNOUNCED.swap(e, Ordering::Relaxed) != e {
+    if state::is_group() && state::in_group(e) {
+        crate::group::member_gone(e);
+    } else if e == state::epoch() && ANNOUNCED.swap(e, Ordering::Relaxed) != e {
         log::emit(if state::reattach_enabled() {
             "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback until a server is back (--reattach)"
         } else {
@@ -64,7 +65,7 @@ fn first(c: &Client, id: u32, what: u32) -> bool {
 
 /// As [`first`], for socket `id` of attachment `epoch`.
 fn first_at(epoch: u32, id: u32, what: u32) -> bool {
-    let slot = &REPORTED[id as usize % MAX_IDS];
+    let slot = &crate::fdtable::id_state_at(epoch, id).reported;
     let mut v = slot.load(Ordering::Relaxed);
     loop {
         let new = match v >> 8 {

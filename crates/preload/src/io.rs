@@ -34,7 +34,7 @@ pub unsafe fn recv_id(
         return fail(crate::gone::call_error(c, id, libc::ENOTCONN));
     }
     // (Not for a dead socket: its id may be a new attachment's now.)
-    fdtable::note_read(id);
+    fdtable::note_read(c, id);
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {
         if buf.is_null() && len > 0 {
             null_recv(c, id, len, flags)
@@ -74,15 +74,15 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
     let r = if crate::gone::gone(c) {
         Err(err(crate::gone::call_error(c, id, libc::EPIPE)))
     } else {
-        fdtable::note_write(id);
+        fdtable::note_write(c, id);
         match crate::sendq::try_send(c, fd, id, data, flags) {
             Some(r) => r,
             None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
         }
     };
     match &r {
-        Ok(n) if *n < data.len() => fdtable::note_full(id),
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => fdtable::note_full(id),
+        Ok(n) if *n < data.len() => fdtable::note_full(c, id),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => fdtable::note_full(c, id),
         _ => {}
     }
     match r {

@@ -359,6 +359,9 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
         let Some(c) = attach::for_existing() else {
             return fail(libc::EBADF);
         };
+        if state::is_group() {
+            return poll_group(all, deadline, timeout);
+        }
         let left = match deadline {
             None => timeout,
             Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
@@ -410,6 +413,78 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
         }
         for (e, &i) in tcps.iter().zip(&tcps_at) {
             all[i].revents = e.revents;
+        }
+        for ((e, _), &i) in dead.iter().zip(&dead_at) {
+            all[i].revents = e.revents;
+        }
+        for (k, &i) in kernel.iter().zip(&kernel_at) {
+            all[i].revents = k.revents;
+        }
+        return all.iter().filter(|p| p.revents != 0).count() as c_int;
+    }
+}
+
+/// poll(2) for a host that uses several servers (`group.rs`): the entries
+/// sorted by server (a listener's siblings are asked too, their events
+/// added to its entry), waited on together (`group_wait.rs`).
+fn poll_group(all: &mut [pollfd], deadline: Option<Instant>, timeout: c_int) -> c_int {
+    use crate::group_wait::{part_for, wait, Part};
+    loop {
+        // A server that died is noticed first: its listeners move to
+        // their siblings before the entries are sorted.
+        let live = |e: u32| state::client_at(e).filter(|c| !crate::gone::gone(c));
+        state::members().for_each(|(_, c)| {
+            crate::gone::gone(c);
+        });
+        let left = match deadline {
+            None => timeout,
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
+        };
+        let (mut parts, mut dead, mut kernel) = (Vec::<Part>::new(), Vec::new(), Vec::new());
+        let (mut dead_at, mut kernel_at) = (Vec::new(), Vec::new());
+        for (i, p) in all.iter_mut().enumerate() {
+            p.revents = 0;
+            let entry = |sock| PollFd {
+                sock,
+                events: p.events,
+                revents: 0,
+            };
+            let Some((e, id)) = fdtable::lookup_at(p.fd) else {
+                kernel.push(*p);
+                kernel_at.push(i);
+                continue;
+            };
+            let Some(c) = live(e) else {
+                dead.push((entry(id), e));
+                dead_at.push(i);
+                continue;
+            };
+            let sibs = crate::group::siblings(e, id).unwrap_or_default();
+            for (c, sock) in std::iter::once((c, id)).chain(
+                sibs.into_iter()
+                    .filter_map(|(se, sid)| live(se).map(|m| (m, sid))),
+            ) {
+                let part = part_for(&mut parts, c);
+                part.fds.push(entry(sock));
+                part.at.push(i);
+            }
+        }
+        let reported = report_dead(&mut dead);
+        let r = if parts.is_empty() {
+            dead_wait(&mut kernel, reported, left, false).unwrap_or(Ok(0))
+        } else {
+            match wait(&mut parts, &mut kernel, if reported > 0 { 0 } else { left }) {
+                Ok(None) => continue,
+                r => r.map(|n| n.unwrap_or(0)),
+            }
+        };
+        if let Err(e) = r {
+            return fail(e);
+        }
+        for p in &parts {
+            for (e, &i) in p.fds.iter().zip(&p.at) {
+                all[i].revents |= e.revents;
+            }
         }
         for ((e, _), &i) in dead.iter().zip(&dead_at) {
             all[i].revents = e.revents;

@@ -35,3 +35,18 @@ pub fn sleep(
     c.sleep_on_rings(tcps, kernel, timeout_ms, &room)
         .map_err(|e| crate::errno::errno_of(&e))
 }
+
+/// [`sleep`] over the sockets of several servers at once (a group,
+/// `group.rs`): `parts` pairs each attachment with its entries.
+pub fn sleep_many(
+    parts: &mut [(&Client, &mut [PollFd])],
+    kernel: &mut [pollfd],
+    timeout_ms: c_int,
+) -> Result<bool, i32> {
+    if !enabled() {
+        return Ok(false);
+    }
+    let room = |c: &Client, id: u32| crate::sendq::writable(c, id);
+    tcps::sleep_on_rings_many(parts, kernel, timeout_ms, &room)
+        .map_err(|e| crate::errno::errno_of(&e))
+}

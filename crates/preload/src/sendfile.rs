@@ -53,8 +53,9 @@ const MAX_CHUNK: u64 = 1 << 30;
 /// Files kept open at the server per process.
 const MAX_FILES: usize = 1024;
 
-/// (st_dev, st_ino, st_size, st_mtime, st_mtime_nsec)
-type FileKey = (u64, u64, i64, i64, i64);
+/// (the server's place in a group, st_dev, st_ino, st_size, st_mtime,
+/// st_mtime_nsec): each server of a group has handles of its own.
+type FileKey = (usize, u64, u64, i64, i64, i64);
 
 pub struct Files {
     generation: u64,
@@ -85,6 +86,7 @@ fn file_handle(c: &tcps::Client, fd: c_int) -> Result<(u32, u64), i32> {
         return Err(libc::EINVAL);
     }
     let key = (
+        crate::state::slot_of(c),
         st.st_dev,
         st.st_ino,
         st.st_size,
@@ -112,16 +114,20 @@ fn file_handle(c: &tcps::Client, fd: c_int) -> Result<(u32, u64), i32> {
         return Err(libc::EOPNOTSUPP);
     }
     if files.handles.len() >= MAX_FILES {
-        for (_, h) in files.handles.drain() {
-            let _ = c.file_close(h);
-        }
+        // This server's handles go (another's are its own to close).
+        files.handles.retain(|k, &mut h| {
+            k.0 != key.0 || {
+                let _ = c.file_close(h);
+                false
+            }
+        });
     }
     let h = files.next;
     files.next = files.next.wrapping_add(1).max(1);
     if let Err(e) = c.file_open(h, fd) {
         let e = crate::errno::errno_of(&e);
         if c.is_remote() {
-            debug!("sendfile: the server does not share file (dev {}, inode {}): errno {e}; its bytes are sent", key.0, key.1);
+            debug!("sendfile: the server does not share file (dev {}, inode {}): errno {e}; its bytes are sent", key.1, key.2);
             if files.refused.len() >= MAX_FILES {
                 files.refused.clear();
             }
@@ -131,7 +137,7 @@ fn file_handle(c: &tcps::Client, fd: c_int) -> Result<(u32, u64), i32> {
     }
     debug!(
         "sendfile: file (dev {}, inode {}) handed to the server as file {h}",
-        key.0, key.1
+        key.1, key.2
     );
     files.handles.insert(key, h);
     Ok((h, size))
@@ -171,7 +177,7 @@ unsafe fn offloaded_sendfile(
     if count == 0 {
         return 0;
     }
-    crate::fdtable::note_write(id);
+    crate::fdtable::note_write(c, id);
     let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
     let mut total = 0u64;
     match crate::sendq::try_sendfile(c, id, nonblocking, (file, start as u64, count)) {
@@ -193,7 +199,7 @@ unsafe fn offloaded_sendfile(
         err = e;
     }
     if total < count {
-        crate::fdtable::note_full(id);
+        crate::fdtable::note_full(c, id);
     }
     debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
     finish(in_fd, offset, start, total as usize, err)

@@ -42,7 +42,7 @@ pub fn enabled() -> bool {
 /// route autotunes to), and a per-connection round trip would cost a
 /// short-lived connection (an HTTP/1.0 request) more than its send.
 fn sndbuf(c: &Client, id: u32) -> u64 {
-    let st = fdtable::id_state(id);
+    let st = fdtable::id_state(c, id);
     let v = st.sndbuf.load(Ordering::Relaxed);
     if v != 0 {
         return u64::from(v);
@@ -55,7 +55,7 @@ fn sndbuf(c: &Client, id: u32) -> u64 {
         .unwrap_or(SURE_ROOM as u32);
     st.sndbuf.store(v, Ordering::Relaxed);
     if let Some(listener) = st.parent.swap(0, Ordering::Relaxed).checked_sub(1) {
-        let l = fdtable::id_state(listener);
+        let l = fdtable::id_state(c, listener);
         let _ = l
             .child_sndbuf
             .compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
@@ -66,9 +66,9 @@ fn sndbuf(c: &Client, id: u32) -> u64 {
 /// Connection `id` was accepted from `listener`: it starts with the
 /// SO_SNDBUF the listener's first connection read, or reads it for the
 /// ones after it.
-pub fn accepted(listener: u32, id: u32) {
-    let st = fdtable::id_state(id);
-    match fdtable::id_state(listener)
+pub fn accepted(c: &Client, listener: u32, id: u32) {
+    let st = fdtable::id_state(c, id);
+    match fdtable::id_state(c, listener)
         .child_sndbuf
         .load(Ordering::Relaxed)
     {
@@ -79,8 +79,8 @@ pub fn accepted(listener: u32, id: u32) {
 
 /// The program set SO_SNDBUF: read it again at the next send (and, on a
 /// listener, on its next connection).
-pub fn sndbuf_changed(id: u32) {
-    let st = fdtable::id_state(id);
+pub fn sndbuf_changed(c: &Client, id: u32) {
+    let st = fdtable::id_state(c, id);
     st.sndbuf.store(0, Ordering::Relaxed);
     st.child_sndbuf.store(0, Ordering::Relaxed);
 }

@@ -134,7 +134,10 @@ pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>>
     let (epoch, id) = fdtable::lookup_at(fd)?;
     let c = match crate::state::client_at(epoch) {
         Some(c) => Some(c),
-        None if epoch == crate::state::epoch() => attach::for_existing(),
+        // A forked child attaches (to each server of a group) first.
+        None if crate::state::in_group(epoch) => {
+            attach::for_existing().and_then(|_| crate::state::client_at(epoch))
+        }
         None => None,
     };
     Some(c.map(|c| (c, id)).ok_or(libc::EBADF))
@@ -170,13 +173,20 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    on_socket!(fd, |c, id| unit(c.listen(id, backlog)), else real::listen()(fd, backlog))
+    on_socket!(fd, |c, id| {
+        let r = unit(c.listen(id, backlog));
+        // Several servers: the listener listens at each (`group.rs`).
+        if r == 0 && crate::state::is_group() && crate::group::siblings(crate::state::epoch_of(c), id).is_none() {
+            crate::group::open_siblings(c, id, backlog);
+        }
+        r
+    }, else real::listen()(fd, backlog))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     on_socket!(fd, |c, id| {
-        fdtable::note_write(id);
+        fdtable::note_write(c, id);
         let r = unit(c.connect_raw(id, addr_bytes(addr, len)));
         debug!("connect(fd {fd}) = {r} (errno {})", if r < 0 { crate::errno::last_errno() } else { 0 });
         r
@@ -203,7 +213,10 @@ pub unsafe extern "C" fn accept4(
         if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
             return fail(libc::EINVAL);
         }
-        fdtable::note_read(id);
+        if crate::group::siblings(crate::state::epoch_of(c), id).is_some() {
+            return crate::group_accept::accept(fd, c, id, addr, len, flags);
+        }
+        fdtable::note_read(c, id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
         let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
@@ -239,7 +252,7 @@ pub unsafe extern "C" fn accept4(
             }
             Ok((tcps::Accepted::Offloaded(nid), full)) => match adopt(c, nid, flags) {
                 Ok(nfd) => {
-                    crate::sendq::accepted(id, nid);
+                    crate::sendq::accepted(c, id, nid);
                     COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
                     put_addr(&buf[..want], full, addr, len);
                     debug!("accept(fd {fd}) = fd {nfd} (tcps socket {nid})");
@@ -303,8 +316,11 @@ pub unsafe extern "C" fn setsockopt(
     on_socket!(fd, |c, id| {
         let v = if val.is_null() { &[][..] } else { std::slice::from_raw_parts(val as *const u8, len as usize) };
         let r = unit(c.setsockopt(id, level, name, v));
+        if r == 0 {
+            crate::group::set_option(crate::state::epoch_of(c), id, level, name, v);
+        }
         if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_SNDBUF {
-            crate::sendq::sndbuf_changed(id);
+            crate::sendq::sndbuf_changed(c, id);
         }
         if r < 0 {
             debug!("setsockopt(fd {fd}, level {level}, name {name}) refused by the server: errno {}", crate::errno::last_errno());

@@ -49,6 +49,15 @@ static CLIENTS: [AtomicPtr<Client>; MAX_EPOCHS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_EPOCHS];
 /// The current epoch: new sockets belong to its attachment.
 static EPOCH: AtomicU32 = AtomicU32::new(1);
+/// The first epoch of the current *group*: a host that uses several
+/// servers (`TCPS_REMOTE=a,b`) attaches to each at once, in epochs
+/// `GROUP_FIRST..=EPOCH`, all live together (`group.rs`). With one server
+/// the group is the current epoch alone.
+static GROUP_FIRST: AtomicU32 = AtomicU32::new(1);
+/// The servers one host uses at most at once.
+pub const MAX_GROUP: usize = 8;
+/// Where the next new socket's server is picked from (round robin).
+static NEXT_MEMBER: AtomicU32 = AtomicU32::new(0);
 
 pub fn mode() -> Mode {
     match MODE.load(Ordering::Acquire) {
@@ -96,6 +105,59 @@ pub fn client_at(epoch: u32) -> Option<&'static Client> {
     unsafe { p.as_ref() }
 }
 
+/// The first epoch of the current group.
+pub fn group_first() -> u32 {
+    GROUP_FIRST.load(Ordering::Acquire)
+}
+
+/// Whether `epoch` is one of the current group's (live together: with one
+/// server, the current epoch).
+pub fn in_group(epoch: u32) -> bool {
+    epoch >= GROUP_FIRST.load(Ordering::Acquire) && epoch <= self::epoch()
+}
+
+/// Whether this process uses several servers at once.
+pub fn is_group() -> bool {
+    GROUP_FIRST.load(Ordering::Acquire) < epoch()
+}
+
+/// The current group's attachments (epoch, client), first to last;
+/// servers that did not answer (no client) are left out.
+pub fn members() -> impl Iterator<Item = (u32, &'static Client)> {
+    (GROUP_FIRST.load(Ordering::Acquire)..=epoch()).filter_map(|e| client_at(e).map(|c| (e, c)))
+}
+
+/// The place of `epoch` in a group of several (0 for any other epoch): per
+/// socket state is kept per place, because every server of a group hands
+/// out the same ids (`fdtable.rs`).
+pub fn slot(epoch: u32) -> usize {
+    let first = GROUP_FIRST.load(Ordering::Acquire);
+    if first < self::epoch() && in_group(epoch) {
+        (epoch - first) as usize
+    } else {
+        0
+    }
+}
+
+/// [`slot`] of attachment `c` (one load without a group).
+pub fn slot_of(c: &Client) -> usize {
+    if is_group() {
+        slot(epoch_of(c))
+    } else {
+        0
+    }
+}
+
+/// The attachment a new socket goes to: the next member of the group
+/// (round robin) that `usable` accepts; with one server, that one.
+pub fn pick_member(usable: impl Fn(&Client) -> bool) -> Option<&'static Client> {
+    let all: Vec<&'static Client> = members().map(|(_, c)| c).collect();
+    let start = NEXT_MEMBER.fetch_add(1, Ordering::Relaxed) as usize;
+    (0..all.len())
+        .map(|i| all[(start + i) % all.len()])
+        .find(|&c| usable(c))
+}
+
 /// The epoch of attachment `c` (0: not one of this process's).
 pub fn epoch_of(c: &Client) -> u32 {
     let cur = epoch().min(MAX_EPOCHS as u32 - 1);
@@ -113,15 +175,30 @@ pub fn install(c: Client) {
     MODE.store(OFFLOAD, Ordering::Release);
 }
 
+/// Installs the attachments of a group of servers (`TCPS_REMOTE=a,b`),
+/// one per epoch from the group's first (None: that server did not
+/// answer). A forked child installs its own in the same epochs.
+pub fn install_group(cs: Vec<Option<Client>>) {
+    let first = GROUP_FIRST.load(Ordering::Acquire);
+    let n = cs.len().clamp(1, MAX_GROUP) as u32;
+    for (e, c) in (first..).zip(cs.into_iter().take(MAX_GROUP)) {
+        let p = c.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)));
+        CLIENTS[e as usize].store(p, Ordering::Release);
+    }
+    EPOCH.store(first + n - 1, Ordering::Release);
+    MODE.store(OFFLOAD, Ordering::Release);
+}
+
 /// Installs `c` in a new epoch (a reattach); the dead attachments keep
 /// theirs. Refused (c returned) once [`MAX_EPOCHS`] are used.
 pub fn install_next(c: Client) -> Result<u32, Client> {
     let next = epoch() + 1;
-    if next as usize >= MAX_EPOCHS {
+    if next as usize >= MAX_EPOCHS || is_group() {
         return Err(c);
     }
     CLIENTS[next as usize].store(Box::into_raw(Box::new(c)), Ordering::Release);
     EPOCH.store(next, Ordering::Release);
+    GROUP_FIRST.store(next, Ordering::Release);
     MODE.store(OFFLOAD, Ordering::Release);
     Ok(next)
 }
@@ -130,7 +207,9 @@ pub fn install_next(c: Client) -> Result<u32, Client> {
 /// parent's channels are not ours). The next TCP call attaches anew, in
 /// the same epoch (the inherited sockets keep their ids).
 pub fn forget() {
-    CLIENTS[epoch() as usize].store(std::ptr::null_mut(), Ordering::Release);
+    for e in GROUP_FIRST.load(Ordering::Acquire)..=epoch() {
+        CLIENTS[e as usize].store(std::ptr::null_mut(), Ordering::Release);
+    }
     MODE.store(UNTRIED, Ordering::Release);
 }
 
@@ -140,8 +219,13 @@ pub fn forget() {
 pub fn reattach_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        tcps::setting_str("TCPS_REATTACH")
-            .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "1" | "on" | "yes" | "true")))
+        let on = tcps::setting_str("TCPS_REATTACH")
+            .is_some_and(|v| v.is_ok_and(|v| matches!(v.trim(), "1" | "on" | "yes" | "true")));
+        if on && tcps::remote::addresses().len() > 1 {
+            log::emit("--reattach does not apply to several servers (TCPS_REMOTE=a,b): a server that dies fails its own sockets, the others carry on");
+            return false;
+        }
+        on
     })
 }
 

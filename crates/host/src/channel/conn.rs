@@ -192,7 +192,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(a: Attached) -> Conn {
+    pub fn new(a: Attached, remote: bool) -> Conn {
         let layout = *a.region.layout();
         let n = layout.n_channels as usize;
         let max_users = layout.ring_entries.saturating_sub(1).max(1);
@@ -217,7 +217,7 @@ impl Conn {
             registered_sent: AtomicU64::new(0),
             room_waits: AtomicU64::new(0),
             registered_received: AtomicU64::new(0),
-            remote: crate::remote::address().is_some(),
+            remote,
             id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
             region: a.region,
             ctl: Control::new(a.ctl),

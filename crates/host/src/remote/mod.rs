@@ -38,6 +38,21 @@ pub fn address() -> Option<String> {
     }
 }
 
+/// The servers' fabric addresses when this process attaches remotely:
+/// `TCPS_REMOTE` split at commas (`a,b`: a host that uses several servers;
+/// empty: none).
+pub fn addresses() -> Vec<String> {
+    address()
+        .map(|a| {
+            a.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The descriptor number the helper finds its end of the socketpair at.
 pub const PUMP_FD: i32 = 3;
 

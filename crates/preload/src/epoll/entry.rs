@@ -42,6 +42,9 @@ pub(super) struct Entry {
     pub(super) disabled: bool,
     /// On the set's ready list.
     pub(super) listed: bool,
+    /// A listener opened on several servers: its siblings (epoch, id),
+    /// whose connections are this entry's too (`group.rs`).
+    pub(super) sibs: Vec<(u32, u32)>,
 }
 
 /// What a look at an entry's socket starts from.
@@ -59,7 +62,7 @@ pub(super) struct Edges {
 impl Edges {
     /// The look at `id` for an entry with `events`.
     pub(super) fn of(c: &Client, id: u32, events: u32) -> Edges {
-        let s = fdtable::id_state(id);
+        let s = fdtable::id_state(c, id);
         Edges {
             rd: s.rd_seq.load(Ordering::Relaxed),
             wr: s.wr_seq.load(Ordering::Relaxed),
@@ -76,7 +79,7 @@ impl Edges {
 
 impl Entry {
     pub(super) fn new(epoch: u32, id: u32, ev: &epoll_event) -> Entry {
-        let s = fdtable::id_state(id);
+        let s = fdtable::id_state_at(epoch, id);
         Entry {
             epoch,
             id,
@@ -88,7 +91,50 @@ impl Entry {
             reported_full: s.full_seq.load(Ordering::Relaxed).wrapping_sub(1),
             disabled: false,
             listed: false,
+            sibs: crate::group::siblings(epoch, id).unwrap_or_default(),
         }
+    }
+
+    /// Every socket this entry watches: its own and its siblings'.
+    pub(super) fn sockets(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        std::iter::once((self.epoch, self.id)).chain(self.sibs.iter().copied())
+    }
+
+    /// The look at the entry's socket (`Edges::of`) on attachment `c`; with
+    /// siblings, the read edge moves when any of their rings does.
+    pub(super) fn look(&self, c: &Client) -> Edges {
+        let mut x = Edges::of(c, self.id, self.events);
+        if self.sibs.is_empty() || self.events & READ_SIDE == 0 {
+            return x;
+        }
+        for &(e, sid) in &self.sibs {
+            let edge = crate::state::client_at(e).and_then(|m| m.read_edge(sid));
+            x.rd_edge = match (x.rd_edge, edge) {
+                (Some(a), Some(b)) => Some(a.wrapping_add(b)),
+                _ => None,
+            };
+        }
+        x
+    }
+
+    /// What the siblings have of `events` now (from their rings: no round
+    /// trip), for the entry's report.
+    pub(super) fn sibling_events(&self, events: u32) -> i16 {
+        let mut got = 0;
+        for &(e, sid) in &self.sibs {
+            let Some(m) = crate::state::client_at(e).filter(|m| m.is_attached()) else {
+                continue;
+            };
+            let mut p = [tcps::PollFd {
+                sock: sid,
+                events: (events & READ_SIDE) as i16,
+                revents: 0,
+            }];
+            if m.poll(&mut p, 0).is_ok() {
+                got |= p[0].revents;
+            }
+        }
+        got
     }
 
     /// Whether the entry must stay on the ready list even when nothing is
@@ -180,6 +226,7 @@ mod tests {
             reported_full: 3,
             disabled: false,
             listed: false,
+            sibs: Vec::new(),
         }
     }
 

@@ -157,6 +157,8 @@ struct Cand {
     epoch: u32,
     id: u32,
     x: Edges,
+    /// What a listener's siblings on other servers have (`group.rs`).
+    extra: i16,
 }
 
 impl Cand {
@@ -166,14 +168,35 @@ impl Cand {
     }
 }
 
-/// The candidates of a pass and the poll entries to ask the server about.
-type Pass = (Vec<Cand>, Vec<PollFd>);
+/// One attachment's part of a pass: its candidates and the poll entries
+/// to ask its server about.
+struct Pass {
+    c: &'static Client,
+    cands: Vec<Cand>,
+    pfds: Vec<PollFd>,
+}
 
-/// The armed entries of `epfd`'s ready list, after refilling it from the
-/// ready log (None: the set has no offloaded entry at all), and whether
-/// the set has kernel fds. Entries with nothing armed leave the list
-/// unless they are sticky. O(ready), not O(interest).
-fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
+/// The pass of attachment `c` in `passes` (made on first use).
+fn pass_for<'a>(passes: &'a mut Vec<Pass>, c: &'static Client) -> &'a mut Pass {
+    let i = match passes.iter().position(|p| std::ptr::eq(p.c, c)) {
+        Some(i) => i,
+        None => {
+            passes.push(Pass {
+                c,
+                cands: Vec::new(),
+                pfds: Vec::new(),
+            });
+            passes.len() - 1
+        }
+    };
+    &mut passes[i]
+}
+
+/// The armed entries of `epfd`'s ready list, by attachment, after
+/// refilling it from the ready logs (None: the set has no offloaded entry
+/// at all), and whether the set has kernel fds. Entries with nothing armed
+/// leave the list unless they are sticky. O(ready), not O(interest).
+fn candidates(epfd: c_int) -> (Option<Vec<Pass>>, bool) {
     let mut sets = sets();
     let Some(s) = sets.get_mut(&epfd) else {
         return (None, true);
@@ -181,35 +204,35 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
     if s.entries.is_empty() {
         return (None, true);
     }
-    // After a reattach: the sockets of the new attachment (`Set::refresh`).
-    s.refresh(crate::state::epoch());
-    s.refill(c);
+    // After a reattach, a moved listener, a group's dead server
+    // (`Set::refresh`).
+    s.refresh();
+    s.refill();
     COUNTERS.epoll_passes.fetch_add(1, Ordering::Relaxed);
     COUNTERS
         .epoll_looks
         .fetch_add(s.ready.len() as u64, Ordering::Relaxed);
-    let mut cands = Vec::new();
-    let mut pfds = Vec::new();
-    let Set {
-        entries,
-        ready,
-        epoch,
-        ..
-    } = s;
+    let mut passes = Vec::new();
+    let Set { entries, ready, .. } = s;
     ready.retain(|&fd| {
-        let Some(e) = entries.get_mut(&fd).filter(|e| e.epoch == *epoch) else {
+        let Some(e) = entries.get_mut(&fd).filter(|e| set::live(e.epoch)) else {
             return false;
         };
-        let x = Edges::of(c, e.id, e.events);
+        let Some(c) = crate::state::client_at(e.epoch) else {
+            return false;
+        };
+        let x = e.look(c);
         let w = e.wanted(&x);
         if w != 0 {
-            cands.push(Cand {
+            let pass = pass_for(&mut passes, c);
+            pass.cands.push(Cand {
                 fd,
                 epoch: e.epoch,
                 id: e.id,
                 x,
+                extra: e.sibling_events(w),
             });
-            pfds.push(PollFd {
+            pass.pfds.push(PollFd {
                 sock: e.id,
                 events: w as i16,
                 revents: 0,
@@ -219,66 +242,94 @@ fn candidates(c: &Client, epfd: c_int) -> (Option<Pass>, bool) {
         e.listed = e.sticky(&x);
         e.listed
     });
-    (Some((cands, pfds)), s.kernel_fds > 0)
+    (Some(passes), s.kernel_fds > 0)
 }
 
-/// Every armed entry of `epfd` (O(interest)): what a wait that cannot
-/// sleep on the doorbell asks the server to watch.
-fn all_armed(c: &Client, epfd: c_int) -> Vec<PollFd> {
+/// Every armed entry of `epfd` (O(interest)), by attachment, a listener's
+/// siblings as entries of their own: what a wait that cannot sleep on the
+/// doorbells asks the servers to watch.
+fn all_armed(epfd: c_int) -> Vec<crate::group_wait::Part> {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
         return Vec::new();
     };
-    let mut pfds = Vec::new();
-    for e in s.entries.values().filter(|e| e.epoch == s.epoch) {
-        let w = e.wanted(&Edges::of(c, e.id, e.events));
-        if w != 0 {
-            pfds.push(PollFd {
-                sock: e.id,
-                events: w as i16,
-                revents: 0,
-            });
+    let mut parts = Vec::new();
+    for e in s.entries.values().filter(|e| set::live(e.epoch)) {
+        let Some(c) = crate::state::client_at(e.epoch) else {
+            continue;
+        };
+        let w = e.wanted(&e.look(c));
+        if w == 0 {
+            continue;
+        }
+        for (ep, id) in e.sockets() {
+            if let Some(m) = crate::state::client_at(ep).filter(|m| m.is_attached()) {
+                let part = crate::group_wait::part_for(&mut parts, m);
+                part.fds.push(PollFd {
+                    sock: id,
+                    events: w as i16,
+                    revents: 0,
+                });
+                part.at.push(0);
+            }
         }
     }
-    pfds
+    parts
 }
 
-/// What a doorbell sleep on `epfd` must watch: the ready log when an
-/// entry has read interest (a new arrival in any ring ends the wait, fired
-/// or not), and what the log does not announce, from the (sticky) entries
-/// left on the ready list: the send queue of an entry that waits for room,
-/// the socket of a read side without a ring (which cannot be watched this
-/// way: the sleep then falls back). Empty: nothing to wait for here.
-fn watches(epfd: c_int, c: &Client) -> Vec<tcps::EdgeWatch> {
+/// What a doorbell sleep on `epfd` must watch, by attachment: the ready
+/// log when an entry has read interest (a new arrival in any ring ends the
+/// wait, fired or not), and what the log does not announce, from the
+/// (sticky) entries left on the ready list: the send queue of an entry
+/// that waits for room, the socket of a read side without a ring (which
+/// cannot be watched this way: the sleep then falls back). Empty: nothing
+/// to wait for here.
+fn watches(epfd: c_int) -> Vec<(&'static Client, Vec<tcps::EdgeWatch>)> {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
         return Vec::new();
     };
-    let mut w = Vec::new();
-    let live = |e: &&Entry| e.epoch == s.epoch;
+    let mut w: Vec<(&'static Client, Vec<tcps::EdgeWatch>)> = Vec::new();
+    let mut add = |c: &'static Client, watch: tcps::EdgeWatch| match w
+        .iter_mut()
+        .find(|(m, _)| std::ptr::eq(*m, c))
+    {
+        Some((_, v)) if !v.contains(&watch) => v.push(watch),
+        Some(_) => {}
+        None => w.push((c, vec![watch])),
+    };
+    let live = |e: &&Entry| set::live(e.epoch);
     for e in s
         .ready
         .iter()
         .filter_map(|fd| s.entries.get(fd))
         .filter(live)
     {
-        let x = Edges::of(c, e.id, e.events);
+        let Some(c) = crate::state::client_at(e.epoch) else {
+            continue;
+        };
+        let x = e.look(c);
         if !e.sticky(&x) {
             continue;
         }
-        w.push(tcps::EdgeWatch {
-            sock: e.id,
-            read: e.events & READ_SIDE != 0 && x.rd_edge.is_none(),
-            write: e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x)),
-        });
+        add(
+            c,
+            tcps::EdgeWatch {
+                sock: e.id,
+                read: e.events & READ_SIDE != 0 && x.rd_edge.is_none(),
+                write: e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x)),
+            },
+        );
     }
-    let reads = s
-        .entries
-        .values()
-        .filter(live)
-        .any(|e| !e.disabled && e.events & READ_SIDE != 0);
-    if reads {
-        w.push(tcps::EdgeWatch::READY_LOG);
+    for e in s.entries.values().filter(live) {
+        if e.disabled || e.events & READ_SIDE == 0 {
+            continue;
+        }
+        for (ep, _) in e.sockets() {
+            if let Some(m) = crate::state::client_at(ep).filter(|m| m.is_attached()) {
+                add(m, tcps::EdgeWatch::READY_LOG);
+            }
+        }
     }
     w
 }
@@ -418,35 +469,41 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             return real::epoll_wait()(epfd, events, max as c_int, left(deadline, timeout));
         };
         // The server died (now or during a wait that failed): `gone.rs`;
-        // None: a new server was attached meanwhile (`--reattach`).
-        if crate::gone::gone(c) {
+        // None: a new server was attached meanwhile (`--reattach`). A
+        // group waits on while one of its servers lives (`group.rs`).
+        let mut all_gone = crate::gone::gone(c);
+        if crate::state::is_group() {
+            all_gone = crate::state::members()
+                .map(|(_, m)| crate::gone::gone(m))
+                .fold(true, |a, g| a && g);
+        }
+        if all_gone {
             match gone_wait(epfd, events, max, left(deadline, timeout)) {
                 Some(n) => return n,
                 None => continue,
             }
         }
-        match live_pass(c, epfd, events, max, left(deadline, timeout)) {
+        match live_pass(epfd, events, max, left(deadline, timeout)) {
             Ok(Some(n)) => return n,
             Ok(None) => {}
-            Err(_) if crate::gone::gone(c) => {}
+            Err(_) if crate::state::members().any(|(_, m)| crate::gone::gone(m)) => {}
             Err(e) => return fail(e),
         }
     }
 }
 
-/// One pass of a wait on a live attachment: the events ready now (of the
+/// One pass of a wait on live attachments: the events ready now (of the
 /// offloaded entries, the stale ones of a dead attachment, the kernel
 /// side), else a sleep until something may be ready (`Ok(None)`: look
 /// again) or `remaining` ms pass.
 unsafe fn live_pass(
-    c: &'static Client,
     epfd: c_int,
     events: *mut epoll_event,
     max: usize,
     remaining: c_int,
 ) -> Result<Option<c_int>, i32> {
-    let (offloaded, has_kernel) = candidates(c, epfd);
-    let Some((cands, mut pfds)) = offloaded else {
+    let (offloaded, has_kernel) = candidates(epfd);
+    let Some(mut passes) = offloaded else {
         return Ok(Some(real::epoll_wait()(
             epfd,
             events,
@@ -454,18 +511,19 @@ unsafe fn live_pass(
             remaining,
         )));
     };
-    // Non-blocking pass over both sides.
-    let mut ranks = vec![0u16; pfds.len()];
-    if !pfds.is_empty() {
-        crate::poll::poll_offloaded(c, &mut pfds, &mut ranks, 0)
-            .map_err(|e| crate::errno::errno_of(&e))?;
-    }
     let mut out = Vec::new();
     // Offloaded events leave the kernel side at least one slot.
     let off_room = if has_kernel && max > 1 { max - 1 } else { max };
-    if !pfds.is_empty() {
+    for p in passes.iter_mut().filter(|p| !p.pfds.is_empty()) {
+        // Non-blocking pass over both sides.
+        let mut ranks = vec![0u16; p.pfds.len()];
+        crate::poll::poll_offloaded(p.c, &mut p.pfds, &mut ranks, 0)
+            .map_err(|e| crate::errno::errno_of(&e))?;
+        for (f, cand) in p.pfds.iter_mut().zip(&p.cands) {
+            f.revents |= cand.extra & f.events;
+        }
         // Also when nothing is ready: the look spends the edges.
-        collect(epfd, &cands, &pfds, &ranks, &mut out, off_room);
+        collect(epfd, &p.cands, &p.pfds, &ranks, &mut out, off_room);
     }
     report_stale(epfd, &mut out, off_room);
     let mut n = out.len();
@@ -490,24 +548,30 @@ unsafe fn live_pass(
             revents: 0,
         });
     }
-    if edge_sleep(c, epfd, &mut kernel, remaining)? {
+    if edge_sleep(epfd, &mut kernel, remaining)? {
         return Ok(None);
     }
     // The old way: every armed entry, not only the listed ones (an
     // arrival on any of them must end this wait).
-    let mut pfds = all_armed(c, epfd);
-    if pfds.is_empty() {
+    let mut parts = all_armed(epfd);
+    match parts.as_mut_slice() {
         // Nothing armed (or nothing offloaded to watch): sleep like
         // epoll_wait on the kernel side alone.
-        return Ok(Some(real::epoll_wait()(
+        [] => Ok(Some(real::epoll_wait()(
             epfd,
             events,
             max as c_int,
             remaining,
-        )));
+        ))),
+        [one] if !crate::state::is_group() => {
+            poll::wait_mixed(one.c, &mut one.fds, &mut kernel, remaining)?;
+            Ok(None)
+        }
+        parts => {
+            crate::group_wait::wait(parts, &mut kernel, remaining)?;
+            Ok(None)
+        }
     }
-    poll::wait_mixed(c, &mut pfds, &mut kernel, remaining)?;
-    Ok(None)
 }
 
 /// The stale entries of `epfd` (a dead attachment's, after a reattach):
@@ -584,34 +648,47 @@ unsafe fn gone_wait(
     }
 }
 
-/// Sleeps on the host doorbell until a ring or queue of `epfd`'s entries
+/// Sleeps on the host doorbells until a ring or queue of `epfd`'s entries
 /// moves, a kernel fd of the set is ready, or `timeout` (see the module
 /// docs). `Ok(false)`: the set cannot be watched that way.
-fn edge_sleep(
-    c: &Client,
-    epfd: c_int,
-    kernel: &mut [libc::pollfd],
-    timeout: c_int,
-) -> Result<bool, i32> {
+fn edge_sleep(epfd: c_int, kernel: &mut [libc::pollfd], timeout: c_int) -> Result<bool, i32> {
     if !crate::ring_sleep::enabled() {
         return Ok(false);
     }
-    let watch = watches(epfd, c);
+    let watch = watches(epfd);
     if watch.is_empty() {
         return Ok(false);
     }
     let mut ready = || -> std::io::Result<bool> {
-        let Some((_, mut p)) = candidates(c, epfd).0 else {
+        let Some(passes) = candidates(epfd).0 else {
             return Ok(true);
         };
-        if p.is_empty() {
-            return Ok(false);
+        for mut p in passes.into_iter().filter(|p| !p.pfds.is_empty()) {
+            if p.cands.iter().any(|c| c.extra != 0) {
+                return Ok(true);
+            }
+            let mut r = vec![0u16; p.pfds.len()];
+            if crate::poll::poll_offloaded(p.c, &mut p.pfds, &mut r, 0)? > 0 {
+                return Ok(true);
+            }
         }
-        let mut r = vec![0u16; p.len()];
-        Ok(crate::poll::poll_offloaded(c, &mut p, &mut r, 0)? > 0)
+        Ok(false)
     };
-    c.sleep_on_edges(&watch, kernel, timeout, &mut ready)
-        .map_err(|e| crate::errno::errno_of(&e))
+    let parts: Vec<(&Client, &[tcps::EdgeWatch])> =
+        watch.iter().map(|(c, w)| (*c, &w[..])).collect();
+    // A group's sleep ends every slice, for a look at its servers' health.
+    let timeout =
+        if crate::state::is_group() && (timeout < 0 || timeout > crate::group_wait::SLICE_MS) {
+            crate::group_wait::SLICE_MS
+        } else {
+            timeout
+        };
+    let slept = tcps::sleep_on_many(&parts, kernel, timeout, &mut ready)
+        .map_err(|e| crate::errno::errno_of(&e))?;
+    if slept && crate::state::is_group() {
+        crate::group::check_members();
+    }
+    Ok(slept)
 }
 
 #[no_mangle]

@@ -2,30 +2,39 @@
 //! ready log (see the module above).
 
 use super::entry::Entry;
-use crate::fdtable;
+use crate::{fdtable, state};
 use libc::{c_int, epoll_event};
 use std::collections::BTreeMap;
-use tcps::Client;
+
+/// Whether entries of attachment `epoch` are watched at their server: the
+/// current attachment's, or a live one of a group (`group.rs`); the others
+/// are a dead attachment's.
+pub(super) fn live(epoch: u32) -> bool {
+    state::in_group(epoch)
+        && !(state::is_group() && state::client_at(epoch).is_none_or(|c| !c.is_attached()))
+}
 
 #[derive(Default)]
 pub struct Set {
     /// Offloaded fds registered in this set.
     pub(super) entries: BTreeMap<c_int, Entry>,
-    /// The fds of `entries` by socket id (dup'd fds share one).
-    pub(super) by_id: BTreeMap<u32, Vec<c_int>>,
+    /// The fds of `entries` by the sockets they watch (epoch, id): dup'd
+    /// fds share one; a listener on several servers is listed under each.
+    pub(super) by_id: BTreeMap<(u32, u32), Vec<c_int>>,
     /// The ready list: the entries a wait looks at (see the module docs).
     pub(super) ready: Vec<c_int>,
-    /// How far this set has read the host's ready log (None: not yet).
-    pub(super) log_cursor: Option<u32>,
+    /// How far this set has read each live attachment's ready log, by its
+    /// place in the group (None: not yet).
+    pub(super) log_cursor: [Option<u32>; state::MAX_GROUP],
     /// `fdtable::rescan_epoch` when the set last looked at everything.
     pub(super) rescan: u32,
     /// Kernel fds registered in the real epoll fd (saturating; a closed fd
     /// leaves the count high, which only costs a real epoll_wait).
     pub(super) kernel_fds: usize,
-    /// The attachment epoch whose sockets the set watches at the server
-    /// (0: not looked at yet); entries of other epochs are a dead
-    /// attachment's (`--reattach`).
-    pub(super) epoch: u32,
+    /// The current epoch and `group::moves` when the set last sorted its
+    /// entries ((0, 0): not yet); entries that are not [`live`] are a
+    /// dead attachment's (`--reattach`, or a dead server of a group).
+    pub(super) seen: (u32, u32),
     /// Entries of a dead attachment not looked at since the set moved to a
     /// new one: each reports its reset once (`gone.rs`), then is quiet.
     pub(super) stale: Vec<c_int>,
@@ -42,30 +51,42 @@ impl Set {
         }
     }
 
+    /// Lists `fd` under every socket its entry watches.
+    fn index(&mut self, fd: c_int) {
+        let Some(e) = self.entries.get(&fd) else {
+            return;
+        };
+        for key in e.sockets().collect::<Vec<_>>() {
+            self.by_id.entry(key).or_default().push(fd);
+        }
+    }
+
     pub(super) fn insert(&mut self, fd: c_int, e: Entry) {
-        let id = e.id;
         if let Some(old) = self.entries.insert(fd, e) {
-            self.unindex(fd, old.id);
+            self.unindex(fd, &old);
             self.ready.retain(|&f| f != fd);
         }
-        if self.epoch != 0 && self.entries.get(&fd).is_some_and(|e| e.epoch != self.epoch) {
+        if self.seen.0 != 0 && self.entries.get(&fd).is_some_and(|e| !live(e.epoch)) {
             self.stale.push(fd);
             return;
         }
-        self.by_id.entry(id).or_default().push(fd);
+        self.index(fd);
         self.list(fd); // looked at once, as the kernel's ctl does
     }
 
-    /// Moves the set to attachment epoch `cur` (after a reattach): an
-    /// entry whose fd names a socket of `cur` now (a listener taken over)
-    /// watches that socket, its edges fresh; entries of older epochs are
-    /// stale; the ready log of the new attachment is read from its start.
-    pub(super) fn refresh(&mut self, cur: u32) {
-        if self.epoch == cur {
+    /// Sorts the entries again when the current epoch moved (a reattach)
+    /// or an fd moved to another server's socket or a group's server died
+    /// (`group::moves`): an entry whose fd names another live socket now
+    /// (a listener taken over) watches that socket, its edges fresh;
+    /// entries of dead attachments are stale; the ready logs are read from
+    /// their start.
+    pub(super) fn refresh(&mut self) {
+        let now = (state::epoch(), crate::group::moves());
+        if self.seen == now {
             return;
         }
-        let first = self.epoch == 0;
-        self.epoch = cur;
+        let first = self.seen.0 == 0;
+        self.seen = now;
         self.by_id.clear();
         self.ready.clear();
         self.stale.clear();
@@ -76,7 +97,7 @@ impl Set {
             };
             e.listed = false;
             match fdtable::lookup_at(fd) {
-                Some((ne, nid)) if ne == cur && (ne, nid) != (e.epoch, e.id) => {
+                Some((ne, nid)) if live(ne) && (ne, nid) != (e.epoch, e.id) => {
                     let ev = epoll_event {
                         events: e.events,
                         u64: e.data,
@@ -85,22 +106,24 @@ impl Set {
                     *e = Entry::new(ne, nid, &ev);
                     e.disabled = disabled;
                 }
-                _ => {}
+                Some(_) => e.sibs = crate::group::siblings(e.epoch, e.id).unwrap_or_default(),
+                None => {}
             }
-            if e.epoch == cur {
-                self.by_id.entry(e.id).or_default().push(fd);
+            if live(e.epoch) {
+                self.index(fd);
+                self.list(fd);
             } else {
                 self.stale.push(fd);
             }
         }
         if !first {
-            self.log_cursor = None; // everything is looked at once
+            self.log_cursor = [None; state::MAX_GROUP]; // everything is looked at once
         }
     }
 
     pub(super) fn remove(&mut self, fd: c_int) -> Option<Entry> {
         let e = self.entries.remove(&fd)?;
-        self.unindex(fd, e.id);
+        self.unindex(fd, &e);
         if e.listed {
             self.ready.retain(|&f| f != fd);
         }
@@ -108,37 +131,45 @@ impl Set {
         Some(e)
     }
 
-    pub(super) fn unindex(&mut self, fd: c_int, id: u32) {
-        if let Some(v) = self.by_id.get_mut(&id) {
-            v.retain(|&f| f != fd);
-            if v.is_empty() {
-                self.by_id.remove(&id);
+    fn unindex(&mut self, fd: c_int, e: &Entry) {
+        for key in e.sockets() {
+            if let Some(v) = self.by_id.get_mut(&key) {
+                v.retain(|&f| f != fd);
+                if v.is_empty() {
+                    self.by_id.remove(&key);
+                }
             }
         }
     }
 
-    /// Lists the entries of the sockets the server published into since
-    /// the last look (the host's ready log); everything when the log
-    /// overflowed, on the first look, or after a rescan was asked for.
-    pub(super) fn refill(&mut self, c: &Client) {
+    /// Lists the entries of the sockets the servers published into since
+    /// the last look (each live attachment's ready log); everything when a
+    /// log overflowed, on the first look, or after a rescan was asked for.
+    pub(super) fn refill(&mut self) {
         let epoch = fdtable::rescan_epoch();
         let mut all = epoch != self.rescan;
         self.rescan = epoch;
         let mut ids = Vec::new();
-        match self.log_cursor.as_mut() {
-            None => {
-                self.log_cursor = Some(c.ready_log_tail());
-                all = true;
+        for (e, c) in state::members().filter(|&(e, _)| live(e)) {
+            match self.log_cursor[state::slot(e)].as_mut() {
+                None => {
+                    self.log_cursor[state::slot(e)] = Some(c.ready_log_tail());
+                    all = true;
+                }
+                Some(cur) => {
+                    let mut got = Vec::new();
+                    all |= !c.ready_log_since(cur, &mut got);
+                    ids.extend(got.into_iter().map(|id| (e, id)));
+                }
             }
-            Some(cur) => all |= !c.ready_log_since(cur, &mut ids),
         }
         if all {
             let fds: Vec<c_int> = self.entries.keys().copied().collect();
             fds.into_iter().for_each(|fd| self.list(fd));
             return;
         }
-        for id in ids {
-            if let Some(fds) = self.by_id.get(&id) {
+        for key in ids {
+            if let Some(fds) = self.by_id.get(&key) {
                 for fd in fds.clone() {
                     self.list(fd);
                 }

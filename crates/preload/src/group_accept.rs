@@ -1,0 +1,180 @@
+//! accept on a listener opened on several servers (`group.rs`): a
+//! connection from whichever server has one, in turn, so that no server's
+//! backlog starves; a blocking accept sleeps on every server's accept ring
+//! at once (`tcps::sleep_on_many`). The listener's sockets are all
+//! non-blocking at their servers; the blocking is done here.
+
+use crate::errno::{errno_of, fail};
+use crate::log::{debug, COUNTERS};
+use crate::sock::{adopt, put_addr};
+use crate::{fdtable, gone, group, state};
+use libc::{c_int, sockaddr, socklen_t};
+use std::io;
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use tcps::Client;
+
+/// How long one sleep lasts before the servers are looked at again (a
+/// server that died without a word is noticed by then).
+const SLICE_MS: i32 = 100;
+
+/// Where the next accept starts looking (round robin over the servers).
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// What an accept took: from which server, the connection, the address's
+/// full length.
+type Took = (&'static Client, u32, tcps::Accepted, usize);
+
+/// The live sockets of listener `id` of `c` (its main socket and its
+/// siblings), starting at the next in turn.
+fn live_sockets(c: &'static Client, id: u32) -> Vec<(&'static Client, u32)> {
+    let sibs = group::siblings(state::epoch_of(c), id).unwrap_or_default();
+    let mut all: Vec<(&'static Client, u32)> = std::iter::once((c, id))
+        .chain(
+            sibs.into_iter()
+                .filter_map(|(e, s)| state::client_at(e).map(|m| (m, s))),
+        )
+        .filter(|(m, _)| !gone::gone(m))
+        .collect();
+    if !all.is_empty() {
+        let n = all.len();
+        all.rotate_left(NEXT.fetch_add(1, Ordering::Relaxed) as usize % n);
+    }
+    all
+}
+
+/// One try at each live socket; `Ok(None)`: none had a connection.
+fn try_each(
+    socks: &[(&'static Client, u32)],
+    flags: c_int,
+    buf: &mut [u8],
+) -> io::Result<Option<Took>> {
+    for &(m, s) in socks {
+        match m.accept_any(s, flags, buf) {
+            Ok((a, full)) => return Ok(Some((m, s, a, full))),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            // Its server died meanwhile: the others may still have one.
+            Err(_) if gone::gone(m) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Sleeps until an accept ring of `socks` moves (or a slice passes).
+fn sleep(socks: &[(&'static Client, u32)]) -> io::Result<()> {
+    let watch: Vec<[tcps::EdgeWatch; 1]> = socks
+        .iter()
+        .map(|&(_, s)| {
+            [tcps::EdgeWatch {
+                sock: s,
+                read: true,
+                write: false,
+            }]
+        })
+        .collect();
+    let parts: Vec<(&Client, &[tcps::EdgeWatch])> = socks
+        .iter()
+        .zip(&watch)
+        .map(|(&(m, _), w)| (m, &w[..]))
+        .collect();
+    let mut ready = || -> io::Result<bool> {
+        for &(m, s) in socks {
+            let mut p = [tcps::PollFd {
+                sock: s,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            if m.poll(&mut p, 0)? > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    if !tcps::sleep_on_many(&parts, &mut [], SLICE_MS, &mut ready)? {
+        // Cannot sleep on the rings (no doorbell slot free): a short nap.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// The accept itself: Err(ERESTART) when the listener's fd moved to
+/// another server's socket meanwhile (its server died: `group.rs`).
+fn take(fd: c_int, c: &'static Client, id: u32, flags: c_int, buf: &mut [u8]) -> io::Result<Took> {
+    let epoch = state::epoch_of(c);
+    // SAFETY: F_GETFL on the placeholder, which carries O_NONBLOCK.
+    let fl = unsafe { crate::real::fcntl()(fd, libc::F_GETFL) };
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0 || (fl >= 0 && fl & libc::O_NONBLOCK != 0);
+    loop {
+        if fdtable::lookup_at(fd) != Some((epoch, id)) {
+            return Err(io::Error::from_raw_os_error(libc::ERESTART));
+        }
+        let socks = live_sockets(c, id);
+        if socks.is_empty() {
+            // Every server of the listener is gone: as after one's death.
+            // A blocking one sleeps until a signal.
+            let e = match gone::accept_error(fd, c, id, nonblock) {
+                Some(e) => e,
+                None => match crate::reattach::wait_taken_over(fd, epoch, id) {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                },
+            };
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        if let Some(t) = try_each(&socks, flags, buf)? {
+            return Ok(t);
+        }
+        if nonblock {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        sleep(&socks)?;
+    }
+}
+
+/// accept4 on listener `id` of `c` (placeholder `fd`), opened on several
+/// servers.
+pub unsafe fn accept(
+    fd: c_int,
+    c: &'static Client,
+    id: u32,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    fdtable::note_read(c, id);
+    let mut buf = [0u8; 128];
+    let want = if addr.is_null() || len.is_null() {
+        0
+    } else {
+        buf.len()
+    };
+    let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
+        take(fd, c, id, flags, &mut buf[..want])
+    });
+    match got {
+        Err(e) if e.raw_os_error() == Some(libc::ERESTART) => {
+            crate::sock::accept4(fd, addr, len, flags)
+        }
+        Ok((_, _, tcps::Accepted::Direct(kfd), full)) => {
+            let nfd = kfd.into_raw_fd();
+            COUNTERS.direct.fetch_add(1, Ordering::Relaxed);
+            put_addr(&buf[..want], full, addr, len);
+            nfd
+        }
+        Ok((m, s, tcps::Accepted::Offloaded(nid), full)) => match adopt(m, nid, flags) {
+            Ok(nfd) => {
+                crate::sendq::accepted(m, s, nid);
+                COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
+                put_addr(&buf[..want], full, addr, len);
+                debug!(
+                    "accept(fd {fd}) = fd {nfd} (tcps socket {nid} at epoch {})",
+                    state::epoch_of(m)
+                );
+                nfd
+            }
+            Err(e) => fail(e),
+        },
+        Err(e) => fail(errno_of(&e)),
+    }
+}
