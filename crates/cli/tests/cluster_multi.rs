@@ -11,10 +11,12 @@
 //! server, so nginx (master and two forked workers) serves clients that
 //! reach it through either server node; new outgoing connections are
 //! spread over the servers, so their local addresses are both server
-//! nodes' client-link addresses. Then the application–S1 link is cut: S1
-//! frees the host within seconds, and the program keeps working through
-//! S2 (its listener there, every new outgoing connection), byte-identical
-//! (SHA-256) every time; every wait is bounded.
+//! nodes' client-link addresses. Then the application–S1 link is cut (or
+//! S1's server killed): a connection through S1 fails within about a
+//! second, a cut-off S1 frees the host within seconds, and the program
+//! keeps working through S2 (its listener there, every new outgoing
+//! connection, a new process too), byte-identical (SHA-256) every time;
+//! every wait is bounded.
 
 mod cluster_common;
 mod common;
@@ -39,7 +41,7 @@ use cluster_nodes::{Nodes, Server2};
 /// second, their fabric listeners on their application links, one secret.
 /// Fields drop in order: the servers, the directory, then the nodes.
 struct Two {
-    _s1: InNs,
+    s1: InNs,
     _s2: InNs,
     sock1: PathBuf,
     sock2: PathBuf,
@@ -61,7 +63,7 @@ impl Two {
         let (s2, sock2, log2, a2) =
             start_server_in(&s.ns, &s.srv_dev, &s.srv_app_addr, dir.path(), "2");
         Two {
-            _s1: s1,
+            s1,
             _s2: s2,
             sock1,
             sock2,
@@ -235,6 +237,15 @@ fn local_ips(lines: &[String], log: &dyn Fn() -> String) -> Vec<String> {
         .collect()
 }
 
+/// How S1 is lost.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Lose {
+    /// The application–S1 link is cut (S1 lives on and frees the host).
+    Cut,
+    /// S1's server process is killed (SIGKILL).
+    Kill,
+}
+
 /// Outgoing connections under `tcps run --remote S1,S2`, to an echo
 /// server on kernel sockets on the client node: consecutive connections
 /// leave from both server nodes (their local addresses), every echo is
@@ -244,9 +255,55 @@ fn local_ips(lines: &[String], log: &dyn Fn() -> String) -> Vec<String> {
 /// process then leaves from S2 and echoes right; so do all of a new
 /// process's, started with S1 unreachable.
 #[test]
-fn multi_outgoing_connections_spread_over_both_servers() {
+fn multi_outgoing_connections_spread_and_survive_a_cut_link() {
+    spread_then_lose_s1(Lose::Cut);
+}
+
+/// The same with S1's server killed instead of cut off (a dead peer).
+#[test]
+fn multi_outgoing_connections_spread_and_survive_a_dead_server() {
+    spread_then_lose_s1(Lose::Kill);
+}
+
+/// The spread client's runs: `tcps run --remote S1,S2 -- python3
+/// spread_echo.py connect …` toward the client node's address on S1's link
+/// (S2 reaches it by its route), its stderr in `err`.
+struct Spread<'a> {
+    t: &'a Two,
+    target: String,
+    err: PathBuf,
+}
+
+impl Spread<'_> {
+    fn run(&self, rounds_hold: &[&str]) -> (InNs, Lines) {
+        let argv = ["python3", SPREAD, "connect", &self.target, ECHO_PORT];
+        let conns = CONNS.to_string();
+        let argv = [&argv[..], &[&conns, "100000"], rounds_hold].concat();
+        let mut c = remote_cmd(&self.t.n, &self.t.remote, self.t.dir.path(), &argv);
+        let e = std::fs::File::create(&self.err).unwrap();
+        let mut p = InNs(
+            c.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(e)
+                .spawn()
+                .unwrap(),
+        );
+        let lines = Lines::of(&mut p);
+        (p, lines)
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "--- tcps run python3 (stderr):\n{}\n{}",
+            std::fs::read_to_string(&self.err).unwrap_or_default(),
+            self.t.logs()
+        )
+    }
+}
+
+fn spread_then_lose_s1(lose: Lose) {
     need(&["python3"]);
-    let t = Two::start("multi-spread");
+    let t = Two::start(&format!("multi-{lose:?}"));
     let d = t.dir.path();
     let echo_out = d.join("echo.out");
     let f = std::fs::File::create(&echo_out).unwrap();
@@ -263,36 +320,15 @@ fn multi_outgoing_connections_spread_over_both_servers() {
         Duration::from_secs(10),
         "echo server",
     );
-    // The client node's address on S1's link; S2 reaches it by its route.
     let (net, _) = t.n.srv_cli_addr.rsplit_once('.').unwrap();
-    let target = format!("{net}.2");
+    let s = Spread {
+        t: &t,
+        target: format!("{net}.2"),
+        err: d.join("client.err"),
+    };
+    let logs = || s.logs();
     let (ip1, ip2) = (t.n.srv_cli_addr.clone(), t.srv2().srv_cli_addr.clone());
-    let run = |rounds_hold: &[&str], err: &PathBuf| {
-        let argv = ["python3", SPREAD, "connect", &target, ECHO_PORT];
-        let conns = CONNS.to_string();
-        let argv = [&argv[..], &[&conns, "100000"], rounds_hold].concat();
-        let mut c = remote_cmd(&t.n, &t.remote, d, &argv);
-        let e = std::fs::File::create(err).unwrap();
-        let mut p = InNs(
-            c.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(e)
-                .spawn()
-                .unwrap(),
-        );
-        let lines = Lines::of(&mut p);
-        (p, lines)
-    };
-
-    let err = d.join("client.err");
-    let logs = || {
-        format!(
-            "--- tcps run python3 (stderr):\n{}\n{}",
-            std::fs::read_to_string(&err).unwrap_or_default(),
-            t.logs()
-        )
-    };
-    let (mut client, lines) = run(&["2", &ip1], &err);
+    let (mut client, lines) = s.run(&["2", &ip1]);
     let first = local_ips(&lines.until("ROUND 0 DONE", &logs), &logs);
     eprintln!("local addresses with both servers: {first:?}");
     for ip in [&ip1, &ip2] {
@@ -311,9 +347,42 @@ fn multi_outgoing_connections_spread_over_both_servers() {
         logs()
     );
 
-    // A connection through S1 stays open, its recv blocked, across the
-    // cut: it fails (or ends) within about a second, it does not hang.
-    let hold = lines.until("HOLD", &logs);
+    lose_s1_under_a_held_connection(&t, lose, &lines, &ip1, &logs);
+    // The host notices within a second too; then its next round.
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut stdin = client.0.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let after = local_ips(&lines.until("ROUND 1 DONE", &logs), &logs);
+    eprintln!("local addresses after losing S1: {after:?}");
+    assert!(after.iter().all(|a| *a == ip2), "{after:?}\n{}", logs());
+    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
+    wait_freed(&t.sock2, Duration::from_secs(5), &logs);
+
+    // A new process, S1 still lost: everything through S2.
+    let (mut client, lines) = s.run(&["1"]);
+    let fresh = local_ips(&lines.until("ROUND 0 DONE", &logs), &logs);
+    eprintln!("local addresses of a new process without S1: {fresh:?}");
+    assert!(fresh.iter().all(|a| *a == ip2), "{fresh:?}\n{}", logs());
+    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
+    if lose == Lose::Cut {
+        assert_eq!(hosts_attached(&t.sock1), 0, "{}", logs());
+    }
+}
+
+/// S1 is lost while the client holds a connection through it, its recv
+/// blocked: the recv fails (or ends) within about a second, it does not
+/// hang; a cut-off S1 frees the host within seconds.
+fn lose_s1_under_a_held_connection(
+    t: &Two,
+    lose: Lose,
+    lines: &Lines,
+    ip1: &str,
+    logs: &dyn Fn() -> String,
+) {
+    let hold = lines.until("HOLD", logs);
     let held = hold.last().unwrap();
     assert!(
         held.starts_with(&format!("HOLD {ip1}:")),
@@ -321,14 +390,21 @@ fn multi_outgoing_connections_spread_over_both_servers() {
         logs()
     );
     std::thread::sleep(Duration::from_millis(300)); // in recv by now
-    let cut = SystemTime::now();
-    t.cut_s1();
-    let end = lines.until("HELD", &logs);
+    let lost = SystemTime::now();
+    match lose {
+        Lose::Cut => t.cut_s1(),
+        // SAFETY: kill(2) of the server this test started (`ip netns
+        // exec` execs it: the same pid).
+        Lose::Kill => unsafe {
+            libc::kill(t.s1.0.id() as i32, libc::SIGKILL);
+        },
+    }
+    let end = lines.until("HELD", logs);
     let f: Vec<&str> = end.last().unwrap().split_whitespace().collect();
     let at = Duration::from_secs_f64(f[2].parse().unwrap());
-    let after = at.saturating_sub(cut.duration_since(UNIX_EPOCH).unwrap());
+    let after = at.saturating_sub(lost.duration_since(UNIX_EPOCH).unwrap());
     eprintln!(
-        "cut link: the held connection's recv ended ({}) after {after:?}",
+        "{lose:?}: the held connection's recv ended ({}) after {after:?}",
         f[1]
     );
     assert!(
@@ -338,26 +414,8 @@ fn multi_outgoing_connections_spread_over_both_servers() {
     );
     // A second, and some slack for a loaded machine.
     assert!(after < Duration::from_millis(1500), "{after:?}");
-    let took = wait_freed(&t.sock1, Duration::from_secs(5), &logs);
-    eprintln!("cut link: S1 freed the host after {took:?}");
-    // The host notices within a second too; then its next round.
-    std::thread::sleep(Duration::from_millis(1000));
-    let mut stdin = client.0.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let after = local_ips(&lines.until("ROUND 1 DONE", &logs), &logs);
-    eprintln!("local addresses after the cut: {after:?}");
-    assert!(after.iter().all(|a| *a == ip2), "{after:?}\n{}", logs());
-    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
-    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
-    wait_freed(&t.sock2, Duration::from_secs(5), &logs);
-
-    // A new process, S1 still unreachable: everything through S2.
-    let (mut client, lines) = run(&["1"], &err);
-    let fresh = local_ips(&lines.until("ROUND 0 DONE", &logs), &logs);
-    eprintln!("local addresses of a new process after the cut: {fresh:?}");
-    assert!(fresh.iter().all(|a| *a == ip2), "{fresh:?}\n{}", logs());
-    let st = wait_timeout(&mut client.0, Duration::from_secs(10));
-    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
-    assert_eq!(hosts_attached(&t.sock1), 0, "{}", logs());
+    if lose == Lose::Cut {
+        let took = wait_freed(&t.sock1, Duration::from_secs(5), logs);
+        eprintln!("cut link: S1 freed the host after {took:?}");
+    }
 }
