@@ -427,3 +427,21 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let err = cmd.exec();
     Err(format!("cannot run {:?}: {err}", args.command[0]).into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_lists() {
+        let r = parse_remotes("10.0.0.1:7010, 10.0.1.1:7010").unwrap();
+        assert_eq!(r.0.len(), 2);
+        // What TCPS_REMOTE carries, and what the host library splits.
+        assert_eq!(r.to_string(), "10.0.0.1:7010,10.0.1.1:7010");
+        assert!(parse_remotes("10.0.0.1:7010,10.0.0.1:7010")
+            .unwrap_err()
+            .contains("twice"));
+        assert!(parse_remotes("10.0.0.1:7010,nowhere").is_err());
+        assert_eq!(parse_remotes("[::1]:7010").unwrap().0.len(), 1);
+    }
+}

@@ -238,27 +238,3 @@ pub fn member_gone(epoch: u32) {
     }
     MOVES.fetch_add(1, Ordering::AcqRel);
 }
-
-/// Asks each server of the group whether it is still there (a system call
-/// each), at most every 100 ms however often it is called: a server whose
-/// link was cut without a word is noticed by a wait that sleeps in slices.
-pub fn check_members() {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    static LAST_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let now = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64
-        + 100;
-    let last = LAST_MS.load(Ordering::Relaxed);
-    if now.saturating_sub(last) < 100
-        || LAST_MS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-    {
-        return;
-    }
-    for (_, m) in state::members() {
-        crate::gone::check(m);
-    }
-}

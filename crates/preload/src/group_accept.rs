@@ -4,13 +4,9 @@
 //! at once (`tcps::sleep_on_many`). The listener's sockets are all
 //! non-blocking at their servers; the blocking is done here.
 
-use crate::errno::{errno_of, fail};
-use crate::log::{debug, COUNTERS};
-use crate::sock::{adopt, put_addr};
 use crate::{fdtable, gone, group, state};
-use libc::{c_int, sockaddr, socklen_t};
+use libc::c_int;
 use std::io;
-use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use tcps::Client;
 
@@ -98,14 +94,23 @@ fn sleep(socks: &[(&'static Client, u32)]) -> io::Result<()> {
     Ok(())
 }
 
-/// The accept itself: Err(ERESTART) when the listener's fd moved to
-/// another server's socket meanwhile (its server died: `group.rs`).
-fn take(fd: c_int, c: &'static Client, id: u32, flags: c_int, buf: &mut [u8]) -> io::Result<Took> {
+/// accept4 on listener `id` of `c` (placeholder `fd`), opened on several
+/// servers: the server and listener socket that had the connection, the
+/// connection, the address's full length (in `buf`). Err(ERESTART) when
+/// the listener's fd moved to another server's socket meanwhile (its
+/// server died: `group.rs`): accept again.
+pub fn take(
+    fd: c_int,
+    c: &'static Client,
+    id: u32,
+    flags: c_int,
+    buf: &mut [u8],
+) -> io::Result<Took> {
     let epoch = state::epoch_of(c);
     // SAFETY: F_GETFL on the placeholder, which carries O_NONBLOCK.
     let fl = unsafe { crate::real::fcntl()(fd, libc::F_GETFL) };
     let nonblock = flags & libc::SOCK_NONBLOCK != 0 || (fl >= 0 && fl & libc::O_NONBLOCK != 0);
-    loop {
+    crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
         if fdtable::lookup_at(fd) != Some((epoch, id)) {
             return Err(io::Error::from_raw_os_error(libc::ERESTART));
         }
@@ -129,52 +134,5 @@ fn take(fd: c_int, c: &'static Client, id: u32, flags: c_int, buf: &mut [u8]) ->
             return Err(io::Error::from_raw_os_error(libc::EAGAIN));
         }
         sleep(&socks)?;
-    }
-}
-
-/// accept4 on listener `id` of `c` (placeholder `fd`), opened on several
-/// servers.
-pub unsafe fn accept(
-    fd: c_int,
-    c: &'static Client,
-    id: u32,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    fdtable::note_read(c, id);
-    let mut buf = [0u8; 128];
-    let want = if addr.is_null() || len.is_null() {
-        0
-    } else {
-        buf.len()
-    };
-    let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || {
-        take(fd, c, id, flags, &mut buf[..want])
-    });
-    match got {
-        Err(e) if e.raw_os_error() == Some(libc::ERESTART) => {
-            crate::sock::accept4(fd, addr, len, flags)
-        }
-        Ok((_, _, tcps::Accepted::Direct(kfd), full)) => {
-            let nfd = kfd.into_raw_fd();
-            COUNTERS.direct.fetch_add(1, Ordering::Relaxed);
-            put_addr(&buf[..want], full, addr, len);
-            nfd
-        }
-        Ok((m, s, tcps::Accepted::Offloaded(nid), full)) => match adopt(m, nid, flags) {
-            Ok(nfd) => {
-                crate::sendq::accepted(m, s, nid);
-                COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
-                put_addr(&buf[..want], full, addr, len);
-                debug!(
-                    "accept(fd {fd}) = fd {nfd} (tcps socket {nid} at epoch {})",
-                    state::epoch_of(m)
-                );
-                nfd
-            }
-            Err(e) => fail(e),
-        },
-        Err(e) => fail(errno_of(&e)),
-    }
+    })
 }

@@ -53,9 +53,9 @@ fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
 }
 
 /// Whether a server of `parts` is gone (each is asked at most every 100
-/// ms: `group::check_members`).
+/// ms: `gone::check_members`).
 fn a_server_died(parts: &[Part]) -> bool {
-    crate::group::check_members();
+    crate::gone::check_members();
     parts.iter().any(|p| crate::gone::gone(p.c))
 }
 

@@ -15,14 +15,16 @@
 //!    socket id);
 //! 2. `log` (TCPS_LOG, counters), then `state` (the attachment as held, its
 //!    mode, the fork generation), `gone` (the server died: each socket
-//!    reports a reset once);
+//!    reports a reset once), `group` (several servers at once: listeners'
+//!    siblings, a dead server's listeners moved);
 //! 3. `control` (messages on the control socket), then `attach` (making
 //!    the attachment, fallback, a forked child's claim of its parent's
 //!    sockets), then `reattach` (a server that came back after the death:
 //!    a new attachment, the listeners taken over);
-//! 4. the interposed entry points: `sock` (socket calls) below `io` (data
-//!    calls), `sendfile` and `fdops` (close, dup, fcntl, ioctl); `poll`
-//!    (poll/select and the mixed wait) below `epoll`, below `exec` and
+//! 4. the interposed entry points: `sock` (socket calls, with
+//!    `group_accept`) below `io` (data calls), `sendfile` and `fdops`
+//!    (close, dup, fcntl, ioctl); `group_wait` (waits over several
+//!    servers) below `poll` (poll/select and the mixed wait) below `epoll`, below `exec` and
 //!    `fork` (which takes the others' locks across the real fork); `sendq`
 //!    (asynchronous sends and their room, for `io`, `poll` and `epoll`)
 //!    sits just above `sock`;

@@ -213,35 +213,18 @@ pub unsafe extern "C" fn accept4(
         if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
             return fail(libc::EINVAL);
         }
-        if crate::group::siblings(crate::state::epoch_of(c), id).is_some() {
-            return crate::group_accept::accept(fd, c, id, addr, len, flags);
-        }
         fdtable::note_read(c, id);
         let mut buf = [0u8; 128];
         let want = if addr.is_null() || len.is_null() { 0 } else { buf.len() };
-        let got = crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
-            if crate::gone::gone(c) {
-                let nonblock = flags & libc::SOCK_NONBLOCK != 0;
-                let e = match crate::gone::accept_error(fd, c, id, nonblock) {
-                    Some(e) => e,
-                    // Blocks until a signal, or until a new attachment
-                    // took the listener over (`--reattach`): then again.
-                    None => match crate::reattach::wait_taken_over(fd, crate::state::epoch_of(c), id) {
-                        Ok(()) => TAKEN_OVER,
-                        Err(e) => e,
-                    },
-                };
-                return Err(std::io::Error::from_raw_os_error(e));
-            }
-            match c.accept_any(id, flags, &mut buf[..want]) {
-                // The server died while the accept waited: as above.
-                Err(_) if crate::gone::gone(c) => continue,
-                r => return r,
-            }
-        });
+        let got = if crate::group::siblings(crate::state::epoch_of(c), id).is_some() {
+            // A listener on several servers: from any of them.
+            crate::group_accept::take(fd, c, id, flags, &mut buf[..want])
+        } else {
+            take(fd, c, id, flags, &mut buf[..want]).map(|(a, full)| (c, id, a, full))
+        };
         match got {
             Err(e) if e.raw_os_error() == Some(TAKEN_OVER) => accept4(fd, addr, len, flags),
-            Ok((tcps::Accepted::Direct(kfd), full)) => {
+            Ok((_, _, tcps::Accepted::Direct(kfd), full)) => {
                 // Balancing: a kernel socket of this process, which the
                 // program uses as it is (not in the fd table).
                 let nfd = kfd.into_raw_fd();
@@ -250,9 +233,10 @@ pub unsafe extern "C" fn accept4(
                 debug!("accept(fd {fd}) = fd {nfd} (direct: a kernel socket)");
                 nfd
             }
-            Ok((tcps::Accepted::Offloaded(nid), full)) => match adopt(c, nid, flags) {
+            // `m`: the server whose listener `lid` had the connection.
+            Ok((m, lid, tcps::Accepted::Offloaded(nid), full)) => match adopt(m, nid, flags) {
                 Ok(nfd) => {
-                    crate::sendq::accepted(c, id, nid);
+                    crate::sendq::accepted(m, lid, nid);
                     COUNTERS.accepted.fetch_add(1, Ordering::Relaxed);
                     put_addr(&buf[..want], full, addr, len);
                     debug!("accept(fd {fd}) = fd {nfd} (tcps socket {nid})");
@@ -263,6 +247,38 @@ pub unsafe extern "C" fn accept4(
             Err(e) => fail(errno_of(&e)),
         }
     }, else real::accept4()(fd, addr, len, flags))
+}
+
+/// The accept on listener `id` of `c` (placeholder `fd`): a connection, or
+/// the error; [`TAKEN_OVER`] when a new attachment took a dead listener
+/// over meanwhile.
+fn take(
+    fd: c_int,
+    c: &'static tcps::Client,
+    id: u32,
+    flags: c_int,
+    buf: &mut [u8],
+) -> std::io::Result<(tcps::Accepted, usize)> {
+    crate::signals::restarting(c, id, libc::SO_RCVTIMEO, || loop {
+        if crate::gone::gone(c) {
+            let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+            let e = match crate::gone::accept_error(fd, c, id, nonblock) {
+                Some(e) => e,
+                // Blocks until a signal, or until a new attachment
+                // took the listener over (`--reattach`): then again.
+                None => match crate::reattach::wait_taken_over(fd, crate::state::epoch_of(c), id) {
+                    Ok(()) => TAKEN_OVER,
+                    Err(e) => e,
+                },
+            };
+            return Err(std::io::Error::from_raw_os_error(e));
+        }
+        match c.accept_any(id, flags, buf) {
+            // The server died while the accept waited: as above.
+            Err(_) if crate::gone::gone(c) => continue,
+            r => return r,
+        }
+    })
 }
 
 #[no_mangle]

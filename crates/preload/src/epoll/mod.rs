@@ -473,9 +473,11 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         // group waits on while one of its servers lives (`group.rs`).
         let mut all_gone = crate::gone::gone(c);
         if crate::state::is_group() {
-            all_gone = crate::state::members()
+            // (Each is looked at: a dead one's listeners move now.)
+            let dead: Vec<bool> = crate::state::members()
                 .map(|(_, m)| crate::gone::gone(m))
-                .fold(true, |a, g| a && g);
+                .collect();
+            all_gone = dead.iter().all(|&d| d);
         }
         if all_gone {
             match gone_wait(epfd, events, max, left(deadline, timeout)) {
@@ -678,7 +680,7 @@ fn edge_sleep(epfd: c_int, kernel: &mut [libc::pollfd], timeout: c_int) -> Resul
         watch.iter().map(|(c, w)| (*c, &w[..])).collect();
     // A group's sleep ends every slice, for a look at its servers' health.
     let timeout =
-        if crate::state::is_group() && (timeout < 0 || timeout > crate::group_wait::SLICE_MS) {
+        if crate::state::is_group() && !(0..=crate::group_wait::SLICE_MS).contains(&timeout) {
             crate::group_wait::SLICE_MS
         } else {
             timeout
@@ -686,7 +688,7 @@ fn edge_sleep(epfd: c_int, kernel: &mut [libc::pollfd], timeout: c_int) -> Resul
     let slept = tcps::sleep_on_many(&parts, kernel, timeout, &mut ready)
         .map_err(|e| crate::errno::errno_of(&e))?;
     if slept && crate::state::is_group() {
-        crate::group::check_members();
+        crate::gone::check_members();
     }
     Ok(slept)
 }
