@@ -116,8 +116,9 @@ impl Two {
 /// Unmodified nginx (master and two workers) under `tcps run --remote
 /// S1,S2`: it listens on both servers, every worker inherits the listener
 /// on each, and curl on the client node gets every file byte-identical
-/// through either server node. The application–S1 link is cut: S1 frees
-/// the three hosts within seconds and its address stops answering, while
+/// through either server node. The application–S1 link is cut while
+/// clients fetch through S2 (none of their requests fails): S1 frees the
+/// three hosts within seconds and its address stops answering, while
 /// nginx keeps serving every file through S2, round after round.
 #[test]
 fn multi_nginx_serves_through_both_servers_and_survives_a_cut_link() {
@@ -161,10 +162,33 @@ fn multi_nginx_serves_through_both_servers_and_survives_a_cut_link() {
         fetch_all(&t.n, &b2, &files, &format!("via S2, round {round}"), &logs);
     }
 
+    // Clients keep fetching through S2 while S1 is cut off and freed:
+    // not one of their requests fails.
     let cut = Instant::now();
-    t.cut_s1();
-    let took = wait_freed(&t.sock1, Duration::from_secs(5), &logs);
-    eprintln!("cut link: S1 freed nginx's hosts after {took:?}");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let rounds = std::thread::scope(|sc| {
+        let during = sc.spawn(|| {
+            let mut round = 0;
+            // Bounded too: a failed wait below must not leave it looping.
+            while !done.load(std::sync::atomic::Ordering::Relaxed)
+                && cut.elapsed() < Duration::from_secs(15)
+            {
+                let what = format!("via S2 during the cut, round {round}");
+                fetch_all(&t.n, &b2, &files, &what, &logs);
+                round += 1;
+            }
+            round
+        });
+        t.cut_s1();
+        let took = wait_freed(&t.sock1, Duration::from_secs(5), &logs);
+        eprintln!("cut link: S1 freed nginx's hosts after {took:?}");
+        std::thread::sleep(Duration::from_millis(500));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        during.join()
+    });
+    let rounds = rounds.unwrap_or_else(|_| panic!("a fetch through S2 failed during the cut"));
+    eprintln!("{rounds} rounds of fetches through S2 during the cut");
+    assert!(rounds > 0);
     // S1 freed the listener with the hosts: its address no longer serves.
     assert!(
         curl(&t.n, &format!("{b1}/one.bin")).is_none(),
