@@ -320,6 +320,19 @@ mod tests {
     }
 
     #[test]
+    fn each_server_of_a_group_has_its_own_socket_state() {
+        // Every server hands out the same ids: place 1's socket 5 is not
+        // place 0's.
+        let (a, b) = (&table(0)[5], &table(1)[5]);
+        assert!(!std::ptr::eq(a, b));
+        b.refs.store(3, Ordering::Relaxed);
+        assert_eq!(table(1)[5].refs.load(Ordering::Relaxed), 3);
+        assert_eq!(table(2)[5].refs.load(Ordering::Relaxed), 0);
+        assert_eq!(table(1).len(), MAX_IDS);
+        b.refs.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
     fn bounds() {
         assert!(!fits(-1, 0));
         assert!(!fits(MAX_FDS as i32, 0));
