@@ -207,9 +207,15 @@ pub fn member_gone(epoch: u32) {
     if ANNOUNCED.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
         return;
     }
+    let left = state::members().any(|(_, m)| m.is_attached());
     log::emit(&format!(
-        "the tcps server at {} is gone: its sockets report a reset once; the other servers carry on",
-        address_of(epoch)
+        "the tcps server at {} is gone: its sockets report a reset once; {}",
+        address_of(epoch),
+        if left {
+            "the other servers carry on"
+        } else {
+            "no server is left: new sockets follow --fallback"
+        }
     ));
     let mut all = listeners();
     for l in all.iter_mut() {

@@ -146,6 +146,11 @@ fn send_reply(host: &mut Host, reply: ControlMsg, fd: Option<OwnedFd>) -> Result
     Ok(())
 }
 
+/// Whether a control socket error is the host's hang-up.
+fn hung_up(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET))
+}
+
 /// Sends queued control replies until the socket would block.
 fn flush_outbox(host: &mut Host) -> Result<(), String> {
     while let Some(out) = host.outbox.front() {
@@ -155,6 +160,9 @@ fn flush_outbox(host: &mut Host) -> Result<(), String> {
                 host.outbox.pop_front();
             }
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(()),
+            // The host hung up with replies still queued (a process that
+            // detaches at once, as `tcps run`'s probe): gone, not rogue.
+            Err(e) if hung_up(&e) => return Err("detached".to_string()),
             Err(e) => return Err(format!("control socket: {e}")),
         }
     }
@@ -172,6 +180,7 @@ pub(super) fn read_control(host: &mut Host, cx: &mut Ctx<'_>) -> Option<String> 
         let mut b = [0u8; CONTROL_MSG_LEN + 1];
         match fdpass::recv_with_fds(fd, &mut b, libc::MSG_DONTWAIT) {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return None,
+            Err(e) if hung_up(&e) => return Some("detached".to_string()),
             Err(e) => return Some(format!("control socket: {e}")),
             Ok((0, _)) => return Some("detached".to_string()),
             Ok((n, fds)) => match ControlMsg::decode(&b[..n]) {
