@@ -163,9 +163,15 @@ fn attach_error(e: &std::io::Error) -> String {
 /// answer are left out; with none, as without a server.
 fn attach_group(remotes: &[String]) {
     log::stats_file();
+    let skip = SKIP.swap(0, Ordering::AcqRel);
     let mut cs = Vec::new();
     for (slot, r) in remotes.iter().take(state::MAX_GROUP).enumerate() {
         let inherit = take_inherit_token(slot);
+        if skip & 1 << slot != 0 {
+            debug!("fork: the TCP server at {r} was gone in the parent: not attached");
+            cs.push(None);
+            continue;
+        }
         let got = Client::attach_remote(r).and_then(|c| match inherit {
             Some(token) => claim(c, token),
             None => Ok(c),
@@ -270,6 +276,15 @@ pub fn close_parent_kfds() {
         // parent's (forgotten) attachment knew.
         unsafe { libc::syscall(libc::SYS_close, fd) };
     }
+}
+
+/// The servers of a group a forked child does not attach to (bit per
+/// place): gone in its parent.
+static SKIP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A forked child leaves out the group's servers of `mask`.
+pub fn skip_servers(mask: u32) {
+    SKIP.store(mask, Ordering::Release);
 }
 
 /// `1 << 32 | nonce` while a forked child has a snapshot to claim, per

@@ -57,8 +57,13 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     if state::reattach_enabled() && state::client().is_some_and(crate::gone::check) {
         crate::reattach::try_now();
     }
-    // The attachment, or each server's of a group (`group.rs`).
-    let members: Vec<(u32, &'static tcps::Client)> = state::members().collect();
+    // The attachment, or each live server's of a group (`group.rs`): a
+    // dead one is noticed now, so that its listeners move to a live
+    // server before the snapshot (nginx's master forks a new worker long
+    // after the death, never having waited on its listeners).
+    let members: Vec<(u32, &'static tcps::Client)> = state::members()
+        .filter(|&(_, c)| !state::is_group() || !crate::gone::check(c))
+        .collect();
     let kfds = state::client().map(|c| c.kernel_fds()).unwrap_or_default();
     for (_, c) in &members {
         crate::sendq::flush_all(c);
@@ -121,6 +126,15 @@ fn in_child(
         // SAFETY: closing this process's copy of the parent's control
         // socket, which nothing here uses from now on.
         unsafe { real::close()(ctl) };
+    }
+    // A group's servers that were dead in the parent are not tried again
+    // here (a cut link would hold the child up for UCX's timeout).
+    let live: u32 = members
+        .iter()
+        .map(|&(e, _)| 1u32 << state::slot(e))
+        .fold(0, |a, b| a | b);
+    if state::is_group() {
+        attach::skip_servers(!live);
     }
     state::forget();
     attach::keep_parent_kfds(kfds);

@@ -82,10 +82,10 @@ pub fn open_siblings(c: &Client, id: u32, backlog: i32) {
         return;
     };
     let addr = &addr[..len.min(addr.len())];
-    let family = i32::from(u16::from_ne_bytes([
-        addr[0],
-        addr.get(1).copied().unwrap_or(0),
-    ]));
+    let [f0, f1, ..] = *addr else {
+        return;
+    };
+    let family = i32::from(u16::from_ne_bytes([f0, f1]));
     let opts: Vec<(i32, i32, i32)> = COPIED
         .iter()
         .filter(|&&(level, _)| level != libc::IPPROTO_IPV6 || family == libc::AF_INET6)

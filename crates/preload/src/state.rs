@@ -151,6 +151,9 @@ pub fn slot_of(c: &Client) -> usize {
 /// The attachment a new socket goes to: the next member of the group
 /// (round robin) that `usable` accepts; with one server, that one.
 pub fn pick_member(usable: impl Fn(&Client) -> bool) -> Option<&'static Client> {
+    if !is_group() {
+        return client().filter(|c| usable(c));
+    }
     let all: Vec<&'static Client> = members().map(|(_, c)| c).collect();
     let start = NEXT_MEMBER.fetch_add(1, Ordering::Relaxed) as usize;
     (0..all.len())
@@ -197,8 +200,9 @@ pub fn install_next(c: Client) -> Result<u32, Client> {
         return Err(c);
     }
     CLIENTS[next as usize].store(Box::into_raw(Box::new(c)), Ordering::Release);
-    EPOCH.store(next, Ordering::Release);
+    // The group's start first: meanwhile no epoch is live (never two).
     GROUP_FIRST.store(next, Ordering::Release);
+    EPOCH.store(next, Ordering::Release);
     MODE.store(OFFLOAD, Ordering::Release);
     Ok(next)
 }
