@@ -4,8 +4,9 @@
 //! them, all deleted when the `Nodes` guard drops (however the run ends:
 //! an error, Ctrl-C through `harness::check_interrupted`, a panic).
 //!
-//! Used by `tcps bench cluster` and by the test `crates/cli/tests/cluster.rs`
-//! (which includes this file with `#[path]`): std and libc only.
+//! Used by `tcps bench cluster` and by the tests `crates/cli/tests/cluster.rs`
+//! and `cluster_multi.rs` (which include this file with `#[path]`): std and
+//! libc only.
 //!
 //! Links (`sub` picks the third octet, so concurrent tests differ):
 //! application `.2` — server `.1` in 10.78.sub (the fabric), client `.2` —
@@ -42,7 +43,7 @@ pub fn ip(args: &[&str]) -> Result<(), String> {
 /// The second TCP-server node: its namespace, its application link (the
 /// server's and the application node's addresses, the devices) and its
 /// address on its own link to the client node.
-#[allow(dead_code)] // read by tests/cluster_multi.rs, not by the bench
+#[allow(dead_code)] // app_addr: read by tests/cluster_multi.rs, not by the bench
 pub struct Server2 {
     pub ns: String,
     pub srv_app_addr: String,
@@ -108,6 +109,7 @@ impl Drop for Nodes {
 impl Nodes {
     /// Namespaces `{prefix}app-{tag}`, `{prefix}srv-{tag}`,
     /// `{prefix}cli-{tag}` (`tag` at most 11 bytes: it names devices too).
+    #[allow(dead_code)] // tests/cluster.rs (the bench calls create_with)
     pub fn create(
         prefix: &str,
         tag: &str,
@@ -124,7 +126,9 @@ impl Nodes {
         Nodes::create_with(prefix, tag, sub, false, true)
     }
 
-    fn create_with(
+    /// `create`, with the second TCP-server node if `two_servers` (the
+    /// bench: both links to the client node's side, `clients_to_app`).
+    pub fn create_with(
         prefix: &str,
         tag: &str,
         sub: u32,
@@ -237,7 +241,6 @@ impl Nodes {
 
     /// The application node's fabric devices, for its `UCX_NET_DEVICES`:
     /// one per server node (a comma list with two).
-    #[allow(dead_code)] // tests/cluster_multi.rs
     pub fn app_devs(&self) -> String {
         match &self.srv2 {
             Some(s2) => format!("{},{}", self.app_dev, s2.app_dev),

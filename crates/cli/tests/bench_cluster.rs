@@ -1,8 +1,8 @@
 //! `tcps bench cluster --quick` with a 1 s duration: the cluster
-//! benchmark's harness (three namespaces as nodes, Regular, local and
-//! remote tcps, nginx over the fabric, wrk, CPU and fabric counters,
-//! results.json, summary.md) keeps working, and the namespaces are gone
-//! afterwards. It checks the harness, not the speed.
+//! benchmark's harness (namespaces as nodes, Regular, local and remote
+//! tcps, nginx over the fabric to one server and to two at once, wrk, CPU
+//! and fabric counters, results.json, summary.md) keeps working, and the
+//! namespaces are gone afterwards. It checks the harness, not the speed.
 
 mod common;
 
@@ -19,7 +19,10 @@ fn quick_run_reports_every_configuration() {
     let run = Command::new(exe)
         .args(["bench", "cluster", "--quick", "--duration", "1"])
         // nginx-remote brings its baseline, nginx on kernel sockets.
-        .args(["--configs", "regular,local,remote,nginx-remote"])
+        .args([
+            "--configs",
+            "regular,local,remote,nginx-remote,nginx-remote2",
+        ])
         .args(["--connections", "16"])
         .arg("--out")
         .arg(out.path())
@@ -33,6 +36,7 @@ fn quick_run_reports_every_configuration() {
         "local tcps",
         "remote tcps",
         "nginx, tcps run --remote",
+        "nginx, tcps run --remote S1,S2",
     ] {
         assert!(
             stderr
@@ -49,7 +53,17 @@ fn quick_run_reports_every_configuration() {
         .iter()
         .filter_map(|r| r["config"]["id"].as_str())
         .collect();
-    assert_eq!(ids, ["regular", "local", "remote", "nginx", "nginx-remote"]);
+    assert_eq!(
+        ids,
+        [
+            "regular",
+            "local",
+            "remote",
+            "nginx",
+            "nginx-remote",
+            "nginx-remote2"
+        ]
+    );
     for r in rows {
         let id = r["config"]["id"].as_str().unwrap_or("");
         let m = &r["median"];
@@ -65,7 +79,17 @@ fn quick_run_reports_every_configuration() {
             assert!(m[k].as_f64().unwrap_or(0.0) > 0.0, "{id} {k}: {r}");
         }
         assert!(r["ratio_vs_baseline"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
-        let remote = id.ends_with("remote");
+        let remote = id.contains("remote");
+        // Two servers: two wrk processes, each through its server node,
+        // both got answers; one wrk everywhere else.
+        let each = &r["samples"][0]["each_rps"];
+        if id == "nginx-remote2" {
+            let each = each.as_array().expect("each_rps");
+            assert_eq!(each.len(), 2, "{r}");
+            assert!(each.iter().all(|x| x.as_f64().unwrap_or(0.0) > 0.0), "{r}");
+        } else {
+            assert!(each.is_null(), "{r}");
+        }
         // Fabric traffic both ways, and only over the fabric; the remote
         // host's helper counts as the application's CPU.
         assert_eq!(m["fabric"].is_null(), !remote, "{r}");
@@ -116,6 +140,7 @@ fn quick_run_reports_every_configuration() {
         "local tcps",
         "remote tcps (UCX)",
         "nginx, tcps run --remote",
+        "nginx, tcps run --remote S1,S2",
     ] {
         assert!(
             summary.contains(&format!("| {label}")),

@@ -19,6 +19,13 @@ Configurations (--configs; each is started afresh for every measurement):
                 ways (`tcps run`, `tcps run --remote`; master_process off,
                 so the three run the same single process on the pinned
                 --host-cpus); their ratios are to nginx on kernel sockets
+  nginx-remote2 the same nginx under `tcps run --remote S1,S2`: a TCP server
+                on each of two server nodes (a fourth namespace, made only
+                when this configuration is measured; both servers on
+                --server-cpus), nginx listening on both; two wrk processes
+                started together, half the connections and threads each,
+                one through each server node (requests/s summed, p50 the
+                request-weighted mean of the two, p99 the larger)
 
 Columns of summary.md (medians over the rounds):
   req/s         requests per second wrk got (client node)
@@ -31,7 +38,8 @@ Columns of summary.md (medians over the rounds):
   total         CPU per request of the host and the TCP server wherever it
                 runs (wrk not counted)
   fabric msgs   fabric messages per request, to the host / from the host
-                (the TCP server's counters: batches, keepalives)
+                (the TCP server's counters: batches, keepalives; both
+                servers' summed for nginx-remote2)
   fabric bytes  their bytes per request, to the host / from the host
   round trips   channel round trips the web server waited on per request
                 (its library's counters at exit; not for nginx)
@@ -44,8 +52,8 @@ count messages, bytes and CPU honestly, not a real network's latency.";
 #[command(after_help = AFTER_HELP)]
 pub struct ClusterArgs {
     /// Configurations, comma-separated: regular, local, remote, nginx,
-    /// nginx-local, nginx-remote [default: all; the nginx ones only if nginx
-    /// is installed]
+    /// nginx-local, nginx-remote, nginx-remote2 [default: all; the nginx
+    /// ones only if nginx is installed]
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
     /// The workload (as `tcps bench web`): static-4k, same-file, combined,
@@ -73,7 +81,8 @@ pub struct ClusterArgs {
     /// helper), comma-separated
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub host_cpus: Vec<usize>,
-    /// CPUs of the TCP server, local or remote (tcps server --cpus)
+    /// CPUs of the TCP server, local or remote (tcps server --cpus; both
+    /// servers of nginx-remote2)
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub server_cpus: Vec<usize>,
     /// The web server's --mode in the tcps configurations (registered

@@ -15,6 +15,26 @@ pub enum Net {
     Local,
     /// The TCP server on the server node (UCX).
     Remote,
+    /// TCP servers on two server nodes (UCX, `TCPS_REMOTE=S1,S2`): the
+    /// host's listeners on both, its new sockets spread over them.
+    Remote2,
+}
+
+impl Net {
+    /// The TCP servers of a configuration (the first on the application
+    /// node for `Local`, on the server nodes otherwise).
+    pub fn servers(self) -> usize {
+        match self {
+            Net::Kernel => 0,
+            Net::Local | Net::Remote => 1,
+            Net::Remote2 => 2,
+        }
+    }
+
+    /// Its sockets are served over the fabric.
+    pub fn remote(self) -> bool {
+        matches!(self, Net::Remote | Net::Remote2)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -44,7 +64,7 @@ impl Config {
     }
 }
 
-pub const ALL: [Config; 6] = [
+pub const ALL: [Config; 7] = [
     Config {
         id: "regular",
         label: "Regular (kernel sockets)",
@@ -81,7 +101,18 @@ pub const ALL: [Config; 6] = [
         app: App::Nginx,
         net: Net::Remote,
     },
+    Config {
+        id: "nginx-remote2",
+        label: "nginx, tcps run --remote S1,S2",
+        app: App::Nginx,
+        net: Net::Remote2,
+    },
 ];
+
+/// Some configuration needs the second TCP-server node.
+pub fn two_servers(configs: &[Config]) -> bool {
+    configs.iter().any(|c| c.net.servers() == 2)
+}
 
 /// `--configs` (ids; empty: all, the nginx ones if `nginx` is installed),
 /// each with its baseline (added first if not asked for).
@@ -126,7 +157,8 @@ mod tests {
     fn baselines_come_along() {
         let ids = |v: Vec<Config>| v.iter().map(|c| c.id).collect::<Vec<_>>();
         let all = select(&[], true, "static-16k").unwrap();
-        assert_eq!(all.len(), 6);
+        assert_eq!(all.len(), 7);
+        assert!(two_servers(&all));
         assert_eq!(
             ids(select(&[], false, "static-16k").unwrap()),
             ["regular", "local", "remote"]
@@ -137,6 +169,11 @@ mod tests {
             ["regular", "remote", "nginx", "nginx-remote"]
         );
         assert!(select(&w, false, "static-16k").is_err());
+        assert!(!two_servers(&select(&w, true, "static-16k").unwrap()));
+        let two = select(&["nginx-remote2".to_string()], true, "static-16k").unwrap();
+        assert_eq!(ids(two.clone()), ["nginx", "nginx-remote2"]);
+        assert_eq!(two[1].baseline(), "nginx");
+        assert!(two_servers(&two));
         assert!(select(&w, true, "combined").is_err());
         assert!(select(&["x".to_string()], true, "static-16k").is_err());
     }

@@ -118,8 +118,16 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn collect(a: &ClusterArgs, busy: f64, wall: f64) -> Meta {
+    /// `two`: the run has the second TCP-server node (nginx-remote2).
+    pub fn collect(a: &ClusterArgs, two: bool, busy: f64, wall: f64) -> Meta {
         let (h, s) = (cpu_list(&a.host_cpus), cpu_list(&a.server_cpus));
+        let second = match two {
+            true => format!(
+                " (nginx-remote2: a second TCP-server node, its server on CPUs {s} too, \
+                 wrk as two processes through both server nodes)"
+            ),
+            false => String::new(),
+        };
         Meta {
             command: command_line(),
             date: first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
@@ -135,8 +143,8 @@ impl Meta {
                  links; UCX over tcp between application and server node); the application \
                  (web server or nginx, and its fabric-pump helper) on CPUs {h}, the TCP server \
                  (local or remote, --poll {p}) on CPUs {s}, Regular on CPUs {h},{s}; wrk \
-                 ({t} threads, {c} connections) unpinned on the client node; all nodes share \
-                 this machine's cores",
+                 ({t} threads, {c} connections) unpinned on the client node{second}; all \
+                 nodes share this machine's cores",
                 p = a.poll,
                 t = a.wrk_threads,
                 c = a.connections
@@ -216,8 +224,10 @@ pub fn write(a: &ClusterArgs, meta: &Meta, rows: &[Row]) -> Result<(), Error> {
     md.push_str(&table(rows));
     md.push_str(
         "\nhost: the application's CPU (with its fabric-pump helper, in brackets); app node: the host \
-         plus a local TCP server; total: host plus TCP server wherever it runs; fabric: the \
-         TCP server's fabric counters (messages of spans, keepalives) per request; round trips: \
+         plus a local TCP server; total: host plus TCP server(s) wherever they run; fabric: the \
+         TCP server's fabric counters (messages of spans, keepalives) per request (nginx-remote2: \
+         both servers', summed; its req/s is its two wrk processes' sum, p50 their \
+         request-weighted mean, p99 the larger); round trips: \
          channel round trips the web server waited on per request (its library's counters); vs base: \
          to Regular (nginx rows: to nginx on kernel sockets). `tcps bench cluster --help` \
          explains each column.\n",
@@ -235,6 +245,7 @@ mod tests {
     fn sample(rps: f64, fabric: bool) -> Sample {
         Sample {
             rps,
+            each_rps: None,
             mb_per_s: 1.0,
             requests: 100,
             p50_us: 1000.0,

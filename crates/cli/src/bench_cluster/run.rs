@@ -1,5 +1,6 @@
 //! The whole run: prerequisites, the site and the wrk script, the fabric
-//! secret, the nodes (deleted at the end however the run ends), then
+//! secret, the nodes (the second server node only for remote2; deleted at
+//! the end however the run ends), then
 //! rounds of every configuration in turn with a progress line each, then
 //! the report.
 
@@ -97,6 +98,10 @@ fn progress_line(s: &Sample) -> String {
         "      {:.0} req/s, host {:.1} µs/req, total {:.1} µs/req",
         s.rps, s.host_cpu_us_per_req, s.total_cpu_us_per_req
     );
+    if let Some(each) = &s.each_rps {
+        let each: Vec<String> = each.iter().map(|r| format!("{r:.0}")).collect();
+        line += &format!(" ({} req/s through each server node)", each.join(" + "));
+    }
     if let Some(f) = s.fabric {
         line += &format!(
             ", fabric {:.2}/{:.2} msgs/req, {:.0}/{:.0} bytes/req (to/from host)",
@@ -174,9 +179,15 @@ pub fn run(args: ClusterArgs) -> Result<(), Error> {
     let (w, probe) = prepare(&args, &tmp.0)?;
     let key = secret(&tmp.0)?;
     Nodes::remove_stale(PREFIX);
-    let nodes = Nodes::create(PREFIX, &format!("b{}", std::process::id()), 0, true)?;
+    // The second server node only when a configuration needs it.
+    let two = configs::two_servers(&configs);
+    let tag = format!("b{}", std::process::id());
+    let nodes = Nodes::create_with(PREFIX, &tag, 0, true, two)?;
+    let srv2 = nodes.srv2.as_ref().map_or(String::new(), |s| {
+        format!(", {} ({})", s.ns, s.srv_app_addr)
+    });
     eprintln!(
-        "nodes: {} ({} on the fabric link), {} ({}), {} (clients); deleted at the end",
+        "nodes: {} ({} on the fabric link), {} ({}){srv2}, {} (clients); deleted at the end",
         nodes.app, nodes.app_addr, nodes.srv, nodes.srv_app_addr, nodes.cli
     );
     let env = Env {
@@ -195,7 +206,7 @@ pub fn run(args: ClusterArgs) -> Result<(), Error> {
     drop(nodes);
     report::sum_up(&mut rows);
     eprint!("\n{}", report::table(&rows));
-    let meta = Meta::collect(&args, busy, began.elapsed().as_secs_f64());
+    let meta = Meta::collect(&args, two, busy, began.elapsed().as_secs_f64());
     report::write(&args, &meta, &rows)?;
     let failed: Vec<&str> = rows
         .iter()

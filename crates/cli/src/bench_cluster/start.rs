@@ -1,7 +1,8 @@
-//! Starting one configuration in the nodes: the TCP server (on the
-//! application node for local, on the server node for remote), then the
-//! web server or nginx on the application node, up once a client on the
-//! client node gets the first file of the request stream.
+//! Starting one configuration in the nodes: the TCP servers (on the
+//! application node for local, on the server node for remote, one on each
+//! server node for remote2), then the web server or nginx on the
+//! application node, up once a client on the client node gets the first
+//! file of the request stream through every address it is served on.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use super::args::{ClusterArgs, Error};
 use super::configs::{App, Config, Net};
 use crate::bench_web::types::cpu_list;
 use crate::bench_web::workload::{self, Workload};
-use crate::cluster_nodes::Nodes;
+use crate::cluster_nodes::{Nodes, Server2};
 use crate::harness::{self, Proc};
 
 /// The web server's (and nginx's) port.
@@ -37,37 +38,69 @@ pub struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// `ADDR:PORT` of the fabric listener.
-    pub fn fabric_addr(&self) -> String {
-        format!("{}:{FABRIC_PORT}", self.nodes.srv_app_addr)
+    /// The second TCP-server node (made when a configuration needs it).
+    fn srv2(&self) -> Result<&Server2, Error> {
+        let s = self.nodes.srv2.as_ref();
+        s.ok_or_else(|| "no second TCP-server node".into())
+    }
+
+    /// `ADDR:PORT` of the fabric listeners: one, or (remote2) a comma list
+    /// of both server nodes' (`TCPS_REMOTE`).
+    pub fn fabric_addrs(&self, c: &Config) -> Result<String, Error> {
+        let one = format!("{}:{FABRIC_PORT}", self.nodes.srv_app_addr);
+        if c.net != Net::Remote2 {
+            return Ok(one);
+        }
+        Ok(format!("{one},{}:{FABRIC_PORT}", self.srv2()?.srv_app_addr))
+    }
+
+    /// The application node's fabric devices (`UCX_NET_DEVICES`): both
+    /// links for remote2 (each helper keeps the one to its server).
+    fn app_devs(&self, c: &Config) -> String {
+        match c.net {
+            Net::Remote2 => self.nodes.app_devs(),
+            _ => self.nodes.app_dev.clone(),
+        }
     }
 
     /// The address the application listens on: the application node's on
-    /// the client link, or (remote) the server node's, whose sockets it uses.
+    /// the client link, or (remote) the server node's, whose sockets it
+    /// uses, or (remote2) every address, so that each server binds its own.
     pub fn listen_addr(&self, c: &Config) -> &str {
         match (c.net, &self.nodes.app_cli_addr) {
+            (Net::Remote2, _) => "0.0.0.0",
             (Net::Remote, _) | (_, None) => &self.nodes.srv_cli_addr,
             (_, Some(a)) => a,
         }
     }
 
-    pub fn url(&self, c: &Config) -> String {
-        format!("http://{}:{PORT}", self.listen_addr(c))
+    /// Where the client node reaches the application: one URL, or
+    /// (remote2) one through each server node.
+    pub fn urls(&self, c: &Config) -> Result<Vec<String>, Error> {
+        let url = |a: &str| format!("http://{a}:{PORT}");
+        Ok(match c.net {
+            Net::Remote2 => vec![
+                url(&self.nodes.srv_cli_addr),
+                url(&self.srv2()?.srv_cli_addr),
+            ],
+            _ => vec![url(self.listen_addr(c))],
+        })
     }
 }
 
 /// One configuration's processes; stopped (application first) on drop.
 pub struct Running {
     pub app: Proc,
-    pub server: Option<Proc>,
-    /// The TCP server's control socket.
-    pub socket: Option<PathBuf>,
+    /// Its TCP servers (none, one, or one per server node) and their
+    /// control sockets, in the same order.
+    pub servers: Vec<Proc>,
+    pub sockets: Vec<PathBuf>,
 }
 
 impl Running {
     pub fn stop(mut self) {
         self.app.stop(Duration::from_secs(3));
-        if let Some(mut s) = self.server.take() {
+        for s in &mut self.servers {
             s.stop(Duration::from_secs(3));
         }
     }
@@ -84,31 +117,45 @@ fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Result<Proc, Err
     Ok(Proc { name, child, log })
 }
 
-/// The TCP server of a local or remote configuration, up (its control
-/// socket, and for remote its fabric listener).
-fn start_server(env: &Env, c: &Config, sock: &Path) -> Result<Proc, Error> {
+/// TCP server `k` (0, or 1 on the second server node) of a local or
+/// remote configuration, up (its control socket `sock`, and when remote
+/// its fabric listener). Both servers of remote2 run on --server-cpus.
+fn start_server(env: &Env, c: &Config, k: usize, sock: &Path) -> Result<Proc, Error> {
     let a = env.args;
     let _ = fs::remove_file(sock);
-    let ns = if c.net == Net::Remote {
-        &env.nodes.srv
-    } else {
-        &env.nodes.app
+    // Its node, its fabric listener and device.
+    let (ns, fabric) = match (c.net, k) {
+        (Net::Local, _) => (&env.nodes.app, None),
+        (_, 0) => {
+            let n = env.nodes;
+            (&n.srv, Some((&n.srv_app_addr, &n.srv_dev)))
+        }
+        _ => {
+            let s = env.srv2()?;
+            (&s.ns, Some((&s.srv_app_addr, &s.srv_dev)))
+        }
     };
     let mut cmd = Nodes::exec(ns);
     cmd.arg(env.exe).args(["server", "--socket"]).arg(sock);
     cmd.args(["--cpus", &cpu_list(&a.server_cpus), "--poll", &a.poll]);
     // Every connection offloaded (a remote host cannot take direct ones).
     cmd.args(["--balance", "off"]);
-    if c.net == Net::Remote {
-        cmd.args(["--fabric-listen", &env.fabric_addr(), "--fabric-auth"])
+    if let Some((addr, dev)) = fabric {
+        cmd.args(["--fabric-listen", &format!("{addr}:{FABRIC_PORT}")])
+            .arg("--fabric-auth")
             .arg(env.key)
-            .env("UCX_NET_DEVICES", &env.nodes.srv_dev);
+            .env("UCX_NET_DEVICES", dev);
     }
-    let log = env.tmp.join(format!("tcps-server-{}.log", c.id));
+    let n = if k == 0 {
+        String::new()
+    } else {
+        format!("-{}", k + 1)
+    };
+    let log = env.tmp.join(format!("tcps-server-{}{n}.log", c.id));
     let mut p = spawn("the TCP server", cmd, log.clone())?;
     harness::wait_for("the TCP server", Duration::from_secs(20), || {
         p.check_alive()?;
-        let listening = c.net != Net::Remote
+        let listening = fabric.is_none()
             || fs::read_to_string(&log).is_ok_and(|t| t.contains("fabric listener"));
         Ok(sock.exists() && listening)
     })?;
@@ -117,19 +164,20 @@ fn start_server(env: &Env, c: &Config, sock: &Path) -> Result<Proc, Error> {
 
 /// How a program on the application node reaches its TCP server: the
 /// environment of a native host (the example web server).
-fn host_env(env: &Env, c: &Config, cmd: &mut Command, sock: &Path) {
+fn host_env(env: &Env, c: &Config, cmd: &mut Command, sock: &Path) -> Result<(), Error> {
     match c.net {
         Net::Kernel => {}
         Net::Local => {
             cmd.env("TCPS_SOCKET", sock);
         }
-        Net::Remote => {
-            cmd.env("TCPS_REMOTE", env.fabric_addr())
+        Net::Remote | Net::Remote2 => {
+            cmd.env("TCPS_REMOTE", env.fabric_addrs(c)?)
                 .env("TCPS_FABRIC_AUTH", env.key)
                 .env("TCPS_BIN", env.exe)
-                .env("UCX_NET_DEVICES", &env.nodes.app_dev);
+                .env("UCX_NET_DEVICES", env.app_devs(c));
         }
     }
+    Ok(())
 }
 
 /// The cores of the application: Regular's get the server's too.
@@ -141,7 +189,7 @@ fn app_cores(a: &ClusterArgs, c: &Config) -> String {
     cpu_list(&cores)
 }
 
-fn web_command(env: &Env, c: &Config, sock: &Path) -> Command {
+fn web_command(env: &Env, c: &Config, sock: &Path) -> Result<Command, Error> {
     let a = env.args;
     let w = env.workload;
     let mut cmd = Nodes::exec(&env.nodes.app);
@@ -160,8 +208,8 @@ fn web_command(env: &Env, c: &Config, sock: &Path) -> Command {
     if c.net != Net::Kernel {
         cmd.args(["--mode", &a.mode]);
     }
-    host_env(env, c, &mut cmd, sock);
-    cmd
+    host_env(env, c, &mut cmd, sock)?;
+    Ok(cmd)
 }
 
 /// nginx (one process: `master_process off`, the same single process on
@@ -185,13 +233,13 @@ fn nginx_command(env: &Env, c: &Config, sock: &Path) -> Result<Command, Error> {
                 .args(["run", "--fallback", "fail", "--socket"]);
             cmd.arg(sock).arg("--");
         }
-        Net::Remote => {
+        Net::Remote | Net::Remote2 => {
             cmd.arg(env.exe)
                 .args(["run", "--fallback", "fail", "--remote"]);
-            cmd.args([&env.fabric_addr(), "--fabric-auth"])
+            cmd.args([&env.fabric_addrs(c)?, "--fabric-auth"])
                 .arg(env.key)
                 .arg("--");
-            cmd.env("UCX_NET_DEVICES", &env.nodes.app_dev);
+            cmd.env("UCX_NET_DEVICES", env.app_devs(c));
         }
     }
     cmd.args(["nginx", "-c"]).arg(conf);
@@ -210,13 +258,20 @@ fn answers(env: &Env, url: &str) -> bool {
 
 /// Starts configuration `c`; it answers the client node when this returns.
 pub fn start(env: &Env, c: &Config) -> Result<Running, Error> {
+    let sockets: Vec<PathBuf> = (0..c.net.servers())
+        .map(|k| match k {
+            0 => env.tmp.join("tcps.sock"),
+            _ => env.tmp.join(format!("tcps{}.sock", k + 1)),
+        })
+        .collect();
     let sock = env.tmp.join("tcps.sock");
-    let server = match c.net {
-        Net::Kernel => None,
-        _ => Some(start_server(env, c, &sock)?),
-    };
+    let mut servers = Vec::new();
+    for (k, s) in sockets.iter().enumerate() {
+        // On an error, those already up stop as they drop.
+        servers.push(start_server(env, c, k, s)?);
+    }
     let cmd = match c.app {
-        App::Web => web_command(env, c, &sock),
+        App::Web => web_command(env, c, &sock)?,
         App::Nginx => nginx_command(env, c, &sock)?,
     };
     let log = env.tmp.join(format!("app-{}.log", c.id));
@@ -226,20 +281,22 @@ pub fn start(env: &Env, c: &Config) -> Result<Running, Error> {
     };
     let mut run = Running {
         app: spawn(name, cmd, log)?,
-        server,
-        socket: (c.net != Net::Kernel).then_some(sock),
+        servers,
+        sockets,
     };
-    let url = format!("{}{}", env.url(c), env.probe);
-    harness::wait_for(
-        &format!("{name} to answer {url}"),
-        Duration::from_secs(30),
-        || {
-            run.app.check_alive()?;
-            if let Some(s) = &mut run.server {
-                s.check_alive()?;
-            }
-            Ok(answers(env, &url))
-        },
-    )?;
+    for url in env.urls(c)? {
+        let url = format!("{url}{}", env.probe);
+        harness::wait_for(
+            &format!("{name} to answer {url}"),
+            Duration::from_secs(30),
+            || {
+                run.app.check_alive()?;
+                for s in &mut run.servers {
+                    s.check_alive()?;
+                }
+                Ok(answers(env, &url))
+            },
+        )?;
+    }
     Ok(run)
 }
