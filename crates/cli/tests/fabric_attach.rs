@@ -269,3 +269,60 @@ fn a_remote_snapshot_is_claimed_only_by_its_named_child_of_the_same_peer() {
         srv.log_text()
     );
 }
+
+/// Sockets of the machine in TIME_WAIT whose local address is `addr`.
+fn time_wait_at(addr: std::net::SocketAddr) -> usize {
+    let out = std::process::Command::new("ss")
+        .args(["-Htan", "state", "time-wait"])
+        .output()
+        .expect("ss (iproute2)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(2) == Some(addr.to_string().as_str()))
+        .count()
+}
+
+#[test]
+fn a_restarted_server_binds_its_fabric_port_at_once() {
+    // A server that stops while a host is attached closes the host's
+    // connections first: they wait in TIME_WAIT on its fabric port.
+    let (mut srv, addr, dir) = fabric_server(&[]);
+    let (r, w) = attach(addr, SECRET);
+    assert_eq!(w.status, 0, "{}", w.message);
+    let layout = layout_of(&w);
+    let (_file, host) = host_region(layout);
+    nop_round_trip(&r, &layout, &host, 1);
+    srv.terminate(Duration::from_secs(5));
+    // The host closes its side after the server: the server's side of each
+    // connection is left in TIME_WAIT on the fabric port.
+    drop(r);
+    let t = Instant::now();
+    while time_wait_at(addr) == 0 && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ss = std::process::Command::new("ss")
+        .args(["-Htan"])
+        .output()
+        .unwrap();
+    assert!(
+        time_wait_at(addr) > 0,
+        "no connection of {addr} in TIME_WAIT: the case is not made\n{}",
+        String::from_utf8_lossy(&ss.stdout)
+    );
+    // A new server on the same address binds at once (SO_REUSEADDR on the
+    // UCX listener), where it used to fail with EADDRINUSE for a minute.
+    let key = dir.path().join("fabric.key");
+    let listen = addr.to_string();
+    let again = Server::start(
+        "uring",
+        &[
+            "--fabric-listen",
+            &listen,
+            "--fabric-auth",
+            key.to_str().unwrap(),
+        ],
+    );
+    let (_r2, w2) = attach(addr, SECRET);
+    assert_eq!(w2.status, 0, "{}", w2.message);
+    assert_eq!(hosts_attached(&again), 1);
+}

@@ -21,6 +21,11 @@ pub struct ContextOptions {
     /// of an RMA context can write anywhere in its process. A TCP server
     /// therefore leaves this off and takes host data as active messages.
     pub rma: bool,
+    /// `UCX_CM_REUSEADDR=y` unless the environment says otherwise: a
+    /// listener binds its address even while connections of a previous
+    /// one on it are in TIME_WAIT (a server restarted at once; without it
+    /// the bind fails with EADDRINUSE for a minute).
+    pub reuse_addr: bool,
 }
 
 pub(crate) struct ContextInner {
@@ -40,6 +45,19 @@ impl Drop for ContextInner {
         // none is left when the last reference drops.
         unsafe { sys::ucp_cleanup(self.raw) };
     }
+}
+
+/// `ucp_config_modify(config, name, value)` (UCP's own settings and the
+/// transports', as the `UCX_` environment variable without its prefix).
+fn modify(config: *mut sys::ucp_config_t, name: &str, value: &str) -> Result<()> {
+    let n = CString::new(name).map_err(|_| Error::new(-5, "config name"))?;
+    let v = CString::new(value).map_err(|_| Error::new(-5, "config value"))?;
+    // SAFETY: config is live; both strings are NUL-terminated and outlive
+    // the call (UCX copies them).
+    check(
+        unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) },
+        "ucp_config_modify",
+    )
 }
 
 /// A UCX context (cheap to clone; released when the last clone, worker
@@ -64,14 +82,11 @@ impl Context {
 
     fn init(opts: &ContextOptions, config: *mut sys::ucp_config_t) -> Result<Context> {
         if let Some(tls) = &opts.transports {
-            let name = CString::new("TLS").map_err(|_| Error::new(-5, "TLS"))?;
-            let value = CString::new(tls.as_str()).map_err(|_| Error::new(-5, "TLS value"))?;
-            // SAFETY: config is live; both strings are NUL-terminated and
-            // outlive the call (UCX copies them).
-            check(
-                unsafe { sys::ucp_config_modify(config, name.as_ptr(), value.as_ptr()) },
-                "ucp_config_modify(TLS)",
-            )?;
+            modify(config, "TLS", tls)?;
+        }
+        let said = |v: &str| std::env::var_os(v).is_some();
+        if opts.reuse_addr && !said("UCX_CM_REUSEADDR") && !said("UCX_TCP_CM_REUSEADDR") {
+            modify(config, "CM_REUSEADDR", "y")?;
         }
         // SAFETY: all-zero is a valid ucp_params_t (null pointers, 0s).
         let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };

@@ -9,6 +9,7 @@ fn ctx(tls: &str) -> Context {
     let opts = ContextOptions {
         transports: Some(tls.into()),
         rma: true,
+        reuse_addr: false,
     };
     Context::new(&opts).expect("UCX context (libucx-dev installed?)")
 }

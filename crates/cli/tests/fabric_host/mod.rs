@@ -74,6 +74,7 @@ pub fn attach_as(addr: std::net::SocketAddr, secret: &str, pid: u32) -> (Remote,
     let ctx = Context::new(&ContextOptions {
         transports: Some("tcp".into()),
         rma: false,
+        reuse_addr: false,
     })
     .expect("UCX (libucx-dev) is needed: the setup installs it");
     let worker = Worker::new(&ctx).unwrap();

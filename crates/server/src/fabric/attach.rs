@@ -177,6 +177,7 @@ mod tests {
         let ctx = Context::new(&ContextOptions {
             transports: Some("tcp".into()),
             rma: false,
+            reuse_addr: false,
         })
         .unwrap();
         let (server, host) = (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap());

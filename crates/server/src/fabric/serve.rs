@@ -201,7 +201,12 @@ impl Fabric {
         let err = std::io::Error::other;
         let secret = Secret::read(&f.auth).map_err(err)?;
         // Active messages only: the server is never the target of a put.
-        let ctx = Context::new(&ContextOptions::default()).map_err(|e| err(format!("UCX: {e}")))?;
+        // A server restarted at once binds its port again (TIME_WAIT).
+        let opts = ContextOptions {
+            reuse_addr: true,
+            ..ContextOptions::default()
+        };
+        let ctx = Context::new(&opts).map_err(|e| err(format!("UCX: {e}")))?;
         let worker = Worker::new(&ctx).map_err(|e| err(format!("UCX: {e}")))?;
         for id in [AM_HELLO, AM_AUTH, AM_SPANS, AM_KEEPALIVE, AM_CONTROL] {
             worker
