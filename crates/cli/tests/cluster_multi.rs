@@ -443,3 +443,86 @@ fn lose_s1_under_a_held_connection(
         eprintln!("cut link: S1 freed the host after {took:?}");
     }
 }
+
+/// The probe of a plain blocking accept (`tests/preload/accept_block.py`).
+const ACCEPT_BLOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/accept_block.py");
+
+/// A program that accepts with a plain blocking accept() (no poll first)
+/// on a listener of both servers: each accept sleeps on both servers'
+/// accept rings at once and takes the connection from whichever server it
+/// arrives at (`group_accept.rs`); the bytes of each are answered with
+/// their SHA-256.
+#[test]
+fn multi_blocking_accept_takes_connections_from_either_server() {
+    need(&["python3"]);
+    let t = Two::start("multi-accept");
+    let d = t.dir.path();
+    let out = d.join("accept.out");
+    let order = ["s1", "s2", "s2", "s1", "s1", "s2"];
+    let n = order.len().to_string();
+    let mut prog = run_remote(
+        &t.n,
+        &t.remote,
+        d,
+        &["python3", ACCEPT_BLOCK, "8095", &n],
+        &out,
+    );
+    let logs = || {
+        format!(
+            "--- tcps run accept_block.py:\n{}\n{}",
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            t.logs()
+        )
+    };
+    wait_text(
+        &out,
+        "LISTENING",
+        Duration::from_secs(20),
+        "accept_block.py",
+    );
+    let (s1, s2) = (t.n.srv_cli_addr.clone(), t.srv2().srv_cli_addr.clone());
+    for (i, which) in order.iter().enumerate() {
+        // The accept is asleep by now: the connection wakes it.
+        std::thread::sleep(Duration::from_millis(300));
+        let to = if *which == "s1" { &s1 } else { &s2 };
+        let code = format!(
+            "import socket,os,hashlib\n\
+             d=os.urandom(100000+{i})\n\
+             s=socket.create_connection(('{to}',8095),timeout=10)\n\
+             s.sendall(d); s.shutdown(socket.SHUT_WR)\n\
+             r=b''\n\
+             while True:\n    b=s.recv(100)\n    if not b: break\n    r+=b\n\
+             print('OK' if r.decode()==hashlib.sha256(d).hexdigest() else 'BAD')"
+        );
+        let r = in_ns(&t.n.cli, &["timeout", "20", "python3", "-c", &code])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&r.stdout);
+        assert_eq!(
+            said.trim(),
+            "OK",
+            "connection {i} through {to}: {said}\n{}",
+            logs()
+        );
+    }
+    let st = wait_timeout(&mut prog.0, Duration::from_secs(10));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{}", logs());
+    // Each connection came through the server it was sent to: its peer is
+    // the client node's address on that server's link.
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let peers: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACCEPTED "))
+        .collect();
+    let net = |a: &str| {
+        a.rsplit_once('.')
+            .map(|(n, _)| n.to_string())
+            .unwrap_or_default()
+    };
+    let want: Vec<String> = order
+        .iter()
+        .map(|w| net(if *w == "s1" { &s1 } else { &s2 }))
+        .collect();
+    let got: Vec<String> = peers.iter().map(|p| net(p)).collect();
+    assert_eq!(got, want, "{}", logs());
+}
