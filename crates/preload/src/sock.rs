@@ -128,7 +128,8 @@ pub unsafe fn put_addr(bytes: &[u8], full: usize, addr: *mut sockaddr, len: *mut
 /// The attachment and tcps socket behind `fd`, or None for a kernel fd:
 /// the attachment the socket was made in (a dead one's, after the server
 /// died: its calls fail as `gone.rs` says and never reach a new server).
-/// A forked child attaches first; EBADF without an attachment.
+/// A forked child attaches first; EBADF without an attachment (ENOTCONN
+/// for a socket of a group's server the process never attached to).
 #[inline]
 pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>> {
     let (epoch, id) = fdtable::lookup_at(fd)?;
@@ -140,7 +141,14 @@ pub fn offloaded(fd: c_int) -> Option<Result<(&'static tcps::Client, u32), i32>>
         }
         None => None,
     };
-    Some(c.map(|c| (c, id)).ok_or(libc::EBADF))
+    // A group's server that was gone before this process attached (a
+    // forked child skips it): its sockets are not connected any more.
+    let missing = if crate::state::is_group() && crate::state::in_group(epoch) {
+        libc::ENOTCONN
+    } else {
+        libc::EBADF
+    };
+    Some(c.map(|c| (c, id)).ok_or(missing))
 }
 
 macro_rules! on_socket {
