@@ -155,23 +155,7 @@ impl Client {
         timeout_ms: i32,
         room: &dyn Fn(u32) -> bool,
     ) -> io::Result<bool> {
-        let mut watch = Vec::with_capacity(fds.len());
-        for f in fds.iter() {
-            if f.events & !(RING_EVENTS | libc::POLLOUT) != 0 {
-                return Ok(false);
-            }
-            watch.push(EdgeWatch {
-                sock: f.sock,
-                read: f.events & READ_EVENTS != 0,
-                write: f.events & libc::POLLOUT != 0,
-            });
-        }
-        self.sleep_on_edges(&watch, kernel, timeout_ms, &mut || {
-            for f in fds.iter_mut() {
-                f.revents = 0;
-            }
-            self.ready_here(fds, room)
-        })
+        sleep_on_rings_many(&mut [(self, fds)], kernel, timeout_ms, &|_, s| room(s))
     }
 
     /// The doorbell sleep itself: watches the receive or accept ring

@@ -59,35 +59,23 @@ fn try_each(
 
 /// Sleeps until an accept ring of `socks` moves (or a slice passes).
 fn sleep(socks: &[(&'static Client, u32)]) -> io::Result<()> {
-    let watch: Vec<[tcps::EdgeWatch; 1]> = socks
+    let mut fds: Vec<[tcps::PollFd; 1]> = socks
         .iter()
-        .map(|&(_, s)| {
-            [tcps::EdgeWatch {
-                sock: s,
-                read: true,
-                write: false,
+        .map(|&(_, sock)| {
+            [tcps::PollFd {
+                sock,
+                events: libc::POLLIN,
+                revents: 0,
             }]
         })
         .collect();
-    let parts: Vec<(&Client, &[tcps::EdgeWatch])> = socks
+    let mut parts: Vec<(&Client, &mut [tcps::PollFd])> = socks
         .iter()
-        .zip(&watch)
-        .map(|(&(m, _), w)| (m, &w[..]))
+        .zip(fds.iter_mut())
+        .map(|(&(m, _), f)| (m, &mut f[..]))
         .collect();
-    let mut ready = || -> io::Result<bool> {
-        for &(m, s) in socks {
-            let mut p = [tcps::PollFd {
-                sock: s,
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            if m.poll(&mut p, 0)? > 0 {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    };
-    if !tcps::sleep_on_many(&parts, &mut [], SLICE_MS, &mut ready)? {
+    // (No POLLOUT here: no room to judge.)
+    if !tcps::sleep_on_rings_many(&mut parts, &mut [], SLICE_MS, &|_, _| false)? {
         // Cannot sleep on the rings (no doorbell slot free): a short nap.
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
