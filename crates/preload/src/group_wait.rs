@@ -7,9 +7,9 @@
 //! (`tcps::sleep_on_many`), in slices after which each server is asked
 //! whether it is still there (a cut link ends its part of the wait).
 
+use crate::deadline::Deadline;
 use crate::{real, ring_sleep};
-use libc::{c_int, nfds_t, pollfd};
-use std::time::{Duration, Instant};
+use libc::{c_int, pollfd};
 use tcps::{Client, PollFd};
 
 /// The longest sleep between two looks at the servers' health.
@@ -42,16 +42,6 @@ pub fn part_for<'a>(parts: &'a mut Vec<Part>, c: &'static Client) -> &'a mut Par
     &mut parts[i]
 }
 
-fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
-    // SAFETY: `fds` is a valid array of pollfds.
-    let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, timeout) };
-    if n < 0 {
-        Err(crate::errno::last_errno())
-    } else {
-        Ok(n as usize)
-    }
-}
-
 /// Whether a server of `parts` is gone (each is asked at most every 100
 /// ms: `gone::check_members`).
 fn a_server_died(parts: &[Part]) -> bool {
@@ -67,8 +57,7 @@ pub fn wait(
     kernel: &mut [pollfd],
     timeout_ms: c_int,
 ) -> Result<Option<usize>, i32> {
-    let deadline =
-        (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline = Deadline::after(timeout_ms);
     loop {
         let mut n = 0;
         for p in parts.iter_mut().filter(|p| !p.fds.is_empty()) {
@@ -81,13 +70,9 @@ pub fn wait(
         n += if kernel.is_empty() {
             0
         } else {
-            kernel_poll(kernel, 0)?
+            real::poll_fds(kernel, 0)?
         };
-        let remaining = match deadline {
-            None if timeout_ms < 0 => -1,
-            None => 0,
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
-        };
+        let remaining = deadline.left();
         if n > 0 || remaining == 0 {
             return Ok(Some(n));
         }
@@ -99,7 +84,7 @@ pub fn wait(
         let mut rings: Vec<(&Client, &mut [PollFd])> =
             parts.iter_mut().map(|p| (p.c, &mut p.fds[..])).collect();
         if !ring_sleep::sleep_many(&mut rings, kernel, slice)? {
-            kernel_poll(kernel, slice.min(NAP_MS))?;
+            real::poll_fds(kernel, slice.min(NAP_MS))?;
         }
         if a_server_died(parts) {
             return Ok(None);

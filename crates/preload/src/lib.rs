@@ -10,7 +10,8 @@
 //!
 //! Modules, bottom up (each uses only those on its own or lower layers):
 //!
-//! 1. `real` (libc's functions), `errno`, `signals` (handlers behind a
+//! 1. `real` (libc's functions), `errno`, `deadline` (what is left of a
+//!    wait's timeout), `signals` (handlers behind a
 //!    trampoline, restarting calls as the kernel does), `fdtable` (fd →
 //!    socket id);
 //! 2. `log` (TCPS_LOG, counters), then `state` (the attachment as held, its
@@ -33,6 +34,7 @@
 
 mod attach;
 mod control;
+mod deadline;
 mod epoll;
 mod errno;
 mod exec;

@@ -10,13 +10,13 @@
 //! *wake pair*) that is part of the parked `tcps_poll`, the caller by
 //! writing the helper's cancel eventfd. Nothing spins.
 
+use crate::deadline::Deadline;
 use crate::errno::fail;
 use crate::log::debug;
 use crate::{attach, fdtable, real, state};
 use libc::{c_int, nfds_t, pollfd};
 use std::cell::RefCell;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 use tcps::{Client, PollFd};
 
 #[derive(PartialEq)]
@@ -218,8 +218,7 @@ pub fn wait_mixed(
     kernel: &mut [pollfd],
     timeout_ms: c_int,
 ) -> Result<usize, i32> {
-    let deadline =
-        (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline = Deadline::after(timeout_ms);
     loop {
         let n1 = if tcps.is_empty() {
             0
@@ -229,16 +228,9 @@ pub fn wait_mixed(
         let n2 = if kernel.is_empty() {
             0
         } else {
-            kernel_poll(kernel, 0)?
+            real::poll_fds(kernel, 0)?
         };
-        let remaining = match deadline {
-            None if timeout_ms < 0 => -1,
-            None => 0,
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(i32::MAX as u128) as c_int,
-        };
+        let remaining = deadline.left();
         if n1 + n2 > 0 || remaining == 0 {
             return Ok(n1 + n2);
         }
@@ -249,7 +241,7 @@ pub fn wait_mixed(
             return tcps_poll(c, tcps, remaining);
         }
         if tcps.is_empty() {
-            return kernel_poll(kernel, remaining);
+            return real::poll_fds(kernel, remaining);
         }
         WAITER.with(|w| -> Result<(), i32> {
             let mut w = w.borrow_mut();
@@ -287,16 +279,6 @@ fn tcps_poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> Result<usize, i3
     crate::sendq::poll(c, fds, timeout).map_err(|e| crate::errno::errno_of(&e))
 }
 
-fn kernel_poll(fds: &mut [pollfd], timeout: c_int) -> Result<usize, i32> {
-    // SAFETY: `fds` is a valid array of pollfds.
-    let n = unsafe { real::poll()(fds.as_mut_ptr(), fds.len() as nfds_t, timeout) };
-    if n < 0 {
-        Err(crate::errno::last_errno())
-    } else {
-        Ok(n as usize)
-    }
-}
-
 /// The offloaded entries of a wait that belong to a dead attachment (the
 /// server died; or an older one, after a reattach): each reports
 /// POLLERR|POLLHUP once (`gone.rs`), then is quiet. How many report now.
@@ -324,24 +306,37 @@ fn dead_wait(
     timeout: c_int,
     retry: bool,
 ) -> Option<Result<usize, i32>> {
-    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let deadline = Deadline::after(timeout);
     loop {
-        let left = match deadline {
-            _ if reported > 0 => 0,
-            None => timeout,
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
-        };
+        let left = if reported > 0 { 0 } else { deadline.left() };
         let wait = if retry {
             crate::reattach::slice(left)
         } else {
             left
         };
-        match kernel_poll(kernel, wait) {
+        match real::poll_fds(kernel, wait) {
             Ok(0) if left != 0 && retry && crate::reattach::try_now() => return None,
             Ok(0) if left != 0 => {}
             r => return Some(r.map(|k| k + reported)),
         }
     }
+}
+
+/// The dead and kernel entries' `revents` back into the caller's `all`
+/// (each with where it came from), the offloaded ones being there already;
+/// how many entries of `all` are ready.
+fn answer(
+    all: &mut [pollfd],
+    (dead, dead_at): (&[(PollFd, u32)], &[usize]),
+    (kernel, kernel_at): (&[pollfd], &[usize]),
+) -> c_int {
+    for ((e, _), &i) in dead.iter().zip(dead_at) {
+        all[i].revents = e.revents;
+    }
+    for (k, &i) in kernel.iter().zip(kernel_at) {
+        all[i].revents = k.revents;
+    }
+    all.iter().filter(|p| p.revents != 0).count() as c_int
 }
 
 /// poll(2) over any mix of fds.
@@ -354,18 +349,15 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if !all.iter().any(|p| fdtable::lookup(p.fd).is_some()) {
         return real::poll()(fds, n, timeout);
     }
-    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let deadline = Deadline::after(timeout);
     loop {
         let Some(c) = attach::for_existing() else {
             return fail(libc::EBADF);
         };
         if state::is_group() {
-            return poll_group(all, deadline, timeout);
+            return poll_group(all, deadline);
         }
-        let left = match deadline {
-            None => timeout,
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
-        };
+        let left = deadline.left();
         let live_epoch = if crate::gone::gone(c) {
             0
         } else {
@@ -414,20 +406,14 @@ unsafe fn poll_impl(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
         for (e, &i) in tcps.iter().zip(&tcps_at) {
             all[i].revents = e.revents;
         }
-        for ((e, _), &i) in dead.iter().zip(&dead_at) {
-            all[i].revents = e.revents;
-        }
-        for (k, &i) in kernel.iter().zip(&kernel_at) {
-            all[i].revents = k.revents;
-        }
-        return all.iter().filter(|p| p.revents != 0).count() as c_int;
+        return answer(all, (&dead, &dead_at), (&kernel, &kernel_at));
     }
 }
 
 /// poll(2) for a host that uses several servers (`group.rs`): the entries
 /// sorted by server (a listener's siblings are asked too, their events
 /// added to its entry), waited on together (`group_wait.rs`).
-fn poll_group(all: &mut [pollfd], deadline: Option<Instant>, timeout: c_int) -> c_int {
+fn poll_group(all: &mut [pollfd], deadline: Deadline) -> c_int {
     use crate::group_wait::{part_for, wait, Part};
     loop {
         // A server that died is noticed first: its listeners move to
@@ -436,10 +422,7 @@ fn poll_group(all: &mut [pollfd], deadline: Option<Instant>, timeout: c_int) -> 
         state::members().for_each(|(_, c)| {
             crate::gone::gone(c);
         });
-        let left = match deadline {
-            None => timeout,
-            Some(d) => d.saturating_duration_since(Instant::now()).as_millis() as c_int,
-        };
+        let left = deadline.left();
         let (mut parts, mut dead, mut kernel) = (Vec::<Part>::new(), Vec::new(), Vec::new());
         let (mut dead_at, mut kernel_at) = (Vec::new(), Vec::new());
         for (i, p) in all.iter_mut().enumerate() {
@@ -486,13 +469,7 @@ fn poll_group(all: &mut [pollfd], deadline: Option<Instant>, timeout: c_int) -> 
                 all[i].revents |= e.revents;
             }
         }
-        for ((e, _), &i) in dead.iter().zip(&dead_at) {
-            all[i].revents = e.revents;
-        }
-        for (k, &i) in kernel.iter().zip(&kernel_at) {
-            all[i].revents = k.revents;
-        }
-        return all.iter().filter(|p| p.revents != 0).count() as c_int;
+        return answer(all, (&dead, &dead_at), (&kernel, &kernel_at));
     }
 }
 

@@ -97,3 +97,14 @@ real! {
     fcntl: fn(c_int, c_int) -> c_int;
     ioctl: fn(c_int, c_ulong) -> c_int;
 }
+
+/// poll(2) itself on kernel fds: how many are ready, or the errno.
+pub fn poll_fds(fds: &mut [libc::pollfd], timeout: c_int) -> Result<usize, i32> {
+    // SAFETY: `fds` is a valid array of pollfds for its length.
+    let n = unsafe { poll()(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+    if n < 0 {
+        Err(crate::errno::last_errno())
+    } else {
+        Ok(n as usize)
+    }
+}

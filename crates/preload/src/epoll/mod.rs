@@ -38,6 +38,7 @@
 mod entry;
 mod set;
 
+use crate::deadline::Deadline;
 use crate::errno::fail;
 use crate::log::{debug, COUNTERS};
 use crate::{attach, fdtable, poll, real};
@@ -442,18 +443,6 @@ fn has_offloaded(epfd: c_int) -> bool {
     sets().get(&epfd).is_some_and(|s| !s.entries.is_empty())
 }
 
-/// Milliseconds left until `deadline` (`timeout` < 0: -1, forever).
-fn left(deadline: Option<std::time::Instant>, timeout: c_int) -> c_int {
-    match deadline {
-        None if timeout < 0 => -1,
-        None => 0,
-        Some(d) => d
-            .saturating_duration_since(std::time::Instant::now())
-            .as_millis()
-            .min(i32::MAX as u128) as c_int,
-    }
-}
-
 unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
     if !has_offloaded(epfd) {
         return real::epoll_wait()(epfd, events, max, timeout);
@@ -462,11 +451,10 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
         return fail(libc::EINVAL);
     }
     let max = max as usize;
-    let deadline = (timeout > 0)
-        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+    let deadline = Deadline::after(timeout);
     loop {
         let Some(c) = attach::for_existing() else {
-            return real::epoll_wait()(epfd, events, max as c_int, left(deadline, timeout));
+            return real::epoll_wait()(epfd, events, max as c_int, deadline.left());
         };
         // The server died (now or during a wait that failed): `gone.rs`;
         // None: a new server was attached meanwhile (`--reattach`). A
@@ -480,12 +468,12 @@ unsafe fn wait_impl(epfd: c_int, events: *mut epoll_event, max: c_int, timeout: 
             all_gone = dead.iter().all(|&d| d);
         }
         if all_gone {
-            match gone_wait(epfd, events, max, left(deadline, timeout)) {
+            match gone_wait(epfd, events, max, deadline.left()) {
                 Some(n) => return n,
                 None => continue,
             }
         }
-        match live_pass(epfd, events, max, left(deadline, timeout)) {
+        match live_pass(epfd, events, max, deadline.left()) {
             Ok(Some(n)) => return n,
             Ok(None) => {}
             Err(_) if crate::state::members().any(|(_, m)| crate::gone::gone(m)) => {}
@@ -630,10 +618,9 @@ unsafe fn gone_wait(
     if n == max {
         return Some(n as c_int);
     }
-    let deadline = (timeout > 0)
-        .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+    let deadline = Deadline::after(timeout);
     loop {
-        let left = if n > 0 { 0 } else { left(deadline, timeout) };
+        let left = if n > 0 { 0 } else { deadline.left() };
         let k = real::epoll_wait()(
             epfd,
             events.add(n),
