@@ -231,10 +231,18 @@ pub fn note_write(c: &tcps::Client, id: u32) {
     id_state(c, id).wr_seq.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A write or sendfile on `id` found no room (EAGAIN or a short count).
-pub fn note_full(c: &tcps::Client, id: u32) {
-    id_state(c, id).full_seq.fetch_add(1, Ordering::Relaxed);
-    note_rescan();
+/// A send-side call on `id` (write, send*, writev, sendfile) took `took`
+/// of the `asked` bytes; an EAGAIN took none. One that took less than it
+/// was asked leaves the socket waiting for room, and edge-triggered
+/// EPOLLOUT must fire when room appears, as the kernel's SOCK_NOSPACE
+/// makes it: a program that saw EAGAIN or a short count waits for that
+/// edge and for nothing else (nginx does). Every send-side path ends here
+/// with what it returns, so none can leave the edge unarmed.
+pub fn note_sent(c: &tcps::Client, id: u32, asked: u64, took: u64) {
+    if took < asked {
+        id_state(c, id).full_seq.fetch_add(1, Ordering::Relaxed);
+        note_rescan();
+    }
 }
 
 /// Bumped when readiness may have changed in a way the server's ready log

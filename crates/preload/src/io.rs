@@ -81,9 +81,11 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
         }
     };
     match &r {
-        Ok(n) if *n < data.len() => fdtable::note_full(c, id),
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => fdtable::note_full(c, id),
-        _ => {}
+        Ok(n) => fdtable::note_sent(c, id, data.len() as u64, *n as u64),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+            fdtable::note_sent(c, id, data.len() as u64, 0)
+        }
+        Err(_) => {}
     }
     match r {
         Ok(n) => n as ssize_t,

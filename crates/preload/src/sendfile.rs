@@ -179,30 +179,36 @@ unsafe fn offloaded_sendfile(
     }
     crate::fdtable::note_write(c, id);
     let nonblocking = real::fcntl()(out_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+    let (total, err) = queue_or_send(c, id, (file, start as u64, count), nonblocking);
+    // EAGAIN and short counts alike: EPOLLOUT re-arms.
+    crate::fdtable::note_sent(c, id, count, total);
+    debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
+    finish(in_fd, offset, start, total as usize, err)
+}
+
+/// Queues the range on the send queue where it has room (asynchronous),
+/// and sends what a blocking socket still owes (or what a socket without
+/// a queue asks) the synchronous way: the bytes taken, and the errno that
+/// ended it (0: none).
+fn queue_or_send(
+    c: &tcps::Client,
+    id: u32,
+    (file, start, count): (u32, u64, u64),
+    nonblocking: bool,
+) -> (u64, i32) {
     let mut total = 0u64;
-    match crate::sendq::try_sendfile(c, id, nonblocking, (file, start as u64, count)) {
+    match crate::sendq::try_sendfile(c, id, nonblocking, (file, start, count)) {
         Some(Ok(n)) => total = n as u64,
-        Some(Err(e)) => return fail_sending(crate::errno::errno_of(&e)),
+        Some(Err(e)) => return (0, crate::errno::errno_of(&e)),
         None => {}
     }
     let mut err = 0;
     if total == 0 || (total < count && !nonblocking) {
-        let (n, e) = sync_sendfile(
-            c,
-            id,
-            file,
-            start as u64 + total,
-            count - total,
-            nonblocking,
-        );
+        let (n, e) = sync_sendfile(c, id, file, start + total, count - total, nonblocking);
         total += n;
         err = e;
     }
-    if total < count {
-        crate::fdtable::note_full(c, id);
-    }
-    debug!("sendfile(fd {out_fd}, file fd {in_fd}): {total} of {count} bytes queued or sent (errno {err})");
-    finish(in_fd, offset, start, total as usize, err)
+    (total, err)
 }
 
 /// sendfile when attached to a server on another node (`TCPS_REMOTE`)

@@ -55,7 +55,7 @@ pub(super) struct Edges {
     pub(super) full: u32,
     /// The receive or accept ring's edge (None: no ring).
     pub(super) rd_edge: Option<u64>,
-    /// The socket has a send queue (its room is known here).
+    /// The socket's sends are queued here (its room is known here).
     pub(super) queue: bool,
 }
 
@@ -72,7 +72,10 @@ impl Edges {
             } else {
                 None
             },
-            queue: events & EV_OUT != 0 && c.write_edge(id).is_some(),
+            // Room is known here only while sends are queued here: with
+            // asynchronous sends off the queue stays bound but never moves,
+            // and the kernel socket at the server decides.
+            queue: events & EV_OUT != 0 && crate::sendq::enabled() && c.write_edge(id).is_some(),
         }
     }
 }

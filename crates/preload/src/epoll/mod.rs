@@ -14,7 +14,7 @@
 //! end: `Client::read_edge`), whether or not the program read what came
 //! before; EPOLLOUT fires once at registration and then when room appears
 //! after a write found the send queue full (the kernel's SOCK_NOSPACE:
-//! `fdtable::note_full`). When an entry fires it reports everything that
+//! `fdtable::note_sent`). When an entry fires it reports everything that
 //! holds then (EPOLLIN with EPOLLOUT, as the kernel's ready list does), and
 //! an edge is spent by the look that follows it, reported or not. A socket
 //! with no ring (eager receive off, a connect in progress) cannot show its
@@ -284,7 +284,8 @@ fn all_armed(epfd: c_int) -> Vec<crate::group_wait::Part> {
 /// (sticky) entries left on the ready list: the send queue of an entry
 /// that waits for room, the socket of a read side without a ring (which
 /// cannot be watched this way: the sleep then falls back). Empty: nothing
-/// to wait for here.
+/// to wait for here, or something only the server can watch (room in a
+/// socket whose sends are not queued here).
 fn watches(epfd: c_int) -> Vec<(&'static Client, Vec<tcps::EdgeWatch>)> {
     let sets = sets();
     let Some(s) = sets.get(&epfd) else {
@@ -313,12 +314,19 @@ fn watches(epfd: c_int) -> Vec<(&'static Client, Vec<tcps::EdgeWatch>)> {
         if !e.sticky(&x) {
             continue;
         }
+        let wants_room = e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x));
+        if wants_room && !x.queue {
+            // Room that only the server's kernel socket knows of (no send
+            // queue here, or asynchronous sends off: the queue never
+            // moves): no doorbell announces it; the server must be asked.
+            return Vec::new();
+        }
         add(
             c,
             tcps::EdgeWatch {
                 sock: e.id,
                 read: e.events & READ_SIDE != 0 && x.rd_edge.is_none(),
-                write: e.events & EV_OUT != 0 && (e.events & EV_ET == 0 || e.write_pending(&x)),
+                write: wants_room,
             },
         );
     }
