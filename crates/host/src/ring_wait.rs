@@ -210,7 +210,7 @@ impl Client {
     /// published into (bytes, a connection, an end) since `*cursor`, in
     /// publish order, pushed onto `out`; the cursor moves to the end. A
     /// ready list fed by this looks only at sockets that moved. `false`:
-    /// the reader fell more than a log behind and `out` may miss some: look
+    /// the reader fell a whole log behind and `out` may miss some: look
     /// at every socket once.
     pub fn ready_log_since(&self, cursor: &mut u32, out: &mut Vec<u32>) -> bool {
         self.conn.ready_log().read(cursor, out)

@@ -176,6 +176,38 @@ fn ready_log_entry_shows_the_published_ring() {
     });
 }
 
+/// A reader the writer laps while it reads: whatever `read` returns as
+/// whole (`true`) is exactly the ids appended since the cursor, in order,
+/// none lost and none twice; a lapped read says so (`false`). The log has
+/// [`crate::ready_log::READY_LOG_SLOTS`] = 4 slots under loom; the writer
+/// appends six ids, so it overwrites slots the reader may be reading.
+#[test]
+fn ready_log_lapped_reader_is_told() {
+    loom::model(|| {
+        race(
+            ReadyLogCtl::zeroed(),
+            |log| {
+                let r = ReadyLogReader::new(log);
+                // The reader starts a little behind: slot 0 is the one the
+                // writer's fifth append overwrites.
+                let mut cur = 0;
+                let mut ids = Vec::new();
+                if r.read(&mut cur, &mut ids) {
+                    let want: Vec<u32> = (0..cur).map(|seq| 10 + seq).collect();
+                    assert_eq!(ids, want, "a whole read returned the wrong ids");
+                }
+                true
+            },
+            |log| {
+                for seq in 0..6 {
+                    crate::ready_log::append(log, 10 + seq);
+                }
+                true
+            },
+        );
+    });
+}
+
 #[test]
 fn receive_ring_end_never_misses_a_sleeper() {
     loom::model(|| {

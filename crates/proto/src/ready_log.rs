@@ -8,13 +8,14 @@
 //! One log per host region, in the header page at [`READY_LOG_OFFSET`]:
 //! [`READY_LOG_SLOTS`] socket ids and a free-running `tail`. Only the
 //! worker serving the host appends; any number of host readers each keep
-//! their own cursor. A reader that falls more than a log behind has lost
+//! their own cursor. A reader that falls a whole log behind may have lost
 //! entries: it is told so ([`ReadyLogReader::read`] returns `false`) and
 //! looks at every socket once instead.
 //!
 //! Who writes what:
 //!
-//! * server: `slots`, then `tail` (release: a reader that acquires `tail`
+//! * server: `slots` (release: a reader lapped while it read learns it),
+//!   then `tail` (release: a reader that acquires `tail`
 //!   sees the slot and, since the append follows the ring's own `tail`
 //!   store, the ring's new state);
 //! * host: `host_waiting` (a doorbell sleeper watching the whole log, in
@@ -100,7 +101,10 @@ pub(crate) fn append(log: &ReadyLogCtl, id: u32) {
     // The server is the only writer: `tail` is its own value back, unless
     // the host scribbled on it, which the mask keeps inside the slots.
     let t = log.tail.load(Ordering::Relaxed);
-    log.slots[(t & (READY_LOG_SLOTS - 1)) as usize].store(id, Ordering::Relaxed);
+    // Release, so that a reader whose slot load sees this id (lapping an
+    // older one) also sees, after its acquire fence, the `tail` stores
+    // before it, and knows it was lapped (`ReadyLogReader::read`).
+    log.slots[(t & (READY_LOG_SLOTS - 1)) as usize].store(id, Ordering::Release);
     log.tail.store(t.wrapping_add(1), Ordering::Release);
 }
 
@@ -132,25 +136,31 @@ impl<'a> ReadyLogReader<'a> {
 
     /// Pushes the ids appended since `*cursor` onto `out` and moves the
     /// cursor to the end. `false` when some were overwritten before they
-    /// were read (the reader fell more than a log behind): `out` may then
+    /// were read (the reader fell a whole log behind, or was lapped while reading): `out` may then
     /// miss ids, and the caller must look at everything once.
     pub fn read(&self, cursor: &mut u32, out: &mut Vec<u32>) -> bool {
         let tail = self.tail();
         let from = *cursor;
         *cursor = tail;
         let n = tail.wrapping_sub(from);
-        if n > READY_LOG_SLOTS {
+        // A whole log behind: the append of `tail` may be overwriting the
+        // slot of `from` now.
+        if n >= READY_LOG_SLOTS {
             return false;
         }
         for seq in 0..n {
             let slot = (from.wrapping_add(seq) & (READY_LOG_SLOTS - 1)) as usize;
             out.push(self.ctl.slots[slot].load(Ordering::Relaxed));
         }
-        // Slots read above are intact unless the server lapped them
-        // meanwhile: the acquire fence orders their loads before this one.
+        // The slots read above are intact unless the server lapped them
+        // meanwhile. The append of sequence `s` overwrites the slot of
+        // `s - SLOTS` while `tail` is still `s`; the first slot read (of
+        // `from`) goes first, when `s = from + SLOTS`. A slot load that saw
+        // such an id synchronizes (its release store, this acquire fence)
+        // with the append, so the load below sees `tail >= from + SLOTS`.
         fence(Ordering::Acquire);
         let now = self.ctl.tail.load(Ordering::Relaxed);
-        now.wrapping_sub(from) <= READY_LOG_SLOTS
+        now.wrapping_sub(from) < READY_LOG_SLOTS
     }
 
     /// Registers a sleeper on doorbell `slot` on the log and fences
