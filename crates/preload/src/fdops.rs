@@ -147,6 +147,31 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     fcntl(fd, cmd, arg)
 }
 
+/// FIONREAD on a socket without a receive ring: a peek at the server that
+/// counts without copying (up to 256 KiB). A peek that finds nothing
+/// queued but a pending error (ECONNRESET after an RST) consumes the error
+/// at the server, which the kernel's FIONREAD never does: the error is
+/// kept here as pending (`IdState::pending_err`), for the program's next
+/// call and its polls (POLLERR), and the count is 0.
+fn peek_count(c: &tcps::Client, id: u32) -> std::io::Result<usize> {
+    let mut p = [tcps::PollFd {
+        sock: id,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    c.poll(&mut p, 0)?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let r = c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT);
+    match r {
+        // The peek consumed the error at the server: it stays pending here.
+        Err(e) if p[0].revents & libc::POLLERR != 0 && !matches!(errno_of(&e), libc::EAGAIN | libc::ENOTCONN) => {
+            crate::fdtable::keep_error(c, id, errno_of(&e));
+            Ok(0)
+        }
+        r => r,
+    }
+}
+
 /// ioctl(2): FIONBIO and FIONREAD on offloaded sockets; interface ioctls
 /// (SIOC*) are answered by a throwaway kernel socket, as any socket would;
 /// anything else is ENOTTY (and logged).
@@ -176,13 +201,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
                 }
                 // What the receive ring holds, else (no ring) a peek that
                 // counts without copying (up to 256 KiB).
-                let mut buf = Vec::new();
                 let r = match c.ring_pending(id) {
                     Ok(Some(n)) => Ok(n),
-                    Ok(None) => {
-                        buf.resize(256 * 1024, 0u8);
-                        c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT)
-                    }
+                    Ok(None) => peek_count(c, id),
                     Err(e) => Err(e),
                 };
                 match r {

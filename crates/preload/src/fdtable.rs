@@ -53,6 +53,18 @@ pub struct IdState {
     pub siblings: AtomicU32,
     /// What the socket reported of its server's death (`gone.rs`).
     pub reported: AtomicU32,
+    /// Nonzero once the connection was seen broken (a poll reported
+    /// POLLERR or POLLHUP, a receive failed): its sends go the synchronous
+    /// way from then on, so that the kernel's ECONNRESET or EPIPE comes at
+    /// the call, as on a kernel socket, instead of an asynchronous send
+    /// taking bytes the kernel would refuse (`sendq.rs`).
+    pub broken: AtomicU32,
+    /// A socket error the preload took from the server's socket on the
+    /// program's behalf (a FIONREAD peek that found an RST's ECONNRESET,
+    /// which consumes it there): the program's next receive, send or
+    /// SO_ERROR reports it, and polls show POLLERR until then, as the
+    /// kernel's pending `sk_err` (0: none).
+    pub pending_err: AtomicU32,
     /// The attachment epoch whose socket this state is (0: none yet).
     epoch: AtomicU32,
 }
@@ -68,6 +80,8 @@ static IDS: [IdState; MAX_IDS] = [const {
         parent: AtomicU32::new(0),
         siblings: AtomicU32::new(0),
         reported: AtomicU32::new(0),
+        broken: AtomicU32::new(0),
+        pending_err: AtomicU32::new(0),
         epoch: AtomicU32::new(0),
     }
 }; MAX_IDS];
@@ -142,7 +156,7 @@ fn count(epoch: u32, id: u32) {
     }
     if epoch >= owner && st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
         // A new socket under a reused id: its SO_SNDBUF is read anew.
-        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent, &st.siblings] {
+        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent, &st.siblings, &st.broken, &st.pending_err] {
             v.store(0, Ordering::Relaxed);
         }
     }
@@ -229,6 +243,53 @@ pub fn note_read(c: &tcps::Client, id: u32) {
 #[inline]
 pub fn note_write(c: &tcps::Client, id: u32) {
     id_state(c, id).wr_seq.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The program changed `id`'s connection state with its own call (a
+/// connect, a shutdown): edge-triggered interest re-arms in both
+/// directions, as the kernel's state change wakes the socket's waiters in
+/// both. Without this a socket with no receive ring whose read side was
+/// reported before a connect (a fresh socket reports HUP) never reported
+/// the connection's later end or reset.
+pub fn note_state_change(c: &tcps::Client, id: u32) {
+    let st = id_state(c, id);
+    st.rd_seq.fetch_add(1, Ordering::Relaxed);
+    st.wr_seq.fetch_add(1, Ordering::Relaxed);
+    note_rescan();
+}
+
+/// The program saw `id`'s connection broken (see `IdState::broken`).
+pub fn note_broken(c: &tcps::Client, id: u32) {
+    id_state(c, id).broken.store(1, Ordering::Relaxed);
+}
+
+/// Keeps `err` as `id`'s pending socket error (see `IdState::pending_err`).
+pub fn keep_error(c: &tcps::Client, id: u32, err: i32) {
+    let st = id_state(c, id);
+    st.pending_err.store(err as u32, Ordering::Relaxed);
+    st.broken.store(1, Ordering::Relaxed);
+}
+
+/// Takes `id`'s pending socket error, if any (a call reports it once).
+pub fn take_error(c: &tcps::Client, id: u32) -> Option<i32> {
+    let st = id_state(c, id);
+    if st.pending_err.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    match st.pending_err.swap(0, Ordering::Relaxed) {
+        0 => None,
+        e => Some(e as i32),
+    }
+}
+
+/// Whether `id` has a pending socket error (POLLERR).
+pub fn has_error(c: &tcps::Client, id: u32) -> bool {
+    id_state(c, id).pending_err.load(Ordering::Relaxed) != 0
+}
+
+/// Whether `id`'s connection was seen broken.
+pub fn is_broken(c: &tcps::Client, id: u32) -> bool {
+    id_state(c, id).broken.load(Ordering::Relaxed) != 0
 }
 
 /// A send-side call on `id` (write, send*, writev, sendfile) took `took`

@@ -35,6 +35,9 @@ pub unsafe fn recv_id(
     }
     // (Not for a dead socket: its id may be a new attachment's now.)
     fdtable::note_read(c, id);
+    if let Some(e) = fdtable::take_error(c, id) {
+        return fail(e);
+    }
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {
         if buf.is_null() && len > 0 {
             null_recv(c, id, len, flags)
@@ -49,7 +52,13 @@ pub unsafe fn recv_id(
     });
     match r {
         Ok(n) => n as ssize_t,
-        Err(e) => fail(crate::gone::seen_by_call(c, id, errno_of(&e))),
+        Err(e) => {
+            let errno = errno_of(&e);
+            if matches!(errno, libc::ECONNRESET | libc::EPIPE | libc::ETIMEDOUT | libc::EHOSTUNREACH) {
+                fdtable::note_broken(c, id);
+            }
+            fail(crate::gone::seen_by_call(c, id, errno))
+        }
     }
 }
 
@@ -75,9 +84,12 @@ pub unsafe fn send_id(c: &tcps::Client, fd: c_int, id: u32, data: &[u8], flags: 
         Err(err(crate::gone::call_error(c, id, libc::EPIPE)))
     } else {
         fdtable::note_write(c, id);
-        match crate::sendq::try_send(c, fd, id, data, flags) {
-            Some(r) => r,
-            None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
+        match fdtable::take_error(c, id).map(err) {
+            Some(e) => Err(e),
+            None => match crate::sendq::try_send(c, fd, id, data, flags) {
+                Some(r) => r,
+                None => restarting(c, id, libc::SO_SNDTIMEO, || c.send(id, data, flags)),
+            },
         }
     };
     match &r {

@@ -126,7 +126,7 @@ pub fn try_send(
     data: &[u8],
     flags: c_int,
 ) -> Option<io::Result<usize>> {
-    if data.is_empty() || flags & !ASYNC_FLAGS != 0 || !enabled() {
+    if data.is_empty() || flags & !ASYNC_FLAGS != 0 || !enabled() || fdtable::is_broken(c, id) {
         return None;
     }
     let len = data.len() as u64;
@@ -178,7 +178,7 @@ pub fn try_sendfile(
     nonblocking: bool,
     (file, off, count): (u32, u64, u64),
 ) -> Option<io::Result<usize>> {
-    if count == 0 || !enabled() {
+    if count == 0 || !enabled() || fdtable::is_broken(c, id) {
         return None;
     }
     // `u64::MAX`: a failed socket, whose error the submit reports.
@@ -293,6 +293,27 @@ pub fn poll(c: &Client, fds: &mut [PollFd], timeout: c_int) -> io::Result<usize>
 /// (`Client::poll_ranked`; entries made writable here rank as the server
 /// left them).
 pub fn poll_ranked(
+    c: &Client,
+    fds: &mut [PollFd],
+    ranks: &mut [u16],
+    timeout: c_int,
+) -> io::Result<usize> {
+    let r = poll_ranked_here(c, fds, ranks, timeout);
+    for f in fds.iter_mut() {
+        // An error kept here for the program (`IdState::pending_err`).
+        if fdtable::has_error(c, f.sock) {
+            f.revents |= libc::POLLERR;
+        }
+        // A broken connection the program was told of: its next send must
+        // fail at the call as the kernel's does (`IdState::broken`).
+        if f.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            fdtable::note_broken(c, f.sock);
+        }
+    }
+    r.map(|n| n.max(fds.iter().filter(|f| f.revents != 0).count()))
+}
+
+fn poll_ranked_here(
     c: &Client,
     fds: &mut [PollFd],
     ranks: &mut [u16],

@@ -194,7 +194,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     on_socket!(fd, |c, id| {
-        fdtable::note_write(c, id);
+        fdtable::note_state_change(c, id);
+        // A new connection: what a poll said of the unconnected socket
+        // (POLLHUP) is not about it.
+        fdtable::id_state(c, id).broken.store(0, std::sync::atomic::Ordering::Relaxed);
         let r = unit(c.connect_raw(id, addr_bytes(addr, len)));
         debug!("connect(fd {fd}) = {r} (errno {})", if r < 0 { crate::errno::last_errno() } else { 0 });
         r
@@ -295,7 +298,8 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         fd,
         |c, id| {
             let r = unit(c.shutdown(id, how));
-            fdtable::note_rescan(); // epoll sets look again (EPOLLRDHUP, EPOLLHUP)
+            // epoll sets look again (EPOLLRDHUP, EPOLLHUP), in both directions.
+            fdtable::note_state_change(c, id);
             r
         },
         else real::shutdown()(fd, how)
@@ -316,6 +320,13 @@ pub unsafe extern "C" fn getsockopt(
         }
         let room = (*len as usize).min(256);
         let out = std::slice::from_raw_parts_mut(val as *mut u8, room);
+        if (level, name) == (libc::SOL_SOCKET, libc::SO_ERROR) && room >= 4 {
+            if let Some(e) = fdtable::take_error(c, id) {
+                out[..4].copy_from_slice(&e.to_ne_bytes());
+                *len = 4;
+                return 0;
+            }
+        }
         match c.getsockopt(id, level, name, out) {
             Ok(n) => {
                 *len = n as socklen_t;

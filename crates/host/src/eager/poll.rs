@@ -31,8 +31,14 @@ fn ring_revents(
             }
             match end {
                 END_EOF => r |= events & (READABLE | libc::POLLRDHUP),
-                END_ERROR if end_reported => r |= events & (READABLE | libc::POLLRDHUP),
-                END_ERROR => r |= (events & READABLE) | libc::POLLERR,
+                // An error end is a connection the kernel closed (an RST, a
+                // timeout): shut down both ways, so poll reports hang-up
+                // and read hang-up as the kernel's tcp_poll does, and the
+                // error until a call took it.
+                END_ERROR if end_reported => {
+                    r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLHUP
+                }
+                END_ERROR => r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLERR | libc::POLLHUP,
                 _ => {}
             }
             r
@@ -188,11 +194,13 @@ mod tests {
             i | rd
         );
         assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_EOF, false), i);
+        // An error end (an RST): hang-up both ways, the error until taken.
+        let hup = libc::POLLHUP;
         assert_eq!(
-            ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, false),
-            i | libc::POLLERR
+            ring_revents(Mode::Bytes, i | rd, (0, 1), END_ERROR, false),
+            i | rd | libc::POLLERR | hup
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, true), i);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, true), i | hup);
         assert_eq!(ring_revents(Mode::Accept, i, (63, 1), END_NONE, false), 0);
         assert_eq!(ring_revents(Mode::Accept, i, (64, 1), END_NONE, false), i);
         assert_eq!(ring_revents(Mode::Plain, i, (64, 1), END_NONE, false), 0);

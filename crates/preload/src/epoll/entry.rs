@@ -164,6 +164,28 @@ impl Entry {
         }
     }
 
+    /// What a look at an armed entry asks (`fired`: what [`wanted`]
+    /// returned): everything the entry watches, so that a report holds all
+    /// that is ready then, as the kernel's does (its ready list polls the
+    /// whole mask: a reset found by the read side reports EPOLLOUT too).
+    /// Only `fired` (or an error or hang-up) makes it an edge to report.
+    ///
+    /// [`wanted`]: Self::wanted
+    pub(super) fn asked(&self, fired: u32) -> u32 {
+        if fired == 0 {
+            0
+        } else {
+            self.events & (READ_SIDE | EV_OUT)
+        }
+    }
+
+    /// Whether a look that found `revents` (after asking for
+    /// [`asked`](Self::asked)) is an edge of this entry: one of the
+    /// directions that `fired`, an error or a hang-up.
+    pub(super) fn is_edge(&self, fired: u32, revents: u32) -> bool {
+        revents & self.events & (fired | EV_ERR | EV_HUP) != 0 || revents & (EV_ERR | EV_HUP) != 0
+    }
+
     /// The poll events to ask for now (0: nothing armed).
     pub(super) fn wanted(&self, x: &Edges) -> u32 {
         if self.disabled {

@@ -158,6 +158,8 @@ struct Cand {
     epoch: u32,
     id: u32,
     x: Edges,
+    /// The directions that fired (`Entry::wanted`): a report needs one.
+    fired: u32,
     /// What a listener's siblings on other servers have (`group.rs`).
     extra: i16,
 }
@@ -231,11 +233,12 @@ fn candidates(epfd: c_int) -> (Option<Vec<Pass>>, bool) {
                 epoch: e.epoch,
                 id: e.id,
                 x,
+                fired: w,
                 extra: e.sibling_events(w),
             });
             pass.pfds.push(PollFd {
                 sock: e.id,
-                events: w as i16,
+                events: e.asked(w) as i16,
                 revents: 0,
             });
             return true; // `collect` decides
@@ -362,7 +365,11 @@ fn collect(
     // fired entry whose poll finds nothing; a ready entry keeps its edge
     // until it is reported (there may be no room for it in this call).
     for (c, p) in cands.iter().zip(pfds) {
-        if p.revents == 0 {
+        let edge = s
+            .entries
+            .get(&c.fd)
+            .is_some_and(|e| e.is_edge(c.fired, p.revents as u16 as u32));
+        if !edge {
             if let Some(e) = s.entries.get_mut(&c.fd).filter(|e| c.names(e)) {
                 e.rd_edge = c.x.rd_edge.or(e.rd_edge);
             }
@@ -383,7 +390,7 @@ fn collect(
             continue; // closed and reused meanwhile
         }
         let ev = (p.revents as u16 as u32) & (e.events | EV_ERR | EV_HUP);
-        if ev == 0 {
+        if ev == 0 || !e.is_edge(c.fired, ev) {
             e.rd_edge = c.x.rd_edge.or(e.rd_edge);
             continue;
         }
@@ -417,7 +424,7 @@ fn relist(s: &mut Set, cands: &[Cand], pfds: &[PollFd], reported: &[bool]) {
         let Some(e) = s.entries.get_mut(&c.fd).filter(|e| c.names(e)) else {
             continue;
         };
-        let ready = (pfds[i].revents as u16 as u32) & (e.events | EV_ERR | EV_HUP) != 0;
+        let ready = e.is_edge(c.fired, pfds[i].revents as u16 as u32);
         e.listed = if reported[i] {
             e.events & EV_ET == 0 || e.sticky(&c.x)
         } else {
@@ -665,7 +672,14 @@ fn edge_sleep(epfd: c_int, kernel: &mut [libc::pollfd], timeout: c_int) -> Resul
                 return Ok(true);
             }
             let mut r = vec![0u16; p.pfds.len()];
-            if crate::poll::poll_offloaded(p.c, &mut p.pfds, &mut r, 0)? > 0 {
+            if crate::poll::poll_offloaded(p.c, &mut p.pfds, &mut r, 0)? > 0
+                && p.cands.iter().zip(&p.pfds).any(|(c, f)| {
+                    // The look asked for all the entry watches; only a
+                    // direction that fired ends the sleep.
+                    let ev = f.revents as u16 as u32;
+                    ev & (c.fired | EV_ERR | EV_HUP) != 0
+                })
+            {
                 return Ok(true);
             }
         }

@@ -14,6 +14,14 @@ use tracing::debug;
 
 pub(crate) fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res {
     host.socket(sock).ok_or(libc::EBADF)?;
+    if super::eager::recv::has_unread(host, sock) {
+        // Bytes read ahead and never read by the host are, for the peer,
+        // unread data at the close: the kernel then resets the connection
+        // (RST, not FIN), and so must this close.
+        if let Some(s) = host.socket(sock) {
+            reset_at_close(s.fd.as_raw_fd());
+        }
+    }
     // The host reads no more: unbind its ring (or stop pulling) now.
     unbind_eager(cx, host, sock);
     let s = host.socket_mut(sock).ok_or(libc::EBADF)?;
@@ -36,6 +44,14 @@ pub(crate) fn close_socket(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> Res 
         poll::recheck(host, pkey);
     }
     Ok((0, 0))
+}
+
+/// Makes the close of `fd` send an RST (SO_LINGER {1, 0}).
+fn reset_at_close(fd: std::os::fd::RawFd) {
+    // struct linger { int l_onoff; int l_linger; } = { 1, 0 }
+    let mut bytes = [0u8; std::mem::size_of::<libc::linger>()];
+    bytes[..4].copy_from_slice(&1i32.to_ne_bytes());
+    let _ = crate::sys::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &bytes);
 }
 
 /// Socket `sock`'s first parked call that is not a send-queue job.
@@ -117,6 +133,11 @@ fn unbind_eager(cx: &mut Ctx<'_>, host: &mut Host, sid: u32) {
                 sock = id,
                 "closing a connection accepted ahead and never taken"
             );
+            // The kernel resets the connections still in a listener's
+            // queue when it closes: the peer sees an RST, not a FIN.
+            if let Some(s) = host.socket(id) {
+                reset_at_close(s.fd.as_raw_fd());
+            }
             finalize_close(cx, host, id);
         } else if gen == crate::balance::DIRECT_GEN && host.balance.claim(id).is_some() {
             debug!(

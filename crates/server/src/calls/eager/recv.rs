@@ -263,3 +263,19 @@ pub(crate) fn ring_bound(host: &Host, sid: u32) -> bool {
     host.socket(sid)
         .is_some_and(|s| matches!(s.eager, Eager::Recv(_) | Eager::Accept(_)))
 }
+
+/// Whether socket `sid`'s receive ring holds bytes the host never read
+/// (the host's `head`, clamped, behind the published `tail`): a close now
+/// is a close with unread data, which the kernel answers with an RST.
+pub(crate) fn has_unread(host: &Host, sid: u32) -> bool {
+    let Some(sock) = host.sockets.get(sid as usize) else {
+        return false;
+    };
+    let Eager::Recv(st) = &sock.eager else {
+        return false;
+    };
+    let Some(ring) = host.region.recv_ring(sid).map(RecvRingProducer::new) else {
+        return false;
+    };
+    ring.look(st.tail, st.consumed, 1).0 > 0
+}
