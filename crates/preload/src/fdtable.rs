@@ -39,6 +39,10 @@ pub struct IdState {
     /// or a short count): the kernel's SOCK_NOSPACE, after which room
     /// appearing is an EPOLLOUT edge (`epoll.rs`).
     pub full_seq: AtomicU32,
+    /// Bumped when the program changed the socket's state with its own
+    /// call (connect, shutdown): an edge for every edge-triggered entry,
+    /// as the kernel's state change wakes the socket's waiters (`epoll`).
+    pub state_seq: AtomicU32,
     /// SO_SNDBUF as read once for the send queue's bound (0: not read;
     /// `sendq.rs`).
     pub sndbuf: AtomicU32,
@@ -75,6 +79,7 @@ static IDS: [IdState; MAX_IDS] = [const {
         rd_seq: AtomicU32::new(0),
         wr_seq: AtomicU32::new(0),
         full_seq: AtomicU32::new(0),
+        state_seq: AtomicU32::new(0),
         sndbuf: AtomicU32::new(0),
         child_sndbuf: AtomicU32::new(0),
         parent: AtomicU32::new(0),
@@ -255,6 +260,7 @@ pub fn note_state_change(c: &tcps::Client, id: u32) {
     let st = id_state(c, id);
     st.rd_seq.fetch_add(1, Ordering::Relaxed);
     st.wr_seq.fetch_add(1, Ordering::Relaxed);
+    st.state_seq.fetch_add(1, Ordering::Relaxed);
     note_rescan();
 }
 

@@ -38,6 +38,8 @@ pub(super) struct Entry {
     pub(super) rd_edge: Option<u64>,
     /// Edge-triggered: `full_seq` when EPOLLOUT was last reported.
     pub(super) reported_full: u32,
+    /// Edge-triggered: `state_seq` when the entry last reported.
+    pub(super) reported_state: u32,
     /// EPOLLONESHOT fired.
     pub(super) disabled: bool,
     /// On the set's ready list.
@@ -53,6 +55,8 @@ pub(super) struct Edges {
     pub(super) rd: u32,
     pub(super) wr: u32,
     pub(super) full: u32,
+    /// `state_seq`: the program's own state changes (connect, shutdown).
+    pub(super) state: u32,
     /// The receive or accept ring's edge (None: no ring).
     pub(super) rd_edge: Option<u64>,
     /// The socket's sends are queued here (its room is known here).
@@ -67,6 +71,7 @@ impl Edges {
             rd: s.rd_seq.load(Ordering::Relaxed),
             wr: s.wr_seq.load(Ordering::Relaxed),
             full: s.full_seq.load(Ordering::Relaxed),
+            state: s.state_seq.load(Ordering::Relaxed),
             rd_edge: if events & READ_SIDE != 0 {
                 c.read_edge(id)
             } else {
@@ -92,6 +97,7 @@ impl Entry {
             reported_wr: s.wr_seq.load(Ordering::Relaxed).wrapping_sub(1),
             rd_edge: None,
             reported_full: s.full_seq.load(Ordering::Relaxed).wrapping_sub(1),
+            reported_state: s.state_seq.load(Ordering::Relaxed),
             disabled: false,
             listed: false,
             sibs: crate::group::siblings(epoch, id).unwrap_or_default(),
@@ -149,6 +155,9 @@ impl Entry {
         if self.disabled {
             return false;
         }
+        if x.state != self.reported_state {
+            return true;
+        }
         let read = self.events & READ_SIDE != 0 && x.rd_edge.is_none();
         let write = self.events & EV_OUT != 0
             && (self.events & EV_ET == 0 || !x.queue || self.write_pending(x));
@@ -200,6 +209,10 @@ impl Entry {
             None => x.rd != self.reported_rd,
         };
         let write_fired = self.write_pending(x);
+        if x.state != self.reported_state {
+            // The program's own connect or shutdown: an edge both ways.
+            return all;
+        }
         if x.rd_edge.is_some() || x.queue {
             // An edge reports all that holds, as the kernel's does.
             let fired = (read_fired && all & READ_SIDE != 0) || (write_fired && all & EV_OUT != 0);
@@ -249,6 +262,7 @@ mod tests {
             reported_wr: 9,
             rd_edge: Some(100),
             reported_full: 3,
+            reported_state: 0,
             disabled: false,
             listed: false,
             sibs: Vec::new(),
@@ -261,6 +275,7 @@ mod tests {
             rd,
             wr,
             full,
+            state: 0,
             rd_edge,
             queue,
         }

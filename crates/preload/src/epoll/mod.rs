@@ -403,6 +403,7 @@ fn collect(
                 e.reported_wr = c.x.wr;
                 e.reported_full = c.x.full;
             }
+            e.reported_state = c.x.state;
         }
         if e.events & EV_ONESHOT != 0 {
             e.disabled = true;

@@ -205,7 +205,9 @@ pub(crate) fn poll_revents(host: &Host, sid: u32, events: i16) -> i16 {
         }
         match end {
             Some(Ok(())) => r |= want_in | (want & libc::POLLRDHUP),
-            Some(Err(_)) => r |= want_in | libc::POLLERR,
+            // An error end: the kernel closed the connection (an RST, a
+            // timeout), shut down both ways, as its tcp_poll says.
+            Some(Err(_)) => r |= want | libc::POLLERR | libc::POLLHUP,
             None => {}
         }
         r
