@@ -1,0 +1,159 @@
+//! Handing an offloaded socket to an exec'd program, as inetd, CGI runners
+//! and supervisors do, behaves as on kernel sockets.
+//!
+//! `tests/preload/handoff.c` and `handoff.py` accept a connection, hand it
+//! to `/bin/cat` as its stdin and stdout (CPython's `subprocess.Popen`, which
+//! uses vfork; Popen with `preexec_fn`, which forks; C vfork + dup2 +
+//! execv; fork + execl, execlp and execle; posix_spawn with dup2 file
+//! actions), then send 48 KiB through the connection's peer and read cat's
+//! echo to EOF. Each case runs on kernel sockets and under
+//! `tcps run --fallback fail`: the peer must get the same bytes (SHA-256),
+//! cat must see EOF and exit 0, and the parent's own stdout must get exactly
+//! its own lines (a vfork child that rewrote the parent's descriptor table
+//! sent them to the peer). Every run is bounded: a hang fails the test.
+
+mod common;
+mod preload;
+
+use common::{die_with_parent, hex, sha256, wait_timeout, Server, TempDir, TCPS};
+use preload::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const C_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/handoff.c");
+const PY_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/handoff.py");
+
+/// What the peer got from cat and what the parent printed.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    received: String,
+    stdout: String,
+}
+
+fn build(dir: &Path) -> PathBuf {
+    let exe = dir.join("handoff");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(C_SRC)
+        .output()
+        .expect("cc");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// Runs `argv` (its last argument is where the peer's bytes go) on `net`,
+/// bounded; through tcps with `--fallback fail` and without balancing, and
+/// checks that the sockets were offloaded.
+fn run(net: Net, srv: &Server, dir: &Path, tag: &str, argv: &[&str]) -> Outcome {
+    let tag = format!("{tag}-{net:?}");
+    let got = dir.join(format!("{tag}.got"));
+    let (out, err) = (dir.join(format!("{tag}.out")), dir.join(format!("{tag}.err")));
+    let stats = dir.join(format!("{tag}.stats"));
+    let mut c = match net {
+        Net::Kernel => Command::new(argv[0]),
+        Net::Tcps => {
+            let mut c = Command::new(TCPS);
+            c.args(["run", "--fallback", "fail", "--socket"]).arg(&srv.socket);
+            c.arg("--").arg(argv[0]);
+            c
+        }
+    };
+    c.args(&argv[1..])
+        .arg(&got)
+        .env("TCPS_PRELOAD_LIB", preload_lib())
+        .env("TCPS_PRELOAD_STATS", &stats)
+        .env("TCPS_BALANCE", "0")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"));
+    die_with_parent(&mut c);
+    let mut child = c.spawn().expect("spawn");
+    let Some(st) = wait_timeout(&mut child, Duration::from_secs(40)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{tag}: hangs (killed after 40 s); stderr:\n{}", read(&err));
+    };
+    assert!(st.success(), "{tag}: {st}; stderr:\n{}", read(&err));
+    if net == Net::Tcps {
+        let s = summaries(&stats);
+        assert!(
+            s.iter().any(|s| s.offloaded >= 3 && s.kernel_tcp == 0 && s.direct == 0),
+            "{tag}: not offloaded: {s:?}; stderr:\n{}",
+            read(&err)
+        );
+    }
+    let bytes = std::fs::read(&got).unwrap_or_default();
+    Outcome {
+        received: format!("{} bytes, sha256 {}", bytes.len(), hex(&sha256(&bytes))),
+        stdout: read(&out),
+    }
+}
+
+/// The case on kernel sockets, then through tcps: the same outcome, the
+/// one expected.
+fn same_as_kernel(tag: &str, argv: &[&str]) {
+    let srv = Server::start("uring", &[]);
+    let dir = TempDir::new(&format!("exec-{tag}"));
+    let kernel = run(Net::Kernel, &srv, dir.path(), tag, argv);
+    let payload: Vec<u8> = (0..48 * 1024usize).map(|i| (i * 7 + i / 251) as u8).collect();
+    let want = Outcome {
+        received: format!("{} bytes, sha256 {}", payload.len(), hex(&sha256(&payload))),
+        stdout: "parent stdout line\ncat: exit 0\n".into(),
+    };
+    assert_eq!(kernel, want, "{tag}: on kernel sockets");
+    let tcps = run(Net::Tcps, &srv, dir.path(), tag, argv);
+    assert_eq!(tcps, kernel, "{tag}: through tcps (right: kernel)");
+}
+
+fn c_case(mode: &str) {
+    let dir = TempDir::new("exec-build");
+    let exe = build(dir.path());
+    same_as_kernel(mode, &[exe.to_str().unwrap(), mode]);
+}
+
+fn py_case(mode: &str) {
+    need("python3");
+    same_as_kernel(mode, &["python3", PY_SRC, mode]);
+}
+
+/// CPython's `subprocess.Popen` (vfork in `_posixsubprocess`) with the
+/// connection as stdin and stdout; the parent's stdout stays its own.
+#[test]
+fn python_popen_vfork() {
+    py_case("popen");
+}
+
+/// The same with `preexec_fn` (CPython then forks).
+#[test]
+fn python_popen_preexec_fork() {
+    py_case("preexec");
+}
+
+#[test]
+fn c_vfork_dup2_execv() {
+    c_case("vfork_execv");
+}
+
+#[test]
+fn c_fork_execl() {
+    c_case("fork_execl");
+}
+
+#[test]
+fn c_fork_execlp() {
+    c_case("fork_execlp");
+}
+
+#[test]
+fn c_fork_execle() {
+    c_case("fork_execle");
+}
+
+/// posix_spawn (glibc: clone(CLONE_VM|CLONE_VFORK), its own dup2 and
+/// execve inside libc) with `posix_spawn_file_actions_adddup2`.
+#[test]
+fn c_posix_spawn_dup2() {
+    c_case("spawn");
+}
