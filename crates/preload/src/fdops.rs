@@ -14,7 +14,7 @@ use libc::{c_int, c_ulong, c_void};
 
 /// Drops `fd` from the table (if offloaded) after the kernel closed or
 /// replaced it; closes the tcps socket with its last fd.
-fn forget(fd: c_int) {
+pub(crate) fn forget(fd: c_int) {
     if let Some((epoch, id, last)) = fdtable::remove(fd) {
         epoll::forget_fd(fd);
         if last {
@@ -30,9 +30,20 @@ fn forget(fd: c_int) {
     }
 }
 
+/// Whether this call touches an offloaded socket from a child that shares
+/// its parent's memory (`state::in_shared_child`): then only the real call
+/// is made, on the child's own descriptor table; the library's tables and
+/// the server are the parent's and stay as they are.
+fn shared_child_on(fds: &[c_int]) -> bool {
+    fds.iter().any(|&fd| fdtable::lookup(fd).is_some()) && state::in_shared_child()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fdtable::lookup(fd).is_some() {
+        if shared_child_on(&[fd]) {
+            return real::close()(fd);
+        }
         forget(fd);
     } else {
         epoll::forget_set(fd);
@@ -81,12 +92,15 @@ fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if shared_child_on(&[fd]) {
+        return real::dup()(fd);
+    }
     dup_entry(fd, real::dup()(fd))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
-    if fd == nfd {
+    if fd == nfd || shared_child_on(&[fd, nfd]) {
         return real::dup2()(fd, nfd);
     }
     let r = real::dup2()(fd, nfd);
@@ -98,6 +112,9 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    if shared_child_on(&[fd, nfd]) {
+        return real::dup3()(fd, nfd, flags);
+    }
     let r = real::dup3()(fd, nfd, flags);
     if r >= 0 && fd != nfd {
         forget(nfd);
@@ -110,6 +127,9 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
 /// calling conventions pass in the same register as a named argument.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if shared_child_on(&[fd]) {
+        return real::fcntl()(fd, cmd, arg);
+    }
     on_socket!(fd, |c, id| {
         match cmd {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_entry(fd, real::fcntl()(fd, cmd, arg)),
@@ -152,6 +172,9 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// anything else is ENOTTY (and logged).
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if shared_child_on(&[fd]) {
+        return real::ioctl()(fd, req, arg);
+    }
     on_socket!(fd, |c, id| {
         match req {
             libc::FIONCLEX | libc::FIOCLEX => {
