@@ -11,6 +11,11 @@
 //! cat must see EOF and exit 0, and the parent's own stdout must get exactly
 //! its own lines (a vfork child that rewrote the parent's descriptor table
 //! sent them to the peer). Every run is bounded: a hang fails the test.
+//!
+//! A connection whose first bytes the server already read ahead (into the
+//! process's memory) cannot become a kernel socket with them: that
+//! hand-off is refused at the call, with EBUSY and one line on stderr,
+//! instead of a child that waits for ever on a dead descriptor.
 
 mod common;
 mod preload;
@@ -24,11 +29,21 @@ use std::time::Duration;
 const C_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/handoff.c");
 const PY_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/handoff.py");
 
-/// What the peer got from cat and what the parent printed.
+/// What the peer got from cat, what the parent printed, and its stderr.
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
     received: String,
     stdout: String,
+    stderr: String,
+}
+
+/// 48 KiB of the programs' pattern.
+fn payload() -> Vec<u8> {
+    (0..48 * 1024usize).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+fn digest(bytes: &[u8]) -> String {
+    format!("{} bytes, sha256 {}", bytes.len(), hex(&sha256(bytes)))
 }
 
 fn build(dir: &Path) -> PathBuf {
@@ -84,10 +99,10 @@ fn run(net: Net, srv: &Server, dir: &Path, tag: &str, argv: &[&str]) -> Outcome 
             read(&err)
         );
     }
-    let bytes = std::fs::read(&got).unwrap_or_default();
     Outcome {
-        received: format!("{} bytes, sha256 {}", bytes.len(), hex(&sha256(&bytes))),
+        received: digest(&std::fs::read(&got).unwrap_or_default()),
         stdout: read(&out),
+        stderr: read(&err),
     }
 }
 
@@ -97,10 +112,10 @@ fn same_as_kernel(tag: &str, argv: &[&str]) {
     let srv = Server::start("uring", &[]);
     let dir = TempDir::new(&format!("exec-{tag}"));
     let kernel = run(Net::Kernel, &srv, dir.path(), tag, argv);
-    let payload: Vec<u8> = (0..48 * 1024usize).map(|i| (i * 7 + i / 251) as u8).collect();
     let want = Outcome {
-        received: format!("{} bytes, sha256 {}", payload.len(), hex(&sha256(&payload))),
+        received: digest(&payload()),
         stdout: "parent stdout line\ncat: exit 0\n".into(),
+        stderr: String::new(),
     };
     assert_eq!(kernel, want, "{tag}: on kernel sockets");
     let tcps = run(Net::Tcps, &srv, dir.path(), tag, argv);
@@ -156,4 +171,28 @@ fn c_fork_execle() {
 #[test]
 fn c_posix_spawn_dup2() {
     c_case("spawn");
+}
+
+/// The peer's first bytes were read ahead before the hand-off: on the
+/// kernel cat echoes everything; through tcps Popen fails with EBUSY, one
+/// line on stderr says why, and the peer gets the connection's end
+/// (nothing), in bounded time.
+#[test]
+fn python_popen_after_read_ahead_refused_loudly() {
+    need("python3");
+    let srv = Server::start("uring", &[]);
+    let dir = TempDir::new("exec-early");
+    let argv = ["python3", PY_SRC, "early"];
+    let kernel = run(Net::Kernel, &srv, dir.path(), "early", &argv);
+    assert_eq!(kernel.received, digest(&payload()), "on kernel sockets");
+    assert_eq!(kernel.stdout, "parent stdout line\ncat: exit 0\n");
+    let tcps = run(Net::Tcps, &srv, dir.path(), "early", &argv);
+    assert_eq!(tcps.received, digest(b""), "through tcps");
+    assert_eq!(tcps.stdout, "hand-off refused: EBUSY\nparent stdout line\n");
+    let said: Vec<&str> = tcps.stderr.lines().collect();
+    assert!(
+        said.len() == 1 && said[0].contains("cannot be handed to another program"),
+        "one line on stderr expected:\n{}",
+        tcps.stderr
+    );
 }

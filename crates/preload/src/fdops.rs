@@ -18,6 +18,7 @@ pub(crate) fn forget(fd: c_int) {
     if let Some((epoch, id, last)) = fdtable::remove(fd) {
         epoll::forget_fd(fd);
         if last {
+            crate::handoff::forget_refused(epoch, id);
             // At the attachment the socket was made in (a dead one only
             // closes this process's own descriptor of it).
             if let Some(c) = state::client_at(epoch) {

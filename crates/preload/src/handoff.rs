@@ -14,6 +14,7 @@
 use crate::log::{debug, emit};
 use crate::{control, fdtable, real, state};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
 use tcps_proto::handshake::ControlMsg;
 
 /// Hands back every offloaded socket that an fd without FD_CLOEXEC names
@@ -54,13 +55,38 @@ pub fn hand_back_fd(fd: i32) -> Result<(), i32> {
     hand_back_id(epoch, c, fd, id)
 }
 
+/// Sockets whose hand-back failed, with the errno: said once, and the
+/// same errno again for another fd naming it or a later exec (after
+/// close_range closed the control socket, a second try could only say
+/// EBADF).
+static REFUSED: Mutex<Vec<(u32, u32, i32)>> = Mutex::new(Vec::new());
+
+fn refused(epoch: u32, id: u32) -> Option<i32> {
+    let r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
+    r.iter().find(|&&(e, i, _)| (e, i) == (epoch, id)).map(|&(_, _, errno)| errno)
+}
+
+/// Socket `id` of `epoch` is closed: its id may name another one next.
+pub fn forget_refused(epoch: u32, id: u32) {
+    let mut r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
+    if !r.is_empty() {
+        r.retain(|&(e, i, _)| (e, i) != (epoch, id));
+    }
+}
+
 /// Takes socket `id` (named by `fd`) of attachment `c` out of its server
 /// and puts the kernel socket over every fd naming it.
 fn hand_back_id(epoch: u32, c: &'static tcps::Client, fd: i32, id: u32) -> Result<(), i32> {
     if fdtable::lookup_at(fd) != Some((epoch, id)) {
         return Ok(()); // handed back already through another fd
     }
-    let kernel = export(c, fd, id)?;
+    if let Some(errno) = refused(epoch, id) {
+        return Err(errno);
+    }
+    let kernel = export(c, fd, id).inspect_err(|&errno| {
+        let mut r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
+        r.push((epoch, id, errno));
+    })?;
     // This process's own descriptor of it (`tcps::Client::kernel_fds`)
     // must not keep it open should the exec fail.
     c.forget_kernel_fd(id);
