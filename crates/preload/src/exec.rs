@@ -3,17 +3,22 @@
 //! An attachment cannot cross exec(2) (the new image has a fresh library
 //! and the control socket is close-on-exec). So before exec, every
 //! offloaded socket whose fd is not FD_CLOEXEC is taken out of the server
-//! (`ControlMsg::Export`) and its kernel socket is dup2()ed over the
-//! placeholder, with the placeholder's O_NONBLOCK: the new program finds a
-//! plain kernel socket, connected and with its data, at the same fd number.
-//! Close-on-exec sockets are simply closed by the exec (the server closes
-//! them when the old image's control socket goes).
+//! and its kernel socket put over the placeholder (`handoff.rs`): the new
+//! program finds a plain kernel socket, connected and with its data, at
+//! the same fd number. Close-on-exec sockets are simply closed by the exec
+//! (the server closes them when the old image's control socket goes).
 //!
-//! Only execve, execv, execvp, execvpe and fexecve are interposed (the
-//! variadic execl* cannot be defined in stable Rust). If exec fails, the
-//! handed-back sockets stay kernel sockets. A socket the server cannot hand
-//! over (calls parked on it, an asynchronous send queue) stays a
-//! placeholder, and is lost to the new image (logged).
+//! execve, execv, execvp, execvpe and fexecve are interposed here, the
+//! variadic execl, execlp and execle in `execl.rs`, posix_spawn in
+//! `spawn.rs`. If exec fails, the handed-back sockets stay kernel sockets.
+//! A socket the server cannot hand over (bytes it read ahead that the
+//! program has not taken, calls parked on it) makes the exec fail with the
+//! errno (EBUSY) and a line on stderr: the new program would otherwise hold
+//! a dead placeholder and wait on it for ever.
+//!
+//! A child that shares its parent's memory (`state::in_shared_child`) must
+//! leave the parent's tables and attachment alone: see
+//! [`shared_child_check`].
 //!
 //! Settings: the new image reads its `TCPS_*` settings from the
 //! environment exec gives it. If that environment still loads this library
