@@ -196,3 +196,27 @@ fn python_popen_after_read_ahead_refused_loudly() {
         tcps.stderr
     );
 }
+
+/// A child made with clone(CLONE_VM|CLONE_VFORK) (which no interposed
+/// function sees) shares its parent's memory: its dup2 must not change
+/// the parent's tables, and its exec, which cannot hand the socket back, is
+/// refused with one line on stderr. The parent's stdout stays its own.
+#[test]
+fn c_clone_vm_child_leaves_the_parent_alone() {
+    let dir = TempDir::new("exec-clone");
+    let exe = build(dir.path());
+    let srv = Server::start("uring", &[]);
+    let argv = [exe.to_str().unwrap(), "clone_vm"];
+    let kernel = run(Net::Kernel, &srv, dir.path(), "clone", &argv);
+    assert_eq!(kernel.received, digest(&payload()), "on kernel sockets");
+    assert_eq!(kernel.stdout, "parent stdout line\ncat: exit 0\n");
+    let tcps = run(Net::Tcps, &srv, dir.path(), "clone", &argv);
+    assert_eq!(tcps.stdout, "parent stdout line\nhand-off refused: Device or resource busy, status 127\n");
+    assert_eq!(tcps.received, digest(b""), "through tcps: nothing sent");
+    let said: Vec<&str> = tcps.stderr.lines().collect();
+    assert!(
+        said.len() == 1 && said[0].contains("exec refused (EBUSY)"),
+        "one line on stderr expected:\n{}",
+        tcps.stderr
+    );
+}

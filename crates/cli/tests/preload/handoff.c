@@ -3,15 +3,21 @@
  * connection's peer (a socket of this same process):
  *
  *   handoff MODE OUT    MODE: vfork_execv | fork_execl | fork_execlp |
- *                             fork_execle | spawn
+ *                             fork_execle | spawn | clone_vm
  *
  * The parent closes its copy, sends a payload, shuts its writing side
  * down and reads cat's echo to EOF into the file OUT; cat must then see
  * EOF and exit 0. Stdout gets the parent's own lines only. SIGALRM bounds
- * the whole run (a hang is a failure). */
+ * the whole run (a hang is a failure).
+ *
+ * clone_vm: the child is made with clone(CLONE_VM|CLONE_VFORK), which the
+ * preload cannot see: it shares the parent's memory, so through tcps its
+ * exec is refused (status 127, the line "hand-off refused" on stdout and
+ * nothing sent), and the parent's own descriptors must stay its own. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sched.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +30,29 @@ extern char **environ;
 
 static void die(const char *what) { perror(what); exit(2); }
 
+/* Set by the clone_vm child (it shares our memory) when its exec failed. */
+static volatile int exec_failed;
+
+/* The clone_vm child: cat with the socket as fd 0 and fd 1. */
+static int clone_child(void *arg) {
+    int s = *(int *)arg;
+    if (dup2(s, 0) != 0 || dup2(s, 1) != 1) return 126;
+    char *argv[] = {"cat", NULL};
+    execv("/bin/cat", argv);
+    exec_failed = errno;
+    return 127;
+}
+
 /* Starts cat with `s` as fd 0 and fd 1. */
 static pid_t start_cat(const char *mode, int s) {
+    if (!strcmp(mode, "clone_vm")) {
+        static char stack[256 * 1024];
+        static int arg;
+        arg = s;
+        pid_t p = clone(clone_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &arg);
+        if (p < 0) die("clone");
+        return p;
+    }
     if (!strcmp(mode, "spawn")) {
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
@@ -71,11 +98,19 @@ int main(int argc, char **argv) {
     int s = accept(l, NULL, NULL);
     if (s < 0) die("accept");
     pid_t p = start_cat(argv[1], s);
+    /* CLONE_VFORK: the child has exec'd or given up by now. */
+    int st;
     close(s);
     /* Right after the hand-off: a parent whose fd 1 was remapped would
      * send this line to the peer. */
     printf("parent stdout line\n");
     fflush(stdout);
+    if (exec_failed) {
+        if (waitpid(p, &st, 0) != p) die("waitpid");
+        printf("hand-off refused: %s, status %d\n", strerror(exec_failed),
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        return 0;
+    }
     /* 48 KiB of a fixed pattern, in pieces. */
     static char buf[48 * 1024];
     for (size_t i = 0; i < sizeof buf; i++) buf[i] = (char)(i * 7 + i / 251);
@@ -93,7 +128,6 @@ int main(int argc, char **argv) {
     if (n < 0) die("read");
     fclose(out);
     close(c);
-    int st;
     if (waitpid(p, &st, 0) != p) die("waitpid");
     printf("cat: %s %d\n", WIFEXITED(st) ? "exit" : "signal",
            WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
