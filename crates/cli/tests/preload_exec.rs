@@ -4,7 +4,8 @@
 //! `tests/preload/handoff.c` and `handoff.py` accept a connection, hand it
 //! to `/bin/cat` as its stdin and stdout (CPython's `subprocess.Popen`, which
 //! uses vfork; Popen with `preexec_fn`, which forks; C vfork + dup2 +
-//! execv; fork + execl, execlp and execle; posix_spawn with dup2 file
+//! execv; fork + execl, execlp and execle; fork, close() of every fd above
+//! 2, execv; posix_spawn with dup2 file
 //! actions), then send 48 KiB through the connection's peer and read cat's
 //! echo to EOF. Each case runs on kernel sockets and under
 //! `tcps run --fallback fail`: the peer must get the same bytes (SHA-256),
@@ -164,6 +165,13 @@ fn c_fork_execlp() {
 #[test]
 fn c_fork_execle() {
     c_case("fork_execle");
+}
+
+/// The forked child closes every descriptor above 2 (the library's control
+/// socket among them) with close() before execv.
+#[test]
+fn c_fork_close_all_execv() {
+    c_case("fork_closeall");
 }
 
 /// posix_spawn (glibc: clone(CLONE_VM|CLONE_VFORK), its own dup2 and

@@ -47,6 +47,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         }
         forget(fd);
     } else {
+        if crate::handoff::is_control_fd(fd) {
+            // A program closing every descriptor before exec.
+            crate::handoff::before_closing(fd as u32, fd as u32);
+        }
         epoll::forget_set(fd);
     }
     real::close()(fd)

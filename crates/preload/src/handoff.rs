@@ -41,6 +41,27 @@ pub fn hand_back() -> Result<(), i32> {
     first_err
 }
 
+/// Whether `fd` is the control socket of one of this process's live
+/// attachments.
+pub fn is_control_fd(fd: i32) -> bool {
+    state::mode() == state::Mode::Offload && state::members().any(|(_, c)| c.control_fd() == fd)
+}
+
+/// The program closes descriptors `first..=last`: if the library's control
+/// socket is among them the attachment ends there, so what must cross an
+/// exec (the program is about to exec: CPython's subprocess, a daemon
+/// closing every descriptor) is handed back first; a socket that cannot
+/// be is said on stderr, and its exec refused.
+pub fn before_closing(first: u32, last: u32) {
+    if state::in_shared_child() {
+        return;
+    }
+    let within = |fd: i32| u32::try_from(fd).is_ok_and(|fd| (first..=last).contains(&fd));
+    if state::members().any(|(_, c)| within(c.control_fd())) {
+        let _ = hand_back();
+    }
+}
+
 /// Hands back the socket `fd` names, whatever its flags (posix_spawn's
 /// dup2 file action will give it to the child). Ok if `fd` is not offloaded.
 pub fn hand_back_fd(fd: i32) -> Result<(), i32> {

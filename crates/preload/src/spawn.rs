@@ -13,8 +13,9 @@
 //! above 2 between fork and exec) would close the library's own
 //! descriptors (the control socket) under it, and offloaded sockets without
 //! their close reaching the server. Over the control socket, the sockets
-//! that cross exec are handed back first; offloaded sockets in the range
-//! are closed as close() would; then the real call. `docs/PRELOAD.md`
+//! that cross exec are handed back first (`handoff::before_closing`, which
+//! a plain close() of the control socket runs too); offloaded sockets in
+//! the range are closed as close() would; then the real call. `docs/PRELOAD.md`
 //! ("exec").
 
 use crate::{exec, fdops, fdtable, handoff, state};
@@ -84,12 +85,8 @@ fn before_closing(first: c_uint, last: c_uint) {
     if first > last || state::in_shared_child() {
         return;
     }
+    handoff::before_closing(first, last);
     let within = |fd: c_int| u32::try_from(fd).is_ok_and(|fd| (first..=last).contains(&fd));
-    if state::members().any(|(_, c)| within(c.control_fd())) {
-        // The attachment ends here: what must cross an exec leaves it now
-        // (a socket that cannot is said on stderr, and its exec refused).
-        let _ = handoff::hand_back();
-    }
     for (fd, _, _) in fdtable::all_at() {
         if within(fd) {
             fdops::forget(fd);

@@ -3,12 +3,16 @@
  * connection's peer (a socket of this same process):
  *
  *   handoff MODE OUT    MODE: vfork_execv | fork_execl | fork_execlp |
- *                             fork_execle | spawn | clone_vm
+ *                             fork_execle | fork_closeall | spawn |
+ *                             clone_vm
  *
  * The parent closes its copy, sends a payload, shuts its writing side
  * down and reads cat's echo to EOF into the file OUT; cat must then see
  * EOF and exit 0. Stdout gets the parent's own lines only. SIGALRM bounds
  * the whole run (a hang is a failure).
+ *
+ * fork_closeall: the child closes every descriptor above 2 with close()
+ * before execv, as daemons and older runtimes do.
  *
  * clone_vm: the child is made with clone(CLONE_VM|CLONE_VFORK), which the
  * preload cannot see: it shares the parent's memory, so through tcps its
@@ -77,6 +81,10 @@ static pid_t start_cat(const char *mode, int s) {
             execl("/bin/cat", "cat", (char *)NULL);
         } else if (!strcmp(mode, "fork_execlp")) {
             execlp("cat", "cat", (char *)NULL);
+        } else if (!strcmp(mode, "fork_closeall")) {
+            for (int fd = 3; fd < 65536; fd++) close(fd);
+            char *argv[] = {"cat", NULL};
+            execv("/bin/cat", argv);
         } else if (!strcmp(mode, "fork_execle")) {
             execle("/bin/cat", "cat", (char *)NULL, environ);
         }
