@@ -132,7 +132,11 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
 /// calling conventions pass in the same register as a named argument.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    if shared_child_on(&[fd]) {
+    let changes = matches!(
+        cmd,
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFL | libc::F_SETFD
+    );
+    if changes && shared_child_on(&[fd]) {
         return real::fcntl()(fd, cmd, arg);
     }
     on_socket!(fd, |c, id| {
@@ -177,7 +181,8 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// anything else is ENOTTY (and logged).
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    if shared_child_on(&[fd]) {
+    let changes = matches!(req, libc::FIONCLEX | libc::FIOCLEX | libc::FIONBIO);
+    if changes && shared_child_on(&[fd]) {
         return real::ioctl()(fd, req, arg);
     }
     on_socket!(fd, |c, id| {
