@@ -228,3 +228,32 @@ fn c_clone_vm_child_leaves_the_parent_alone() {
         tcps.stderr
     );
 }
+
+/// The variadic exec family reads its whole list (beyond the argument
+/// registers, and execle's environment after it) as libc does: the same
+/// output with the library preloaded as without.
+#[test]
+fn execl_family_argument_lists_as_libc() {
+    let dir = TempDir::new("exec-args");
+    let exe = dir.path().join("execl_args");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/execl_args.c");
+    let out = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src).output().expect("cc");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    for mode in ["l", "lp", "le", "l0"] {
+        let outputs: Vec<String> = [false, true]
+            .iter()
+            .map(|&preload| {
+                let mut c = Command::new(&exe);
+                c.arg(mode).env("TCPS_FALLBACK_QUIET", "1");
+                if preload {
+                    c.env("LD_PRELOAD", preload_lib());
+                }
+                let o = c.output().expect("run execl_args");
+                assert!(o.status.success(), "{mode} (preload {preload}): {o:?}");
+                String::from_utf8_lossy(&o.stdout).into_owned()
+            })
+            .collect();
+        assert!(!outputs[0].is_empty() || mode == "l0", "{mode}: no output");
+        assert_eq!(outputs[1], outputs[0], "{mode}: with the library (right: without)");
+    }
+}
