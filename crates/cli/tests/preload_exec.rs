@@ -205,6 +205,21 @@ fn python_popen_after_read_ahead_refused_loudly() {
     );
 }
 
+/// The same hand-off with a server that does not read ahead
+/// (`--eager-recv off`): the first bytes wait in the kernel socket, and cat
+/// gets everything, as on the kernel.
+#[test]
+fn python_popen_after_read_ahead_with_eager_recv_off() {
+    need("python3");
+    let srv = Server::start("uring", &["--eager-recv", "off"]);
+    let dir = TempDir::new("exec-early-off");
+    let argv = ["python3", PY_SRC, "early"];
+    let kernel = run(Net::Kernel, &srv, dir.path(), "early-off", &argv);
+    assert_eq!(kernel.received, digest(&payload()), "on kernel sockets");
+    let tcps = run(Net::Tcps, &srv, dir.path(), "early-off", &argv);
+    assert_eq!(tcps, kernel, "through tcps (right: kernel)");
+}
+
 /// A child made with clone(CLONE_VM|CLONE_VFORK) (which no interposed
 /// function sees) shares its parent's memory: its dup2 must not change
 /// the parent's tables, and its exec, which cannot hand the socket back, is

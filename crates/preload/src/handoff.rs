@@ -134,7 +134,7 @@ fn export(c: &tcps::Client, fd: i32, id: u32) -> Result<OwnedFd, i32> {
         Err(e) => e,
     };
     let why = match errno {
-        libc::EBUSY => "the server holds bytes or connections it read ahead that the program has not taken, or calls wait on it",
+        libc::EBUSY => "the server holds bytes or connections it read ahead that the program has not taken (a server run with --eager-recv off leaves them in the kernel), or calls wait on it",
         libc::EBADF => "the attachment's control socket is closed",
         _ => "the server refused",
     };
