@@ -25,7 +25,7 @@ pub fn hand_back() -> Result<(), i32> {
     let mut first_err = Ok(());
     // The current attachment's sockets, or each server's of a group (a
     // dead one's have nothing to hand back).
-    for (epoch, c) in state::members() {
+    for (epoch, c) in state::members().filter(|(_, c)| c.is_attached()) {
         crate::sendq::flush_all(c);
         for (fd, id) in fdtable::all_in(epoch) {
             // SAFETY: F_GETFD on an fd we track.
