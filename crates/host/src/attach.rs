@@ -56,6 +56,12 @@ pub fn last_attach_error() -> String {
         .unwrap_or_else(|p| p.into_inner().clone())
 }
 
+/// Held across fork by the preload library (`crates/preload/src/fork.rs`):
+/// a child must not inherit it locked by another thread of its parent.
+pub fn attach_error_lock_for_fork() -> std::sync::MutexGuard<'static, String> {
+    LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn record_failure(message: &str) {
     let mut s = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner());
     s.clear();

@@ -44,7 +44,9 @@ mod socket;
 mod sys;
 mod table;
 
-pub use attach::{attach as attach_raw, default_path, last_attach_error, Attached};
+pub use attach::{
+    attach as attach_raw, attach_error_lock_for_fork, default_path, last_attach_error, Attached,
+};
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use direct::Accepted;

@@ -3,17 +3,22 @@
 //! An attachment cannot cross exec(2) (the new image has a fresh library
 //! and the control socket is close-on-exec). So before exec, every
 //! offloaded socket whose fd is not FD_CLOEXEC is taken out of the server
-//! (`ControlMsg::Export`) and its kernel socket is dup2()ed over the
-//! placeholder, with the placeholder's O_NONBLOCK: the new program finds a
-//! plain kernel socket, connected and with its data, at the same fd number.
-//! Close-on-exec sockets are simply closed by the exec (the server closes
-//! them when the old image's control socket goes).
+//! and its kernel socket put over the placeholder (`handoff.rs`): the new
+//! program finds a plain kernel socket, connected and with its data, at
+//! the same fd number. Close-on-exec sockets are simply closed by the exec
+//! (the server closes them when the old image's control socket goes).
 //!
-//! Only execve, execv, execvp, execvpe and fexecve are interposed (the
-//! variadic execl* cannot be defined in stable Rust). If exec fails, the
-//! handed-back sockets stay kernel sockets. A socket the server cannot hand
-//! over (calls parked on it, an asynchronous send queue) stays a
-//! placeholder, and is lost to the new image (logged).
+//! execve, execv, execvp, execvpe and fexecve are interposed here, the
+//! variadic execl, execlp and execle in `execl.rs`, posix_spawn in
+//! `spawn.rs`. If exec fails, the handed-back sockets stay kernel sockets.
+//! A socket the server cannot hand over (bytes it read ahead that the
+//! program has not taken, calls parked on it) makes the exec fail with the
+//! errno (EBUSY) and a line on stderr: the new program would otherwise hold
+//! a dead placeholder and wait on it for ever.
+//!
+//! A child that shares its parent's memory (`state::in_shared_child`) must
+//! leave the parent's tables and attachment alone: see
+//! [`shared_child_check`].
 //!
 //! Settings: the new image reads its `TCPS_*` settings from the
 //! environment exec gives it. If that environment still loads this library
@@ -24,74 +29,59 @@
 //! child runs without tcps, on kernel sockets, as it would without
 //! `tcps run`.
 
-use crate::log::{debug, warning};
-use crate::{control, fdtable, real, state};
+use crate::log::debug;
+use crate::{errno, fdtable, handoff, real, state};
 use libc::{c_char, c_int};
 use std::ffi::{CStr, CString};
-use std::os::fd::AsRawFd;
-use tcps_proto::handshake::ControlMsg;
 
-fn hand_back() {
-    // The current attachment's sockets, or each server's of a group (a
-    // dead one's have nothing to hand back).
-    for (epoch, c) in state::members() {
-        crate::sendq::flush_all(c);
-        hand_back_from(epoch, c);
+/// What must happen before the real exec: the sockets that cross it handed
+/// back to the kernel. False (errno set) to refuse the exec: a socket the
+/// new program would hold as a dead placeholder (reads would block for
+/// ever) is worse than an exec that fails with a reason.
+unsafe fn before_exec() -> bool {
+    let r = if state::in_shared_child() {
+        shared_child_check()
+    } else {
+        handoff::hand_back()
+    };
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            errno::set_errno(e);
+            false
+        }
     }
 }
 
-/// Hands back the sockets of attachment `c` (`epoch`) whose fds cross the
-/// exec.
-fn hand_back_from(epoch: u32, c: &'static tcps::Client) {
-    let fds = fdtable::all_in(epoch);
-    for &(fd, id) in &fds {
-        // SAFETY: F_GETFD on an fd we track.
-        let fdflags = unsafe { real::fcntl()(fd, libc::F_GETFD) };
-        if fdflags < 0
-            || fdflags & libc::FD_CLOEXEC != 0
-            || fdtable::lookup_at(fd) != Some((epoch, id))
-        {
+/// A child that shares its parent's memory (clone(CLONE_VM) or a raw
+/// vfork system call: the library's vfork is fork, `fork.rs`) may change
+/// none of the parent's tables nor use its attachment, so it cannot hand a
+/// socket back. Its exec is refused (EBUSY, one line on stderr) if one of
+/// its descriptors without FD_CLOEXEC is an offloaded socket's placeholder
+/// (the same open file as one of the parent's, `kcmp(2)`); otherwise it
+/// goes ahead. System calls only: nothing allocated, no lock taken.
+unsafe fn shared_child_check() -> Result<(), i32> {
+    const MSG: &[u8] = b"tcps: exec refused (EBUSY) in a child that shares its parent's memory (clone(CLONE_VM), or vfork(2) as a raw system call): it holds an offloaded socket, which only a forked child can hand to another program\n";
+    let (me, parent) = (libc::syscall(libc::SYS_getpid), i64::from(state::own_pid()));
+    // Descriptors up to the limit (at most 2^16 looked at: a rare path).
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+        limit.rlim_cur.clamp(1024, 1 << 16) as i32
+    } else {
+        1024
+    };
+    for f in 0..max {
+        let fl = libc::syscall(libc::SYS_fcntl, f, libc::F_GETFD);
+        if fl < 0 || fl as i32 & libc::FD_CLOEXEC != 0 {
             continue;
         }
-        let kernel = match control::exchange_on(c, ControlMsg::Export { handle: id }, &[]) {
-            Ok((ControlMsg::Reply { handle, errno: 0 }, mut got))
-                if handle == id && got.len() == 1 =>
-            {
-                got.remove(0)
-            }
-            Ok((ControlMsg::Reply { errno, .. }, _)) => {
-                warning!("exec: fd {fd} (tcps socket {id}) cannot be handed back (errno {errno}); the new program loses it");
-                continue;
-            }
-            other => {
-                warning!("exec: fd {fd}: unexpected answer {other:?}");
-                continue;
-            }
-        };
-        // This process's own descriptor of it (`tcps::Client::kernel_fds`)
-        // must not keep it open should the exec fail.
-        c.forget_kernel_fd(id);
-        // Every fd naming this socket (dups) becomes the kernel socket.
-        for &(other, oid) in &fds {
-            if oid != id || fdtable::lookup_at(other) != Some((epoch, id)) {
-                continue;
-            }
-            // SAFETY: plain fcntl/dup2 on descriptors we own or track.
-            unsafe {
-                let fl = real::fcntl()(other, libc::F_GETFL);
-                let kfl = real::fcntl()(kernel.as_raw_fd(), libc::F_GETFL);
-                let want = (kfl & !libc::O_NONBLOCK) | (fl & libc::O_NONBLOCK);
-                real::fcntl()(kernel.as_raw_fd(), libc::F_SETFL, want);
-                let cloexec = real::fcntl()(other, libc::F_GETFD) & libc::FD_CLOEXEC;
-                if real::dup2()(kernel.as_raw_fd(), other) == other {
-                    real::fcntl()(other, libc::F_SETFD, cloexec);
-                }
-            }
-            fdtable::remove(other);
-            crate::epoll::forget_fd(other);
-            debug!("exec: fd {other} is now the kernel socket of tcps socket {id}");
+        let same = |p: i32| libc::syscall(libc::SYS_kcmp, me, parent, 0, f, p) == 0;
+        if fdtable::any_fd(same) {
+            libc::syscall(libc::SYS_write, 2, MSG.as_ptr(), MSG.len());
+            return Err(libc::EBUSY);
         }
     }
+    Ok(())
 }
 
 /// The name this library has in `LD_PRELOAD`.
@@ -102,8 +92,7 @@ extern "C" {
 }
 
 /// Visits the entries of a NULL-terminated environment array until `f`
-/// says stop; true if it did. Allocates nothing (a vfork child may be
-/// calling exec).
+/// says stop; true if it did.
 ///
 /// SAFETY: `envp` is NULL or a NULL-terminated array of C strings, as exec
 /// requires.
@@ -158,7 +147,7 @@ unsafe fn with_settings(envp: *const *const c_char) -> Option<Vec<CString>> {
 /// Calls `exec` with `envp`, or with `envp` plus the settings it lacks.
 ///
 /// SAFETY: `envp` is NULL or a NULL-terminated array of C strings.
-unsafe fn exec_with(
+pub(crate) unsafe fn exec_with(
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
@@ -178,20 +167,26 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    hand_back();
+    if !before_exec() {
+        return -1;
+    }
     exec_with(envp, |e| real::execve()(path, argv, e))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    hand_back();
+    if !before_exec() {
+        return -1;
+    }
     // SAFETY: `environ` is libc's current environment array.
     exec_with(environ, |e| real::execve()(path, argv, e))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    hand_back();
+    if !before_exec() {
+        return -1;
+    }
     // SAFETY: as in `execv`.
     exec_with(environ, |e| real::execvpe()(file, argv, e))
 }
@@ -202,7 +197,9 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    hand_back();
+    if !before_exec() {
+        return -1;
+    }
     exec_with(envp, |e| real::execvpe()(file, argv, e))
 }
 
@@ -212,6 +209,8 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    hand_back();
+    if !before_exec() {
+        return -1;
+    }
     exec_with(envp, |e| real::fexecve()(fd, argv, e))
 }

@@ -14,10 +14,11 @@ use libc::{c_int, c_ulong, c_void};
 
 /// Drops `fd` from the table (if offloaded) after the kernel closed or
 /// replaced it; closes the tcps socket with its last fd.
-fn forget(fd: c_int) {
+pub(crate) fn forget(fd: c_int) {
     if let Some((epoch, id, last)) = fdtable::remove(fd) {
         epoll::forget_fd(fd);
         if last {
+            crate::handoff::forget_refused(epoch, id);
             // At the attachment the socket was made in (a dead one only
             // closes this process's own descriptor of it).
             if let Some(c) = state::client_at(epoch) {
@@ -30,11 +31,26 @@ fn forget(fd: c_int) {
     }
 }
 
+/// Whether this call touches an offloaded socket from a child that shares
+/// its parent's memory (`state::in_shared_child`): then only the real call
+/// is made, on the child's own descriptor table; the library's tables and
+/// the server are the parent's and stay as they are.
+fn shared_child_on(fds: &[c_int]) -> bool {
+    fds.iter().any(|&fd| fdtable::lookup(fd).is_some()) && state::in_shared_child()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if fdtable::lookup(fd).is_some() {
+        if shared_child_on(&[fd]) {
+            return real::close()(fd);
+        }
         forget(fd);
     } else {
+        if crate::handoff::is_control_fd(fd) {
+            // A program closing every descriptor before exec.
+            crate::handoff::before_closing(fd as u32, fd as u32);
+        }
         epoll::forget_set(fd);
     }
     real::close()(fd)
@@ -81,12 +97,15 @@ fn dup_entry(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if shared_child_on(&[fd]) {
+        return real::dup()(fd);
+    }
     dup_entry(fd, real::dup()(fd))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
-    if fd == nfd {
+    if fd == nfd || shared_child_on(&[fd, nfd]) {
         return real::dup2()(fd, nfd);
     }
     let r = real::dup2()(fd, nfd);
@@ -98,6 +117,9 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    if shared_child_on(&[fd, nfd]) {
+        return real::dup3()(fd, nfd, flags);
+    }
     let r = real::dup3()(fd, nfd, flags);
     if r >= 0 && fd != nfd {
         forget(nfd);
@@ -110,6 +132,13 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
 /// calling conventions pass in the same register as a named argument.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let changes = matches!(
+        cmd,
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFL | libc::F_SETFD
+    );
+    if changes && shared_child_on(&[fd]) {
+        return real::fcntl()(fd, cmd, arg);
+    }
     on_socket!(fd, |c, id| {
         match cmd {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => dup_entry(fd, real::fcntl()(fd, cmd, arg)),
@@ -177,6 +206,10 @@ fn peek_count(c: &tcps::Client, id: u32) -> std::io::Result<usize> {
 /// anything else is ENOTTY (and logged).
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    let changes = matches!(req, libc::FIONCLEX | libc::FIOCLEX | libc::FIONBIO);
+    if changes && shared_child_on(&[fd]) {
+        return real::ioctl()(fd, req, arg);
+    }
     on_socket!(fd, |c, id| {
         match req {
             libc::FIONCLEX | libc::FIOCLEX => {

@@ -335,6 +335,16 @@ pub fn all_at() -> Vec<(i32, u32, u32)> {
         .collect()
 }
 
+/// Whether `f` says yes for some offloaded fd; allocates nothing and
+/// writes nothing (a child sharing its parent's memory may call it).
+pub fn any_fd(mut f: impl FnMut(i32) -> bool) -> bool {
+    let high = HIGH.load(Ordering::Relaxed).min(MAX_FDS);
+    FDS[..high]
+        .iter()
+        .enumerate()
+        .any(|(fd, v)| v.load(Ordering::Acquire) & VALID != 0 && f(fd as i32))
+}
+
 /// Every offloaded fd of attachment `epoch` and its id (fork, exec).
 pub fn all_in(epoch: u32) -> Vec<(i32, u32)> {
     all_at()

@@ -29,17 +29,29 @@ use crate::log::{debug, warning};
 use crate::{attach, control, errno, fdtable, real, state};
 use tcps_proto::handshake::ControlMsg;
 
-fn nonce() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom fills our 4-byte buffer.
-    unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
-    u32::from_ne_bytes(b).max(1)
+/// A random nonce for a snapshot (never 0), or None if the kernel gives
+/// no randomness: a guessable nonce would let another child of this
+/// parent claim the sockets, so the snapshot is then not asked for.
+fn nonce() -> Option<u32> {
+    for _ in 0..16 {
+        let mut b = [0u8; 4];
+        // SAFETY: getrandom fills at most our 4-byte buffer.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+        if n == 4 && b != [0; 4] {
+            return Some(u32::from_ne_bytes(b));
+        }
+        if n < 0 && errno::last_errno() != libc::EINTR {
+            warning!("fork: no random nonce (getrandom: errno {})", errno::last_errno());
+            return None;
+        }
+    }
+    None
 }
 
 /// Asks `c`'s server for a snapshot of this process's sockets there: the
 /// nonce the child presents, or None if refused.
 fn snapshot(c: &tcps::Client) -> Option<u32> {
-    let n = nonce();
+    let n = nonce()?;
     match control::call_on(c, ControlMsg::Fork { handle: n }) {
         Ok(()) => Some(n),
         Err(e) => {
@@ -76,10 +88,12 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     let ctl = control::lock_for_fork();
     let sets = crate::epoll::lock_for_fork();
     let group = crate::group::lock_for_fork();
+    let attach_error = tcps::attach_error_lock_for_fork();
     let pid = real::fork()();
     let fork_errno = errno::last_errno();
-    drop((group, sets, ctl, files));
+    drop((attach_error, group, sets, ctl, files));
     if pid == 0 {
+        state::note_own_process();
         state::new_generation();
         if !members.is_empty() {
             in_child(&members, &tokens, kfds);
@@ -101,6 +115,22 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
         errno::set_errno(fork_errno);
     }
     pid
+}
+
+/// vfork(2) is fork here. A vfork child shares its parent's memory until
+/// it execs: every table this library keeps (fd → socket, the attachment,
+/// its locks and channels) is the parent's, while the descriptor table the
+/// child's dup2 and close change is its own. Whatever the library did for
+/// the child's calls (CPython's `_posixsubprocess` dup2s a connection onto
+/// fds 0 and 1, then execs) would rewrite the parent's tables, and the
+/// hand-back at exec (`exec.rs`) would take the socket from the parent's
+/// attachment. A forked child has its own memory and attachment, so every
+/// path works as after fork. POSIX lets vfork be fork; only a program that
+/// writes its parent's memory from a vfork child (undefined behaviour)
+/// would tell. `docs/PRELOAD.md` ("fork", "exec").
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    fork()
 }
 
 /// The child's side: leaves its parent's attachments and claims the

@@ -38,6 +38,8 @@ mod deadline;
 mod epoll;
 mod errno;
 mod exec;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod execl;
 mod fdops;
 mod fdtable;
 mod fork;
@@ -45,6 +47,7 @@ mod gone;
 mod group;
 mod group_accept;
 mod group_wait;
+mod handoff;
 mod io;
 mod log;
 mod poll;
@@ -55,6 +58,7 @@ mod sendfile;
 mod sendq;
 mod signals;
 mod sock;
+mod spawn;
 mod state;
 
 /// Runs when the library is loaded, before the program's `main`: pins every
@@ -68,6 +72,7 @@ mod state;
 /// register it at their first attach, so helper processes of a wrapper
 /// script add no lines.
 extern "C" fn on_load() {
+    state::note_own_process();
     tcps::pin_settings();
     tcps::interrupt::set_signal_generation(signals::generation);
     sendq::enabled();

@@ -280,3 +280,31 @@ extern "C" fn at_exit() {
         log::write_exit_summary();
     }
 }
+
+/// The process this library's memory belongs to (0: not noted yet): set
+/// when the library loads and in a forked child (`fork.rs`).
+static OWN_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Notes this process as the owner of the library's memory.
+pub fn note_own_process() {
+    // SAFETY: getpid(2) takes no arguments and cannot fail.
+    let pid = unsafe { libc::syscall(libc::SYS_getpid) } as u32;
+    OWN_PID.store(pid, Ordering::Release);
+}
+
+/// The pid noted by [`note_own_process`] (0: none).
+pub fn own_pid() -> u32 {
+    OWN_PID.load(Ordering::Acquire)
+}
+
+/// Whether this is a child that shares its parent's memory (made by
+/// clone(CLONE_VM), vfork(2) as a system call, or anything else that did
+/// not go through this library's fork): every table here is the parent's,
+/// so such a child must change none of them, nor talk to the server on the
+/// parent's attachment. It makes one system call; callers use it only on
+/// paths that touch offloaded sockets or exec.
+pub fn in_shared_child() -> bool {
+    let own = OWN_PID.load(Ordering::Acquire);
+    // SAFETY: as in `note_own_process`.
+    own != 0 && own != unsafe { libc::syscall(libc::SYS_getpid) } as u32
+}
