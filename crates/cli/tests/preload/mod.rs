@@ -349,8 +349,28 @@ pub fn start_nginx(
     sendfile: bool,
     tag: &str,
 ) -> (Daemon, PathBuf, PathBuf) {
+    start_nginx_with(
+        net,
+        srv,
+        dir,
+        &nginx_conf(dir, www, port, sendfile),
+        port,
+        tag,
+    )
+}
+
+/// nginx with configuration `text` (written to `DIR/TAG.conf`) on `net`,
+/// as [`start_nginx`]; listening on `port` when this returns.
+pub fn start_nginx_with(
+    net: Net,
+    srv: &Server,
+    dir: &Path,
+    text: &str,
+    port: u16,
+    tag: &str,
+) -> (Daemon, PathBuf, PathBuf) {
     let conf = dir.join(format!("{tag}.conf"));
-    std::fs::write(&conf, nginx_conf(dir, www, port, sendfile)).unwrap();
+    std::fs::write(&conf, text).unwrap();
     let stats = dir.join(format!("{tag}.stats"));
     std::fs::write(&stats, b"").unwrap();
     std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();

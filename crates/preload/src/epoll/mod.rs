@@ -33,9 +33,14 @@
 //! EPOLLOUT waiting for room). A wait with nothing ready sleeps on the host
 //! doorbell, registered on the ready log and on the send queues of entries
 //! waiting for room (`Client::sleep_on_edges`); sets with a socket it
-//! cannot watch that way wait through `poll::wait_mixed`, on every entry.
+//! cannot watch that way (a listener inherited through fork before its
+//! first accept, a connect in progress) wait in a poll parked at the
+//! server through `poll::wait_mixed`, which must end on the same events:
+//! every armed entry, and the next arrival into every ring an entry
+//! watches, armed or not (`fallback.rs`).
 
 mod entry;
+mod fallback;
 mod set;
 
 use crate::deadline::Deadline;
@@ -247,38 +252,6 @@ fn candidates(epfd: c_int) -> (Option<Vec<Pass>>, bool) {
         e.listed
     });
     (Some(passes), s.kernel_fds > 0)
-}
-
-/// Every armed entry of `epfd` (O(interest)), by attachment, a listener's
-/// siblings as entries of their own: what a wait that cannot sleep on the
-/// doorbells asks the servers to watch.
-fn all_armed(epfd: c_int) -> Vec<crate::group_wait::Part> {
-    let sets = sets();
-    let Some(s) = sets.get(&epfd) else {
-        return Vec::new();
-    };
-    let mut parts = Vec::new();
-    for e in s.entries.values().filter(|e| set::live(e.epoch)) {
-        let Some(c) = crate::state::client_at(e.epoch) else {
-            continue;
-        };
-        let w = e.wanted(&e.look(c));
-        if w == 0 {
-            continue;
-        }
-        for (ep, id) in e.sockets() {
-            if let Some(m) = crate::state::client_at(ep).filter(|m| m.is_attached()) {
-                let part = crate::group_wait::part_for(&mut parts, m);
-                part.fds.push(PollFd {
-                    sock: id,
-                    events: w as i16,
-                    revents: 0,
-                });
-                part.at.push(0);
-            }
-        }
-    }
-    parts
 }
 
 /// What a doorbell sleep on `epfd` must watch, by attachment: the ready
@@ -557,18 +530,21 @@ unsafe fn live_pass(
     if edge_sleep(epfd, &mut kernel, remaining)? {
         return Ok(None);
     }
-    // The old way: every armed entry, not only the listed ones (an
-    // arrival on any of them must end this wait).
-    let mut parts = all_armed(epfd);
+    // The old way: a parked poll at each server, on every armed entry
+    // and every ring an entry watches (an arrival into any of them must
+    // end this wait, as it ends the doorbell sleep: `fallback.rs`).
+    let (mut parts, slice) = sets()
+        .get(&epfd)
+        .map(fallback::all_watched)
+        .unwrap_or_default();
+    let remaining = fallback::sliced(remaining, slice);
     match parts.as_mut_slice() {
         // Nothing armed (or nothing offloaded to watch): sleep like
-        // epoll_wait on the kernel side alone.
-        [] => Ok(Some(real::epoll_wait()(
-            epfd,
-            events,
-            max as c_int,
-            remaining,
-        ))),
+        // epoll_wait on the kernel side alone (a slice of it: look again).
+        [] => match real::epoll_wait()(epfd, events, max as c_int, remaining) {
+            0 if slice => Ok(None),
+            n => Ok(Some(n)),
+        },
         [one] if !crate::state::is_group() => {
             poll::wait_mixed(one.c, &mut one.fds, &mut kernel, remaining)?;
             Ok(None)
