@@ -191,6 +191,10 @@ pub struct ServerArgs {
     /// Budget: descriptors those snapshots may hold in all (EAGAIN beyond)
     #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_FDS_PER_USER)]
     pub max_fork_fds_per_user: usize,
+    /// Budget: descriptors a user's fork snapshots may dup() per second
+    /// (each is worker time every host waits for; EAGAIN beyond; 0: no limit)
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER)]
+    pub max_fork_fds_per_sec_per_user: usize,
     /// Budget: bytes a host's sockets may have read ahead into buffers at
     /// the server (pull); at the budget more bytes stay in the kernel (TCP
     /// flow control holds the peer) until the host takes what is buffered
@@ -406,6 +410,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.max_registrations_per_host = args.max_registrations_per_host;
     cfg.max_fork_snapshots_per_user = args.max_fork_snapshots_per_user;
     cfg.max_fork_fds_per_user = args.max_fork_fds_per_user;
+    cfg.max_fork_fds_per_sec_per_user = args.max_fork_fds_per_sec_per_user;
     cfg.max_pull_bytes_per_host = args.max_pull_bytes_per_host;
     if !(4096..=16 << 20).contains(&args.eager_recv_size) {
         return Err("--eager-recv-size must be between 4096 and 16777216 bytes".into());

@@ -61,6 +61,9 @@ pub struct Config {
     pub max_fork_snapshots_per_user: usize,
     /// Per-user budget of descriptors those snapshots hold (EAGAIN beyond).
     pub max_fork_fds_per_user: usize,
+    /// Per-user rate of descriptors fork snapshots may dup() per second
+    /// (EAGAIN beyond; 0: no limit).
+    pub max_fork_fds_per_sec_per_user: usize,
     /// Per-host budget of pull-buffer bytes (read ahead at the server); a
     /// host at its budget reads ahead on no more sockets (bytes stay in
     /// the kernel) until it takes what is buffered.
@@ -162,6 +165,11 @@ pub const DEFAULT_MAX_REGISTRATIONS_PER_HOST: u32 = 256;
 pub const DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER: usize = 64;
 /// Descriptors (dup()ed sockets) those snapshots may hold in all.
 pub const DEFAULT_MAX_FORK_FDS_PER_USER: usize = 4096;
+/// Descriptors a user's snapshots may dup() per second: each dup() (and
+/// the close when the snapshot goes) is worker time every host waits for,
+/// about 1 µs, so this is at most ~1 % of a worker; a prefork server's
+/// start or a fork per connection with a few sockets open stays far below.
+pub const DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER: usize = 8192;
 /// Pull-buffer bytes per host: 8,192 connections with the default 32 KiB
 /// read ahead (sockets beyond the 1,024 receive rings pull).
 pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 256 << 20;
@@ -192,6 +200,7 @@ impl Default for Config {
             max_registrations_per_host: DEFAULT_MAX_REGISTRATIONS_PER_HOST,
             max_fork_snapshots_per_user: DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
             max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
+            max_fork_fds_per_sec_per_user: DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER,
             max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
             balance: BalanceConfig::default(),
             fabric: None,

@@ -86,6 +86,9 @@ pub struct Host {
     /// fork snapshots): logged as warnings only on the 1st, 2nd, 4th, ...
     /// so a host cannot flood the log.
     pub budget_refusals: u64,
+    /// `Inherit` claims that found nothing: a child claims once, so past
+    /// `inherit::MAX_FAILED_CLAIMS` they are refused without a look.
+    pub failed_claims: u32,
     pub next_gen: u16,
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
@@ -194,6 +197,7 @@ impl Host {
             polls: Slab::default(),
             poll_entries_parked: 0,
             budget_refusals: 0,
+            failed_claims: 0,
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
