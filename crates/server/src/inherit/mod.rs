@@ -40,7 +40,7 @@
 //! as soon as nobody can claim it any more: its child is gone (exited, a
 //! zombie), or, with no child named, its parent is gone — as the kernel
 //! closes a dead process's sockets, so a peer sees the connection end.
-//! Otherwise it expires unclaimed after [`TTL`]. Snapshots are checked on
+//! Otherwise it expires unclaimed after [`snapshot::TTL`]. Snapshots are checked on
 //! every snapshot and claim and by the workers' periodic sweep ([`sweep`]),
 //! not only when someone looks.
 //!
@@ -58,7 +58,7 @@
 //! peer instead — claimed only by a remote host of the same fabric
 //! address and mapped uid (so never by another node's host, nor by a
 //! local one), with the nonce, and, once the parent named it, only by
-//! that child's pid; it expires after [`REMOTE_TTL`] unclaimed (a child
+//! that child's pid; it expires after [`snapshot::REMOTE_TTL`] unclaimed (a child
 //! claims within its attach, right after fork). The fabric thread lets a
 //! remote host claim once per attachment (a wrong nonce is not retried).
 //!
@@ -69,112 +69,20 @@
 //! or expired.
 
 mod pending;
+mod snapshot;
 
 use crate::calls::eager::handover;
 use crate::host::{Host, Sock};
 pub use pending::sweep;
+use snapshot::{Inherited, Snapshot};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tcps_proto::handshake::ControlMsg;
 use tracing::{debug, info, warn};
 
-/// How long an unclaimed snapshot is kept.
-pub const TTL: Duration = Duration::from_secs(60);
-/// How long a remote host's unclaimed snapshot is kept: whether its child
-/// still runs cannot be seen from here, so this is what holds its
-/// sockets after a child died before claiming.
-pub const REMOTE_TTL: Duration = Duration::from_secs(10);
 /// `Inherit` claims of one host that may find nothing: a child claims
 /// once, right after it attaches; beyond these it is ENOENT at once.
 pub const MAX_FAILED_CLAIMS: u32 = 4;
-
-struct Inherited {
-    id: u32,
-    fd: OwnedFd,
-    nonblocking: bool,
-    rcv_timeout: Option<Duration>,
-    snd_timeout: Option<Duration>,
-    /// Process-ahead policy; nothing is bound in the child (its host
-    /// library binds with `RecvBind`) unless bytes were carried.
-    policy: crate::config::EagerPolicy,
-    /// Bytes read ahead for the parent and not taken by it (and the end of
-    /// stream): the child's pull buffer starts with them.
-    unread: Option<handover::Unread>,
-}
-
-struct Snapshot {
-    nonce: u32,
-    parent_pid: u32,
-    /// The child the parent named after fork(2) (`ControlMsg::Forked`).
-    child_pid: Option<u32>,
-    uid: u32,
-    /// A remote parent's fabric address (`Host::fabric_peer`).
-    peer: Option<std::net::IpAddr>,
-    made: Instant,
-    sockets: Vec<Inherited>,
-}
-
-impl Snapshot {
-    /// Whether someone may still claim it: young enough, and its child (or,
-    /// none named yet, its parent) still running.
-    fn claimable(&self) -> bool {
-        !self.expired() && self.owner_running()
-    }
-
-    /// Older than its time to live (no /proc).
-    fn expired(&self) -> bool {
-        let ttl = if self.peer.is_some() { REMOTE_TTL } else { TTL };
-        self.made.elapsed() >= ttl
-    }
-
-    /// Whether its child (or, none named yet, its parent) still runs (read
-    /// from /proc; a remote one's cannot be seen: it only expires).
-    fn owner_running(&self) -> bool {
-        self.peer.is_some() || running(self.child_pid.unwrap_or(self.parent_pid))
-    }
-
-    /// A remote snapshot (or claimant): the same authenticated peer (fabric
-    /// address and credential's uid), then the named child or the parent
-    /// itself; pids are that node's, not checkable here.
-    fn peer_may_claim(&self, peer: Option<std::net::IpAddr>, uid: u32, pid: u32) -> bool {
-        let same_peer = self.peer.is_some() && self.peer == peer && self.uid == uid;
-        let child = self.child_pid.is_none_or(|c| c == pid);
-        same_peer && (child || self.parent_pid == pid)
-    }
-
-    /// Whether it is `host`'s own (made by the process `host` is, on the
-    /// same node: pids of two nodes may be equal).
-    fn made_by(&self, host: &Host, nonce: u32) -> bool {
-        self.parent_pid == host.pid && self.peer == host.fabric_peer && self.nonce == nonce
-    }
-}
-
-impl Snapshot {
-    /// Whether `host` (whose parent is `parent`) may take it: its child (the
-    /// one the parent named, or before that any child of the parent), or
-    /// the parent itself after exec(2), as the same user.
-    fn may_claim(&self, host: &Host, parent: Option<u32>) -> bool {
-        if self.peer.is_some() || host.fabric_peer.is_some() {
-            return self.peer_may_claim(host.fabric_peer, host.uid, host.pid);
-        }
-        let child = match self.child_pid {
-            Some(child) => child == host.pid,
-            None => Some(self.parent_pid) == parent,
-        };
-        child || (self.parent_pid == host.pid && self.uid == host.uid)
-    }
-}
-
-/// Whether process `pid` exists and is not a zombie (/proc/PID/stat).
-fn running(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the parenthesised command name.
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X")
-}
 
 /// Snapshots waiting for a child (those nobody can claim go with the
 /// workers' sweep): a hot upgrade waits a moment for them to be claimed.
@@ -510,7 +418,9 @@ pub fn export(
 
 #[cfg(test)]
 mod tests {
+    use super::snapshot::{running, REMOTE_TTL, TTL};
     use super::*;
+    use std::time::Duration;
 
     fn snap(uid: u32, parent_pid: u32, nonce: u32, sockets: usize) -> Snapshot {
         let sockets = (0..sockets)

@@ -10,7 +10,7 @@
 //!   by the workers' periodic sweep, a few snapshots per pass in turn
 //!   ([`SWEEP_CHECKS`]), so its cost does not grow with what users hold.
 
-use super::Snapshot;
+use super::snapshot::Snapshot;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
