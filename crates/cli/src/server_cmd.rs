@@ -80,6 +80,11 @@ pub struct ServerArgs {
     /// Admission control: most sockets per host (more are refused with EMFILE)
     #[arg(long, default_value_t = 65536)]
     pub max_sockets_per_host: usize,
+    /// Budget: descriptors the sockets of one user's hosts may hold at the
+    /// server, root's excepted (EMFILE beyond). 0: half of what the server's
+    /// RLIMIT_NOFILE leaves after a reserve kept for attaching and accepting
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_fds_per_uid: usize,
     /// Connection admission: most live accepted connections per listener;
     /// more are reset at the server and never reach the host (0: unlimited)
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -393,6 +398,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.max_hosts = args.max_hosts;
     cfg.max_hosts_per_uid = args.max_hosts_per_uid;
     cfg.max_sockets_per_host = args.max_sockets_per_host;
+    cfg.max_fds_per_uid = args.max_fds_per_uid;
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
     cfg.metrics_listen = args.metrics_listen;

@@ -15,6 +15,8 @@ mod common;
 
 use common::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -331,6 +333,103 @@ fn kernel_sendfile_errno(src: &OwnedFd) -> i32 {
     let r = unsafe { libc::sendfile(k.as_raw_fd(), src.as_raw_fd(), std::ptr::null_mut(), 4) };
     assert_eq!(r, -1, "sendfile from it succeeded");
     std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+/// Server descriptor exhaustion: a host of uid 65534 adopts sockets until
+/// the server's descriptor table would be all but full (it filled it, and
+/// a root victim's accept got the server's EMFILE and the victim died).
+/// Now the user is refused with EMFILE at its budget (half of what
+/// RLIMIT_NOFILE leaves after the reserve), and the root victim accepts
+/// every connection and a new host attaches.
+#[test]
+fn descriptor_exhaustion() {
+    require_root("the attacker runs as uid 65534");
+    for engine in ["uring", "epoll"] {
+        within(Duration::from_secs(120), engine, move || {
+            descriptor_exhaustion_body(engine)
+        });
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+fn descriptor_exhaustion_body(engine: &str) {
+    let srv = server(engine, &[]);
+    let victim = srv.attach();
+    let (l, addr) = tcps_listener(&victim);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit reading the server's limit into a valid rlimit.
+    let r = unsafe {
+        libc::prlimit(
+            srv.pid() as i32,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &mut lim,
+        )
+    };
+    assert_eq!(r, 0);
+    // Leave the server 4 descriptors.
+    let target = lim.rlim_cur as usize - open_fds(srv.pid()) - 4;
+    let exe = world_executable_self(srv.dir.path());
+    let mut cmd = child_command_exe(&exe, "child_adopt_many", "adopt-many");
+    cmd.env("TCPS_IT_SOCKET", &srv.socket)
+        .env("TCPS_IT_TARGET", target.to_string())
+        .uid(65534)
+        .gid(65534);
+    let mut child = ChildProc::spawn(cmd);
+    let adopted: usize = child
+        .read_mark("adopted", Duration::from_secs(90))
+        .parse()
+        .unwrap();
+    let errno = child.read_mark("errno", Duration::from_secs(5));
+    eprintln!("{engine}: uid 65534 adopted {adopted} of {target} sockets, then {errno}");
+    let conns: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    for i in 0..conns.len() {
+        if let Err(e) = victim.accept(l, 0) {
+            panic!("the root victim's accept {i}: {e} (uid 65534 adopted {adopted})");
+        }
+    }
+    let fresh = Client::attach(&srv.socket).expect("a new host attaches");
+    fresh.nop().unwrap();
+    assert_eq!(errno, "EMFILE", "the attacker's own refusal");
+    assert!(adopted < target, "refused below the server's limit");
+}
+
+/// Child: as uid 65534, adopts up to TCPS_IT_TARGET sockets on one host,
+/// stopping at the first refusal; reports how many and the errno; holds.
+#[test]
+fn child_adopt_many() {
+    let Some(()) = child_role("adopt-many") else {
+        return;
+    };
+    let target: usize = env("TCPS_IT_TARGET").parse().unwrap();
+    let h = RawHost::attach(Path::new(&env("TCPS_IT_SOCKET"))).unwrap();
+    let mut n = 0;
+    let mut errno = "none".to_string();
+    while n < target {
+        // SAFETY: a fresh socket, owned at once and closed after adoption.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(fd >= 0);
+        // SAFETY: as above.
+        let own = unsafe { OwnedFd::from_raw_fd(fd) };
+        match h.adopt_socket(own.as_raw_fd(), false) {
+            Ok(_) => n += 1,
+            Err(e) => {
+                errno = errno_name(e);
+                break;
+            }
+        }
+    }
+    mark("adopted", n);
+    mark("errno", errno);
+    std::thread::sleep(Duration::from_secs(60));
 }
 
 macro_rules! bounded {

@@ -36,6 +36,10 @@ pub struct Config {
     /// user cannot take every `max_hosts` slot.
     pub max_hosts_per_uid: usize,
     pub max_sockets_per_host: usize,
+    /// Descriptors the sockets of one user's hosts (other than root's) may
+    /// hold at the server (EMFILE beyond; 0: half of what `RLIMIT_NOFILE`
+    /// leaves after a reserve, `fdbudget`).
+    pub max_fds_per_uid: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
     /// Live accepted connections per listener; more are reset at the
@@ -190,6 +194,7 @@ impl Default for Config {
             max_hosts: 64,
             max_hosts_per_uid: 16,
             max_sockets_per_host: 65536,
+            max_fds_per_uid: 0,
             layout: Layout::default(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,

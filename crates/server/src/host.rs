@@ -284,6 +284,9 @@ impl Host {
 /// A kernel socket owned by a host, and the calls parked on it.
 pub struct Sock {
     pub fd: OwnedFd,
+    /// Its descriptor, counted against the host's uid (`fdbudget`) while
+    /// it lives.
+    pub charge: crate::fdbudget::Charge,
     pub gen: u16,
     /// O_NONBLOCK as the host set it; the kernel socket is always non-blocking.
     pub nonblocking: bool,
@@ -344,9 +347,10 @@ pub struct Sock {
 }
 
 impl Sock {
-    pub fn new(fd: OwnedFd, gen: u16, nonblocking: bool) -> Sock {
+    pub fn new(fd: OwnedFd, gen: u16, nonblocking: bool, uid: u32) -> Sock {
         Sock {
             fd,
+            charge: crate::fdbudget::Charge::new(uid),
             gen,
             nonblocking,
             readers: VecDeque::new(),

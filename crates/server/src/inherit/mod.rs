@@ -347,7 +347,7 @@ pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
         host.next_gen = host.next_gen.wrapping_add(1) & crate::token::GEN_MASK;
         // The parent may hold the description too: guard it (`guard`).
         let held = crate::guard::HostHeld::of(std::os::fd::AsRawFd::as_raw_fd(&i.fd));
-        let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking);
+        let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking, host.uid);
         s.host_held = held;
         s.rcv_timeout = i.rcv_timeout;
         s.snd_timeout = i.snd_timeout;
