@@ -40,9 +40,17 @@
 //! as soon as nobody can claim it any more: its child is gone (exited, a
 //! zombie), or, with no child named, its parent is gone — as the kernel
 //! closes a dead process's sockets, so a peer sees the connection end.
-//! Otherwise it expires unclaimed after [`snapshot::TTL`]. Snapshots are checked on
-//! every snapshot and claim and by the workers' periodic sweep ([`sweep`]),
-//! not only when someone looks.
+//! Otherwise it expires unclaimed after [`snapshot::TTL`]. Snapshots are
+//! checked by the workers' periodic sweep ([`sweep`], a few per pass in
+//! turn) and a claimed one when its nonce is presented; no message reads
+//! /proc for any other snapshot, so a message's cost does not grow with
+//! what other users hold (`pending.rs`).
+//!
+//! A `Fork` is admitted before any work on the host's sockets
+//! ([`admit_fork`]): a repeated nonce whose snapshot waits is EBUSY, and
+//! the dup()s are charged to the user's descriptors per second
+//! (`--max-fork-fds-per-sec-per-user`, EAGAIN beyond). A host's failed
+//! claims are limited ([`MAX_FAILED_CLAIMS`]).
 //!
 //! Each snapshot holds a dup() of every socket of its host, so snapshots
 //! are budgeted per user (the parent's uid, [`Budget`]): at most
