@@ -80,6 +80,11 @@ pub struct ServerArgs {
     /// Admission control: most sockets per host (more are refused with EMFILE)
     #[arg(long, default_value_t = 65536)]
     pub max_sockets_per_host: usize,
+    /// Budget: descriptors the sockets of one user's hosts may hold at the
+    /// server, root's excepted (EMFILE beyond). 0: half of what the server's
+    /// RLIMIT_NOFILE leaves after a reserve kept for attaching and accepting
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_fds_per_uid: usize,
     /// Connection admission: most live accepted connections per listener;
     /// more are reset at the server and never reach the host (0: unlimited)
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -191,6 +196,10 @@ pub struct ServerArgs {
     /// Budget: descriptors those snapshots may hold in all (EAGAIN beyond)
     #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_FDS_PER_USER)]
     pub max_fork_fds_per_user: usize,
+    /// Budget: descriptors a user's fork snapshots may dup() per second
+    /// (each is worker time every host waits for; EAGAIN beyond; 0: no limit)
+    #[arg(long, value_name = "N", default_value_t = tcps_server::DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER)]
+    pub max_fork_fds_per_sec_per_user: usize,
     /// Budget: bytes a host's sockets may have read ahead into buffers at
     /// the server (pull); at the budget more bytes stay in the kernel (TCP
     /// flow control holds the peer) until the host takes what is buffered
@@ -389,6 +398,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.max_hosts = args.max_hosts;
     cfg.max_hosts_per_uid = args.max_hosts_per_uid;
     cfg.max_sockets_per_host = args.max_sockets_per_host;
+    cfg.max_fds_per_uid = args.max_fds_per_uid;
     cfg.max_conns_per_listener = args.max_conns_per_listener;
     cfg.max_conns_per_addr = args.max_conns_per_addr;
     cfg.metrics_listen = args.metrics_listen;
@@ -406,6 +416,7 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.max_registrations_per_host = args.max_registrations_per_host;
     cfg.max_fork_snapshots_per_user = args.max_fork_snapshots_per_user;
     cfg.max_fork_fds_per_user = args.max_fork_fds_per_user;
+    cfg.max_fork_fds_per_sec_per_user = args.max_fork_fds_per_sec_per_user;
     cfg.max_pull_bytes_per_host = args.max_pull_bytes_per_host;
     if !(4096..=16 << 20).contains(&args.eager_recv_size) {
         return Err("--eager-recv-size must be between 4096 and 16777216 bytes".into());

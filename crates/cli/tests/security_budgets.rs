@@ -178,9 +178,12 @@ fn fork_snapshots_are_budgeted() {
         srv.log_text()
     );
     fresh_host_works(&srv, Duration::from_millis(500));
-    // A snapshot replaced under the same nonce is not counted twice.
-    // (4000 + 100 - 100 descriptors.)
-    assert_eq!(raw.control(ControlMsg::Fork { handle: 1 }, &[]), 0);
+    // A repeated nonce whose snapshot waits is refused before any dup()
+    // (each repeat redid the whole snapshot: a worker stall).
+    assert_eq!(
+        raw.control(ControlMsg::Fork { handle: 1 }, &[]),
+        libc::EBUSY
+    );
 }
 
 // ---- finding 16: registered memory ----------------------------------------

@@ -36,6 +36,10 @@ pub struct Config {
     /// user cannot take every `max_hosts` slot.
     pub max_hosts_per_uid: usize,
     pub max_sockets_per_host: usize,
+    /// Descriptors the sockets of one user's hosts (other than root's) may
+    /// hold at the server (EMFILE beyond; 0: half of what `RLIMIT_NOFILE`
+    /// leaves after a reserve, `fdbudget`).
+    pub max_fds_per_uid: usize,
     /// Geometry of each host's channel region.
     pub layout: Layout,
     /// Live accepted connections per listener; more are reset at the
@@ -61,6 +65,9 @@ pub struct Config {
     pub max_fork_snapshots_per_user: usize,
     /// Per-user budget of descriptors those snapshots hold (EAGAIN beyond).
     pub max_fork_fds_per_user: usize,
+    /// Per-user rate of descriptors fork snapshots may dup() per second
+    /// (EAGAIN beyond; 0: no limit).
+    pub max_fork_fds_per_sec_per_user: usize,
     /// Per-host budget of pull-buffer bytes (read ahead at the server); a
     /// host at its budget reads ahead on no more sockets (bytes stay in
     /// the kernel) until it takes what is buffered.
@@ -162,6 +169,11 @@ pub const DEFAULT_MAX_REGISTRATIONS_PER_HOST: u32 = 256;
 pub const DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER: usize = 64;
 /// Descriptors (dup()ed sockets) those snapshots may hold in all.
 pub const DEFAULT_MAX_FORK_FDS_PER_USER: usize = 4096;
+/// Descriptors a user's snapshots may dup() per second: each dup() (and
+/// the close when the snapshot goes) is worker time every host waits for,
+/// about 1 µs, so this is at most ~1 % of a worker; a prefork server's
+/// start or a fork per connection with a few sockets open stays far below.
+pub const DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER: usize = 8192;
 /// Pull-buffer bytes per host: 8,192 connections with the default 32 KiB
 /// read ahead (sockets beyond the 1,024 receive rings pull).
 pub const DEFAULT_MAX_PULL_BYTES_PER_HOST: usize = 256 << 20;
@@ -182,6 +194,7 @@ impl Default for Config {
             max_hosts: 64,
             max_hosts_per_uid: 16,
             max_sockets_per_host: 65536,
+            max_fds_per_uid: 0,
             layout: Layout::default(),
             max_conns_per_listener: 0,
             max_conns_per_addr: 0,
@@ -192,6 +205,7 @@ impl Default for Config {
             max_registrations_per_host: DEFAULT_MAX_REGISTRATIONS_PER_HOST,
             max_fork_snapshots_per_user: DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
             max_fork_fds_per_user: DEFAULT_MAX_FORK_FDS_PER_USER,
+            max_fork_fds_per_sec_per_user: DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER,
             max_pull_bytes_per_host: DEFAULT_MAX_PULL_BYTES_PER_HOST,
             balance: BalanceConfig::default(),
             fabric: None,

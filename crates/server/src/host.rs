@@ -86,6 +86,9 @@ pub struct Host {
     /// fork snapshots): logged as warnings only on the 1st, 2nd, 4th, ...
     /// so a host cannot flood the log.
     pub budget_refusals: u64,
+    /// `Inherit` claims that found nothing: a child claims once, so past
+    /// `inherit::MAX_FAILED_CLAIMS` they are refused without a look.
+    pub failed_claims: u32,
     pub next_gen: u16,
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
@@ -194,6 +197,7 @@ impl Host {
             polls: Slab::default(),
             poll_entries_parked: 0,
             budget_refusals: 0,
+            failed_claims: 0,
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
@@ -280,6 +284,9 @@ impl Host {
 /// A kernel socket owned by a host, and the calls parked on it.
 pub struct Sock {
     pub fd: OwnedFd,
+    /// Its descriptor, counted against the host's uid (`fdbudget`) while
+    /// it lives.
+    pub charge: crate::fdbudget::Charge,
     pub gen: u16,
     /// O_NONBLOCK as the host set it; the kernel socket is always non-blocking.
     pub nonblocking: bool,
@@ -340,9 +347,10 @@ pub struct Sock {
 }
 
 impl Sock {
-    pub fn new(fd: OwnedFd, gen: u16, nonblocking: bool) -> Sock {
+    pub fn new(fd: OwnedFd, gen: u16, nonblocking: bool, uid: u32) -> Sock {
         Sock {
             fd,
+            charge: crate::fdbudget::Charge::new(uid),
             gen,
             nonblocking,
             readers: VecDeque::new(),

@@ -18,6 +18,7 @@ mod config;
 mod control;
 pub mod engine;
 mod fabric;
+mod fdbudget;
 mod guard;
 mod heap;
 mod host;
@@ -40,7 +41,8 @@ mod worker;
 
 pub use config::{
     BalanceConfig, Config, EagerPolicy, EagerRecv, FabricConfig, PollMode,
-    DEFAULT_EAGER_ACCEPT_SIZE, DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
+    DEFAULT_EAGER_ACCEPT_SIZE, DEFAULT_MAX_FORK_FDS_PER_SEC_PER_USER,
+    DEFAULT_MAX_FORK_FDS_PER_USER, DEFAULT_MAX_FORK_SNAPSHOTS_PER_USER,
     DEFAULT_MAX_PULL_BYTES_PER_HOST, DEFAULT_MAX_REGISTERED_BYTES_PER_HOST,
     DEFAULT_MAX_REGISTRATIONS_PER_HOST,
 };
@@ -335,6 +337,13 @@ pub fn start_with(cfg: Config, inherited: Option<upgrade::record::Record>) -> io
         ));
     }
     raise_fd_limit();
+    let (total, per_uid) = fdbudget::init(cfg.max_fds_per_uid);
+    info!(
+        total,
+        per_uid,
+        reserve = fdbudget::RESERVE,
+        "descriptors for hosts' sockets: in all and per user other than root (--max-fds-per-uid)"
+    );
     let cfg = Arc::new(cfg);
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);

@@ -62,7 +62,25 @@ pub const MAX_FILES: usize = 4096;
 /// `ControlMsg::FileOpen`: keep the regular file passed along as `handle`.
 pub fn open(host: &mut Host, handle: u32, fds: Vec<OwnedFd>) -> Result<(), i32> {
     let [file]: [OwnedFd; 1] = fds.try_into().map_err(|_| libc::EINVAL)?;
+    readable(&file)?;
     keep(host, handle, file, None)
+}
+
+/// EBADF unless `file` was opened for reading: an `O_PATH` descriptor
+/// (fstat works on it) or one opened write-only would be accepted here and
+/// fail only in the job, after the host was told the bytes went; the
+/// kernel's sendfile(2) answers EBADF at the call.
+fn readable(file: &OwnedFd) -> Result<(), i32> {
+    // SAFETY: F_GETFL on a descriptor we own.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(crate::sys::errno());
+    }
+    let path_only = flags & libc::O_PATH != 0;
+    if path_only || flags & libc::O_ACCMODE == libc::O_WRONLY {
+        return Err(libc::EBADF);
+    }
+    Ok(())
 }
 
 /// Keeps `file` as the host's file `handle` if it is a regular file on a

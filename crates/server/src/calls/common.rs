@@ -93,6 +93,19 @@ pub fn wake_owed(host: &mut Host) {
 
 /// Admission control per host: EMFILE once the host holds its quota of sockets.
 pub(crate) fn check_quota(cfg: &Config, host: &mut Host) -> Result<(), i32> {
+    if let Err(budget) = crate::fdbudget::room(host.uid) {
+        host.stats.refused_sockets += 1;
+        if host.note_budget_refusal() {
+            warn!(
+                host = host.id,
+                pid = host.pid,
+                uid = host.uid,
+                refusals = host.budget_refusals,
+                "socket refused: at {budget}"
+            );
+        }
+        return Err(libc::EMFILE);
+    }
     if host.sockets.len() >= cfg.max_sockets_per_host.min(MAX_SOCKETS_PER_HOST) {
         host.stats.refused_sockets += 1;
         warn!(
@@ -138,7 +151,7 @@ pub(crate) fn insert_socket(
 ) -> Result<u32, i32> {
     check_quota(cfg, host)?;
     host.next_gen = host.next_gen.wrapping_add(1) & GEN_MASK;
-    let mut sock = Sock::new(fd, host.next_gen, nonblocking);
+    let mut sock = Sock::new(fd, host.next_gen, nonblocking, host.uid);
     if let Some((readers, writers)) = host.spare_queues.pop() {
         // A closed socket's queues, with their room (connection caching).
         (sock.readers, sock.writers) = (readers, writers);

@@ -21,8 +21,9 @@ use tracing::{info, warn};
 /// How long the workers may take to pause (their drain is bounded by
 /// `worker::pause`'s own 2 s).
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long fork snapshots may take to be claimed before the upgrade is
-/// refused.
+/// How long fork snapshots may take to be claimed before the upgrade
+/// drops them (a child attaches and claims within milliseconds of its
+/// fork; a snapshot nobody claims must not veto the operator).
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
 
 /// What the upgrade needs of the running server.
@@ -77,21 +78,18 @@ fn try_upgrade(run: &Running<'_>, origin: &Origin) -> String {
         return why;
     }
     let board = &run.shared.upgrade;
-    // No host attaches from here on: new ones wait in the backlog.
-    let _gate = board.gate.lock().unwrap_or_else(|e| e.into_inner());
+    // Children of a fork in progress attach and claim their snapshots:
+    // waited for before the gate closes (they could not attach after).
     let start = Instant::now();
-    while crate::inherit::pending_count() > 0 {
-        if start.elapsed() >= SNAPSHOT_WAIT {
-            return "fork snapshots wait for their children (a fork in progress)".into();
-        }
+    while crate::inherit::pending_count() > 0 && start.elapsed() < SNAPSHOT_WAIT {
         std::thread::sleep(Duration::from_millis(5));
     }
-    // A fork snapshot taken while the workers drained (a control message
-    // they still serve) would be lost with the old image.
-    let paused = pause_workers(run).and_then(|r| match crate::inherit::pending_count() {
-        0 => Ok(r),
-        _ => Err("a fork snapshot was taken while the workers paused".into()),
-    });
+    // No host attaches from here on: new ones wait in the backlog.
+    let _gate = board.gate.lock().unwrap_or_else(|e| e.into_inner());
+    let paused = pause_workers(run);
+    if paused.is_ok() {
+        drop_snapshots();
+    }
     let records = match paused {
         Ok(r) => r,
         Err(why) => {
@@ -112,6 +110,20 @@ fn try_upgrade(run: &Running<'_>, origin: &Origin) -> String {
     let why = exec(&record, origin, run.pending_signals);
     resume_workers(run.shared);
     why
+}
+
+/// Drops the fork snapshots nobody claimed (the workers paused: none is
+/// taken meanwhile). They are not carried: a child that claims one later
+/// is told ENOENT and says its parent's sockets were not handed over.
+fn drop_snapshots() {
+    for (uid, snapshots) in crate::inherit::drop_all() {
+        warn!(
+            uid,
+            snapshots,
+            "hot upgrade: fork snapshots not claimed within 2 s are dropped \
+             (a child claiming one later gets ENOENT)"
+        );
+    }
 }
 
 /// Runs `EXE server --upgrade-check VERSION`: whether the new binary

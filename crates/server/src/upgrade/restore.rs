@@ -94,7 +94,7 @@ pub fn host(r: HostRecord, cfg: &Config, shared: &Shared) -> io::Result<Host> {
     }
     for s in r.sockets {
         let id = s.id;
-        let (sock, paused) = sock(s, &h.pull)?;
+        let (sock, paused) = sock(s, &h.pull, h.uid)?;
         if let Some(ip) = sock.admitted.addr {
             shared.conns_per_addr.take(ip, u32::MAX);
         }
@@ -125,8 +125,8 @@ pub fn host(r: HostRecord, cfg: &Config, shared: &Shared) -> io::Result<Host> {
 }
 
 /// A socket; whether the sweep must look at it (paused or throttled).
-fn sock(r: SockRecord, account: &PullAccount) -> io::Result<(Sock, bool)> {
-    let mut s = Sock::new(own(r.fd)?, r.gen, r.nonblocking);
+fn sock(r: SockRecord, account: &PullAccount, uid: u32) -> io::Result<(Sock, bool)> {
+    let mut s = Sock::new(own(r.fd)?, r.gen, r.nonblocking, uid);
     s.rcv_timeout = r.rcv_timeout_ns.map(Duration::from_nanos);
     s.snd_timeout = r.snd_timeout_ns.map(Duration::from_nanos);
     s.recv_error = r.recv_error;

@@ -42,15 +42,7 @@ fn on_control_msg(
     let res = match m {
         ControlMsg::Register { handle, len } => register(host, cx.cfg, handle, len, fds),
         ControlMsg::Deregister { handle } => host.registry.deregister(handle),
-        ControlMsg::Fork { handle } => {
-            let settled = crate::calls::eager::ringop::settle_all(cx, host);
-            let r = crate::inherit::snapshot(host, handle, crate::inherit::Budget::of(cx.cfg));
-            // Rings the snapshot did not stop receive again.
-            for sid in settled {
-                crate::calls::eager::sweep::advance(cx, host, sid);
-            }
-            r
-        }
+        ControlMsg::Fork { handle } => fork(host, cx, handle),
         ControlMsg::Forked { handle, child } => crate::inherit::forked(host, handle, child),
         ControlMsg::Inherit { handle } => crate::inherit::claim(host, handle),
         ControlMsg::Reply { .. } | ControlMsg::Adopted { .. } => Err(libc::EINVAL),
@@ -69,6 +61,20 @@ fn on_control_msg(
         errno: res.err().unwrap_or(0),
     };
     send_reply(host, reply, None)
+}
+
+/// `ControlMsg::Fork`: refused before any work on the host's sockets if
+/// the snapshot is not admitted (its cost is charged to the user's rate).
+fn fork(host: &mut Host, cx: &mut Ctx<'_>, nonce: u32) -> Result<(), i32> {
+    let budget = crate::inherit::Budget::of(cx.cfg);
+    crate::inherit::admit_fork(host, nonce, budget)?;
+    let settled = crate::calls::eager::ringop::settle_all(cx, host);
+    let r = crate::inherit::snapshot(host, nonce, budget);
+    // Rings the snapshot did not stop receive again.
+    for sid in settled {
+        crate::calls::eager::sweep::advance(cx, host, sid);
+    }
+    r
 }
 
 /// `ControlMsg::Direct`: handle 0 says the host takes direct connections;

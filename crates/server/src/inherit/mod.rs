@@ -40,9 +40,17 @@
 //! as soon as nobody can claim it any more: its child is gone (exited, a
 //! zombie), or, with no child named, its parent is gone — as the kernel
 //! closes a dead process's sockets, so a peer sees the connection end.
-//! Otherwise it expires unclaimed after [`TTL`]. Snapshots are checked on
-//! every snapshot and claim and by the workers' periodic sweep ([`sweep`]),
-//! not only when someone looks.
+//! Otherwise it expires unclaimed after [`snapshot::TTL`]. Snapshots are
+//! checked by the workers' periodic sweep ([`sweep`], a few per pass in
+//! turn) and a claimed one when its nonce is presented; no message reads
+//! /proc for any other snapshot, so a message's cost does not grow with
+//! what other users hold (`pending.rs`).
+//!
+//! A `Fork` is admitted before any work on the host's sockets
+//! ([`admit_fork`]): a repeated nonce whose snapshot waits is EBUSY, and
+//! the dup()s are charged to the user's descriptors per second
+//! (`--max-fork-fds-per-sec-per-user`, EAGAIN beyond). A host's failed
+//! claims are limited ([`MAX_FAILED_CLAIMS`]).
 //!
 //! Each snapshot holds a dup() of every socket of its host, so snapshots
 //! are budgeted per user (the parent's uid, [`Budget`]): at most
@@ -58,7 +66,7 @@
 //! peer instead — claimed only by a remote host of the same fabric
 //! address and mapped uid (so never by another node's host, nor by a
 //! local one), with the nonce, and, once the parent named it, only by
-//! that child's pid; it expires after [`REMOTE_TTL`] unclaimed (a child
+//! that child's pid; it expires after [`snapshot::REMOTE_TTL`] unclaimed (a child
 //! claims within its attach, right after fork). The fabric thread lets a
 //! remote host claim once per attachment (a wrong nonce is not retried).
 //!
@@ -68,136 +76,51 @@
 //! parent went. They still count against the user's budget until claimed
 //! or expired.
 
+mod pending;
+mod snapshot;
+
 use crate::calls::eager::handover;
 use crate::host::{Host, Sock};
+pub use pending::sweep;
+use snapshot::{Inherited, Snapshot};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tcps_proto::handshake::ControlMsg;
 use tracing::{debug, info, warn};
 
-/// How long an unclaimed snapshot is kept.
-pub const TTL: Duration = Duration::from_secs(60);
-/// How long a remote host's unclaimed snapshot is kept: whether its child
-/// still runs cannot be seen from here, so this is what holds its
-/// sockets after a child died before claiming.
-pub const REMOTE_TTL: Duration = Duration::from_secs(10);
+/// `Inherit` claims of one host that may find nothing: a child claims
+/// once, right after it attaches; beyond these it is ENOENT at once.
+pub const MAX_FAILED_CLAIMS: u32 = 4;
 
-struct Inherited {
-    id: u32,
-    fd: OwnedFd,
-    nonblocking: bool,
-    rcv_timeout: Option<Duration>,
-    snd_timeout: Option<Duration>,
-    /// Process-ahead policy; nothing is bound in the child (its host
-    /// library binds with `RecvBind`) unless bytes were carried.
-    policy: crate::config::EagerPolicy,
-    /// Bytes read ahead for the parent and not taken by it (and the end of
-    /// stream): the child's pull buffer starts with them.
-    unread: Option<handover::Unread>,
-}
-
-struct Snapshot {
-    nonce: u32,
-    parent_pid: u32,
-    /// The child the parent named after fork(2) (`ControlMsg::Forked`).
-    child_pid: Option<u32>,
-    uid: u32,
-    /// A remote parent's fabric address (`Host::fabric_peer`).
-    peer: Option<std::net::IpAddr>,
-    made: Instant,
-    sockets: Vec<Inherited>,
-}
-
-impl Snapshot {
-    /// Whether someone may still claim it: young enough, and its child (or,
-    /// none named yet, its parent) still running.
-    fn claimable(&self) -> bool {
-        if self.peer.is_some() {
-            return self.made.elapsed() < REMOTE_TTL;
-        }
-        self.made.elapsed() < TTL && running(self.child_pid.unwrap_or(self.parent_pid))
-    }
-
-    /// A remote snapshot (or claimant): the same authenticated peer (fabric
-    /// address and credential's uid), then the named child or the parent
-    /// itself; pids are that node's, not checkable here.
-    fn peer_may_claim(&self, peer: Option<std::net::IpAddr>, uid: u32, pid: u32) -> bool {
-        let same_peer = self.peer.is_some() && self.peer == peer && self.uid == uid;
-        let child = self.child_pid.is_none_or(|c| c == pid);
-        same_peer && (child || self.parent_pid == pid)
-    }
-
-    /// Whether it is `host`'s own (made by the process `host` is, on the
-    /// same node: pids of two nodes may be equal).
-    fn made_by(&self, host: &Host, nonce: u32) -> bool {
-        self.parent_pid == host.pid && self.peer == host.fabric_peer && self.nonce == nonce
-    }
-}
-
-impl Snapshot {
-    /// Whether `host` (whose parent is `parent`) may take it: its child (the
-    /// one the parent named, or before that any child of the parent), or
-    /// the parent itself after exec(2), as the same user.
-    fn may_claim(&self, host: &Host, parent: Option<u32>) -> bool {
-        if self.peer.is_some() || host.fabric_peer.is_some() {
-            return self.peer_may_claim(host.fabric_peer, host.uid, host.pid);
-        }
-        let child = match self.child_pid {
-            Some(child) => child == host.pid,
-            None => Some(self.parent_pid) == parent,
-        };
-        child || (self.parent_pid == host.pid && self.uid == host.uid)
-    }
-}
-
-/// Whether process `pid` exists and is not a zombie (/proc/PID/stat).
-fn running(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the parenthesised command name.
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X")
-}
-
-/// Snapshots waiting for their child, server-wide (the parent and the child
-/// may be served by different workers).
-static PENDING: Mutex<Vec<Snapshot>> = Mutex::new(Vec::new());
-
-/// The pending snapshots, those nobody can claim dropped (their
-/// descriptors closed).
-fn pending() -> std::sync::MutexGuard<'static, Vec<Snapshot>> {
-    let mut p = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    p.retain(Snapshot::claimable);
-    p
-}
-
-/// Drops snapshots nobody can claim (from a worker's periodic sweep), so
-/// their descriptors are closed even if no host forks or inherits again.
-pub fn sweep() {
-    // Never wait for the lock from a worker's loop: another worker holding
-    // it is purging already, or will on its own next sweep. Nothing to
-    // read from /proc when nothing is pending (the common case).
-    if let Ok(mut p) = PENDING.try_lock() {
-        if !p.is_empty() {
-            p.retain(Snapshot::claimable);
-        }
-    }
-}
-
-/// Snapshots waiting for a child that can still claim them: a hot upgrade
-/// does not carry them and waits for (or refuses over) them.
+/// Snapshots waiting for a child (those nobody can claim go with the
+/// workers' sweep): a hot upgrade waits a moment for them to be claimed.
 pub fn pending_count() -> usize {
-    pending().len()
+    pending::with(|p| p.snaps.len())
+}
+
+/// Drops every pending snapshot (a hot upgrade does not carry them: the
+/// operator's upgrade is not at the mercy of a user's fork); how many, by
+/// uid. A child that claims one later gets ENOENT and says so.
+pub fn drop_all() -> Vec<(u32, usize)> {
+    let snaps = pending::with(|p| std::mem::take(&mut p.snaps));
+    let mut by_uid: Vec<(u32, usize)> = Vec::new();
+    for s in &snaps {
+        match by_uid.iter_mut().find(|(u, _)| *u == s.uid) {
+            Some((_, n)) => *n += 1,
+            None => by_uid.push((s.uid, 1)),
+        }
+    }
+    by_uid
 }
 
 /// `ControlMsg::Forked`: the parent's fork(2) of snapshot `nonce` made
 /// process `child` (0: it failed; the snapshot is dropped). A snapshot
 /// already claimed (the child was quick) or dropped is no error.
 pub fn forked(host: &Host, nonce: u32, child: u32) -> Result<(), i32> {
-    let mut p = pending();
+    let mut guard = pending::lock();
+    let Some(p) = guard.as_mut().map(|p| &mut p.snaps) else {
+        return Ok(());
+    };
     if let Some(pos) = p.iter().position(|s| s.made_by(host, nonce)) {
         if child == 0 {
             p.swap_remove(pos);
@@ -213,6 +136,8 @@ pub fn forked(host: &Host, nonce: u32, child: u32) -> Result<(), i32> {
 pub struct Budget {
     pub max_snapshots: usize,
     pub max_fds: usize,
+    /// Descriptors dup()ed per second (0: no limit).
+    pub fds_per_sec: usize,
 }
 
 impl Budget {
@@ -220,6 +145,7 @@ impl Budget {
         Budget {
             max_snapshots: cfg.max_fork_snapshots_per_user,
             max_fds: cfg.max_fork_fds_per_user,
+            fds_per_sec: cfg.max_fork_fds_per_sec_per_user,
         }
     }
 }
@@ -247,19 +173,28 @@ fn dup(fd: &OwnedFd) -> Result<OwnedFd, i32> {
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
 }
 
-/// `ControlMsg::Fork`: snapshot every socket of `host` under `nonce`.
-/// EAGAIN when the user's snapshots are at their budget.
+/// Whether `ControlMsg::Fork` of `nonce` may snapshot `host`'s sockets,
+/// checked before any work on them (memory only): EBUSY if this process's
+/// snapshot of `nonce` waits already, EAGAIN when the user's snapshots are
+/// at their budget or dup()ed their descriptors per second. Charges the
+/// dup()s (of every socket: an upper bound) to the user's rate.
+pub fn admit_fork(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> {
+    let n = host.sockets.len();
+    pending::with(|p| admit(p, host, nonce, n, budget)).map_err(|why| refuse(host, n, why))
+}
+
+/// `ControlMsg::Fork`, admitted (`admit_fork`): snapshot every socket of
+/// `host` under `nonce`. EAGAIN when the user's snapshots reached their
+/// budget meanwhile.
 pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> {
     // Connections accepted ahead that the parent has not taken are not the
     // child's to inherit: it could never name them.
     let untaken = handover::untaken_ids(host);
     let wanted = host.sockets.len().saturating_sub(untaken.len());
-    // Checked before a single dup(), and again under the lock when the
-    // snapshot is stored (another worker may have stored one meanwhile).
+    // Admitted before (`admit_fork`); the budget is checked again under
+    // the lock when the snapshot is stored (another worker may have stored
+    // one of the same user meanwhile).
     let replaced = (host.pid, nonce);
-    if !fits(&pending(), host.uid, replaced, wanted, budget) {
-        return Err(refuse(host, wanted));
-    }
     let mut sockets = Vec::with_capacity(wanted);
     for (id, s) in host.sockets.iter() {
         if untaken.contains(&(id as u32)) {
@@ -277,9 +212,11 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     }
     // Checked again under the lock, held until the snapshot is stored
     // (another worker may have stored one of the same user meanwhile).
-    let mut p = pending();
-    if !fits(&p, host.uid, replaced, sockets.len(), budget) {
-        return Err(refuse(host, sockets.len()));
+    let mut guard = pending::lock();
+    let p = &mut guard.get_or_insert_with(Default::default).snaps;
+    if !fits(p, host.uid, replaced, sockets.len(), budget) {
+        drop(guard);
+        return Err(refuse(host, sockets.len(), Refusal::Budget));
     }
     // Only once every dup() succeeded and the budget allows (a refused
     // snapshot changes nothing): carry what was read ahead, and stop the
@@ -318,9 +255,53 @@ pub fn snapshot(host: &mut Host, nonce: u32, budget: Budget) -> Result<(), i32> 
     Ok(())
 }
 
+/// Why a snapshot is refused.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Refusal {
+    /// This process's snapshot of this nonce waits already (a fork takes a
+    /// fresh nonce; a repeat would only redo the dup()s): EBUSY.
+    Repeated,
+    /// The user's pending snapshots are at their budget: EAGAIN.
+    Budget,
+    /// The user's snapshots dup()ed their descriptors per second: EAGAIN.
+    Rate,
+}
+
+/// Whether a snapshot of `wanted` sockets of `host` under `nonce` may be
+/// made; charges its dup()s to the user's rate if so. Memory only.
+fn admit(
+    p: &mut pending::Pending,
+    host: &Host,
+    nonce: u32,
+    wanted: usize,
+    b: Budget,
+) -> Result<(), Refusal> {
+    if p.snaps.iter().any(|s| s.made_by(host, nonce)) {
+        return Err(Refusal::Repeated);
+    }
+    if !fits(&p.snaps, host.uid, (host.pid, nonce), wanted, b) {
+        return Err(Refusal::Budget);
+    }
+    if !p.charge(host.uid, wanted, b.fds_per_sec, b.max_fds) {
+        return Err(Refusal::Rate);
+    }
+    Ok(())
+}
+
 /// Logs a refused snapshot (as a warning on the host's 1st, 2nd, 4th, ...
-/// refusal); its errno.
-fn refuse(host: &mut Host, sockets: usize) -> i32 {
+/// refusal of a budget); its errno.
+fn refuse(host: &mut Host, sockets: usize, why: Refusal) -> i32 {
+    let what = match why {
+        Refusal::Repeated => return libc::EBUSY,
+        Refusal::Budget => {
+            "the user's pending snapshots are at their budget \
+             (--max-fork-snapshots-per-user, --max-fork-fds-per-user)"
+        }
+        Refusal::Rate => {
+            "the user's snapshots dup()ed their descriptors per second \
+             (--max-fork-fds-per-sec-per-user)"
+        }
+    };
     if host.note_budget_refusal() {
         warn!(
             host = host.id,
@@ -328,8 +309,7 @@ fn refuse(host: &mut Host, sockets: usize) -> i32 {
             uid = host.uid,
             sockets,
             refusals = host.budget_refusals,
-            "fork: snapshot refused: the user's pending snapshots are at their budget \
-             (--max-fork-snapshots-per-user, --max-fork-fds-per-user)"
+            "fork: snapshot refused: {what}"
         );
     }
     libc::EAGAIN
@@ -344,25 +324,38 @@ fn ppid(pid: u32) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Takes the snapshot `nonce` names if `host` may claim it. Looked up by
+/// nonce in memory first: /proc (the claimant's parent, the snapshot's
+/// owner) is read only for a snapshot of that nonce.
+fn take(host: &Host, nonce: u32) -> Option<Snapshot> {
+    let mut guard = pending::lock();
+    let p = &mut guard.as_mut()?.snaps;
+    // A remote host's pid is its node's: not in this /proc.
+    let mut parent: Option<Option<u32>> = host.remote.then_some(None);
+    let pos = p.iter().position(|s| {
+        s.nonce == nonce && s.may_claim(host, *parent.get_or_insert_with(|| ppid(host.pid)))
+    })?;
+    let snap = p.swap_remove(pos);
+    // Its owner gone (not swept yet): nobody's any more; dropped.
+    snap.claimable().then_some(snap)
+}
+
 /// `ControlMsg::Inherit`: move snapshot `nonce` into `host` (a fresh child).
 /// ENOENT: no such snapshot for this process; EEXIST: an id is taken.
 pub fn claim(host: &mut Host, nonce: u32) -> Result<(), i32> {
-    // A remote host's pid is its node's: not in this /proc.
-    let parent = if host.remote { None } else { ppid(host.pid) };
-    let snap = {
-        let mut p = pending();
-        let pos = p
-            .iter()
-            .position(|s| s.nonce == nonce && s.may_claim(host, parent))
-            .ok_or(libc::ENOENT)?;
-        p.swap_remove(pos)
+    if host.failed_claims >= MAX_FAILED_CLAIMS {
+        return Err(libc::ENOENT);
+    }
+    let Some(snap) = take(host, nonce) else {
+        host.failed_claims += 1;
+        return Err(libc::ENOENT);
     };
     let n = snap.sockets.len();
     for i in snap.sockets {
         host.next_gen = host.next_gen.wrapping_add(1) & crate::token::GEN_MASK;
         // The parent may hold the description too: guard it (`guard`).
         let held = crate::guard::HostHeld::of(std::os::fd::AsRawFd::as_raw_fd(&i.fd));
-        let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking);
+        let mut s = Sock::new(i.fd, host.next_gen, i.nonblocking, host.uid);
         s.host_held = held;
         s.rcv_timeout = i.rcv_timeout;
         s.snd_timeout = i.snd_timeout;
@@ -433,7 +426,9 @@ pub fn export(
 
 #[cfg(test)]
 mod tests {
+    use super::snapshot::{running, REMOTE_TTL, TTL};
     use super::*;
+    use std::time::Duration;
 
     fn snap(uid: u32, parent_pid: u32, nonce: u32, sockets: usize) -> Snapshot {
         let sockets = (0..sockets)
@@ -525,6 +520,7 @@ mod tests {
         let b = Budget {
             max_snapshots: 2,
             max_fds: 10,
+            fds_per_sec: 0,
         };
         let p = vec![snap(1, 100, 1, 4), snap(2, 200, 1, 9)];
         // User 1: one snapshot of 4 held.
