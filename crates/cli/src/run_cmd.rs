@@ -40,7 +40,7 @@ TCPS_FALLBACK=kernel|fail is the default for --fallback; TCPS_REATTACH=1 is --re
 thread spins for a completion). Invalid values are refused before the program runs."
 )]
 pub struct RunArgs {
-    /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket of the TCP server [default: $TCPS_SOCKET, else /run/tcps/tcps.sock, the same for every user and session]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// What to do when no TCP server answers or it refuses this program
@@ -205,7 +205,7 @@ fn why_not_served(socket: &Path, e: &std::io::Error) -> String {
             "permission denied on the control socket {}: only root and members of the socket's \
              group may attach (start the server with --socket-group GROUP and add this user to \
              GROUP, or --socket-mode 666 for every user; or use another server with --socket PATH \
-             or XDG_RUNTIME_DIR)",
+             or TCPS_SOCKET)",
             socket.display()
         ),
         Some(libc::ECONNREFUSED | libc::ENOENT | libc::ENOTSOCK | libc::ENOTDIR) | None => {

@@ -53,7 +53,7 @@ queued sends do not finish within 2 s, or other state it cannot carry is present
 Logs: RUST_LOG=debug for every refused call and attach."
 )]
 pub struct ServerArgs {
-    /// Control socket hosts attach to [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket hosts attach to [default: $TCPS_SOCKET, else /run/tcps/tcps.sock, the same for every user and session]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`).
