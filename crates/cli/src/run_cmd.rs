@@ -425,7 +425,17 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let err = cmd.exec();
-    Err(format!("cannot run {:?}: {err}", args.command[0]).into())
+    eprintln!("tcps: cannot run {:?}: {err}", args.command[0]);
+    std::process::exit(exec_failure_status(&err))
+}
+
+/// The exit status of a program that could not be run, as sh(1) and env(1)
+/// give it: 127 when it is not found, 126 when it cannot be executed.
+fn exec_failure_status(err: &std::io::Error) -> i32 {
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => 127,
+        _ => 126,
+    }
 }
 
 #[cfg(test)]

@@ -863,6 +863,34 @@ fn run_warns_about_statically_linked_programs() {
     assert!(!text(&out.stderr).contains("statically linked"));
 }
 
+/// A program that cannot be run: `tcps run` exits as env(1) does, 127
+/// when it is not found, 126 when it is not executable (it exited 1).
+#[test]
+fn run_exit_status_when_the_program_cannot_run() {
+    let dir = TempDir::new("op-noexec");
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, b"#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = dir.path().join("no-server.sock");
+    for (prog, want) in [
+        (dir.path().join("nonexistent"), 127),
+        (plain.clone(), 126),
+        (dir.path().to_path_buf(), 126),
+    ] {
+        let prog = prog.to_str().unwrap();
+        let env_status = Command::new("env").arg(prog).status().unwrap().code();
+        let socket = missing.to_str().unwrap();
+        let out = tcps(&["run", "--socket", socket, "--wait", "0", "--", prog], &[]);
+        let err = text(&out.stderr);
+        assert_eq!(
+            (out.status.code(), env_status),
+            (Some(want), Some(want)),
+            "{prog}: tcps run and env\n{err}"
+        );
+        assert!(err.contains("cannot run") && err.contains(prog), "{err}");
+    }
+}
+
 // ---- 12. running as a systemd service ------------------------------------------
 
 /// Where `prog` is on PATH, if anywhere.
