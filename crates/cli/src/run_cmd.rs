@@ -142,6 +142,9 @@ fn library() -> Result<PathBuf, String> {
         })
 }
 
+/// The words an on/off setting takes (`tcps::Switch`).
+const SWITCH: &[&str] = &["0", "1", "on", "off", "yes", "no", "true", "false"];
+
 /// The environment variables the preload library and the host library
 /// read, and what each accepts: a wrong value is an error here, before the
 /// program runs, rather than silently ignored there.
@@ -154,11 +157,10 @@ const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
         ],
         "debug, info, warn or off",
     ),
-    (
-        "TCPS_REATTACH",
-        &["0", "1", "on", "off", "yes", "no", "true", "false"],
-        "1 (on) or 0 (off)",
-    ),
+    ("TCPS_REATTACH", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_BALANCE", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_ASYNC_SEND", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_HOST_DOORBELL", SWITCH, "1 (on) or 0 (off)"),
     ("TCPS_SPIN_US", &[], "a number of microseconds (e.g. 50)"),
     ("TCPS_SPINNERS", &[], "a number of threads (e.g. 1)"),
     ("TCPS_ASYNC_POOL_KIB", &[], "a number of KiB (e.g. 4096)"),
@@ -177,7 +179,7 @@ fn check_environment() -> Result<(), String> {
         let ok = if words.is_empty() {
             value.trim().parse::<u64>().is_ok()
         } else {
-            words.contains(&value.as_ref())
+            words.contains(&value.trim())
         };
         if !ok {
             return Err(format!("{name}={value:?} is not valid: expected {valid}"));

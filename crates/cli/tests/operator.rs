@@ -331,6 +331,9 @@ fn run_rejects_invalid_environment_values() {
         ("TCPS_FALLBACK", "FAIL", "kernel or fail"),
         ("TCPS_LOG", "verbose", "debug, info, warn or off"),
         ("TCPS_SPIN_US", "abc", "microseconds"),
+        ("TCPS_BALANCE", "maybe", "1 (on) or 0 (off)"),
+        ("TCPS_ASYNC_SEND", "sometimes", "1 (on) or 0 (off)"),
+        ("TCPS_HOST_DOORBELL", "loud", "1 (on) or 0 (off)"),
         (
             "TCPS_PRELOAD_LIB",
             "/nonexistent/libtcps_preload.so",
