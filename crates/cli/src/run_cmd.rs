@@ -244,37 +244,9 @@ fn find_program(program: &std::ffi::OsStr) -> Option<PathBuf> {
 /// for it, so LD_PRELOAD cannot intercept anything. None: not ELF (a
 /// script) or unreadable.
 fn is_statically_linked(path: &Path) -> Option<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    const PT_INTERP: u32 = 3;
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut h = [0u8; 64];
-    f.read_exact(&mut h).ok()?;
-    if &h[..4] != b"\x7fELF" || h[5] != 1 {
-        return None; // not ELF, or big-endian (not a target of tcps)
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]) as u64;
-    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4])) as u64;
-    let (phoff, phentsize, phnum) = match h[4] {
-        2 => (
-            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
-            u16_at(0x36),
-            u16_at(0x38),
-        ),
-        1 => (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c)),
-        _ => return None,
-    };
-    if phentsize < 4 {
-        return None;
-    }
-    for i in 0..phnum {
-        let mut p_type = [0u8; 4];
-        f.seek(SeekFrom::Start(phoff + i * phentsize)).ok()?;
-        f.read_exact(&mut p_type).ok()?;
-        if u32::from_le_bytes(p_type) == PT_INTERP {
-            return Some(false);
-        }
-    }
-    Some(true)
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).ok()?;
+    tcps::statically_linked_fd(f.as_raw_fd())
 }
 
 /// Attaches, retrying for up to `wait` while no server answers (it may be

@@ -866,6 +866,45 @@ fn run_warns_about_statically_linked_programs() {
     assert!(!text(&out.stderr).contains("statically linked"));
 }
 
+/// A statically linked program behind a shell wrapper (`sh -c`, a
+/// `start.sh`): the library in the shell says so at the exec, by path or
+/// found on PATH, instead of nothing. A dynamically linked one: no word.
+#[test]
+fn run_warns_about_static_programs_behind_a_wrapper() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let lib = preload::preload_lib();
+    let socket = srv.socket.to_str().unwrap();
+    let env = [("TCPS_PRELOAD_LIB", lib.to_str().unwrap())];
+    for script in ["ldconfig --version", "true; exec ldconfig --version"] {
+        let out = tcps(&["run", "--socket", socket, "--", "sh", "-c", script], &env);
+        let err = text(&out.stderr);
+        assert!(
+            out.status.success()
+                && err.contains("exec: ")
+                && err.contains("ldconfig is statically linked"),
+            "sh -c {script:?}: exit {}\n{err}",
+            out.status
+        );
+    }
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            socket,
+            "--",
+            "sh",
+            "-c",
+            "ls / >/dev/null",
+        ],
+        &env,
+    );
+    let err = text(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("statically linked"),
+        "{err}"
+    );
+}
+
 /// A program that cannot be run: `tcps run` exits as env(1) does, 127
 /// when it is not found, 126 when it is not executable (it exited 1).
 #[test]

@@ -25,7 +25,7 @@
 //! `tcps run`.
 
 use crate::log::{debug, warning};
-use crate::{control, fdtable, real, state};
+use crate::{control, fdtable, real, state, static_exec};
 use libc::{c_char, c_int};
 use std::ffi::{CStr, CString};
 use std::os::fd::AsRawFd;
@@ -123,6 +123,17 @@ unsafe fn any_entry(envp: *const *const c_char, mut f: impl FnMut(&[u8]) -> bool
     false
 }
 
+/// Whether a program exec'd with `envp` loads this library (`LD_PRELOAD`
+/// names it). Allocates nothing.
+///
+/// SAFETY: as [`any_entry`].
+unsafe fn loads_us(envp: *const *const c_char) -> bool {
+    any_entry(envp, |e| {
+        e.strip_prefix(b"LD_PRELOAD=")
+            .is_some_and(|v| v.windows(LIBRARY.len()).any(|w| w == LIBRARY))
+    })
+}
+
 /// `envp` with the pinned settings it lacks, when it still loads this
 /// library; `None` to pass it unchanged (the common case, decided without
 /// allocating).
@@ -135,11 +146,7 @@ unsafe fn with_settings(envp: *const *const c_char) -> Option<Vec<CString>> {
             e.len() > k.len() && e.starts_with(k) && e[k.len()] == b'='
         })
     };
-    let preloads_us = any_entry(envp, |e| {
-        e.strip_prefix(b"LD_PRELOAD=")
-            .is_some_and(|v| v.windows(LIBRARY.len()).any(|w| w == LIBRARY))
-    });
-    if !preloads_us || pinned.iter().all(|(k, _)| has(k.as_encoded_bytes())) {
+    if !loads_us(envp) || pinned.iter().all(|(k, _)| has(k.as_encoded_bytes())) {
         return None;
     }
     let mut all = Vec::new();
@@ -179,6 +186,7 @@ pub unsafe extern "C" fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
+    static_exec::warn_path(path, false, loads_us(envp));
     exec_with(envp, |e| real::execve()(path, argv, e))
 }
 
@@ -186,6 +194,7 @@ pub unsafe extern "C" fn execve(
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     hand_back();
     // SAFETY: `environ` is libc's current environment array.
+    static_exec::warn_path(path, false, loads_us(environ));
     exec_with(environ, |e| real::execve()(path, argv, e))
 }
 
@@ -193,6 +202,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     hand_back();
     // SAFETY: as in `execv`.
+    static_exec::warn_path(file, true, loads_us(environ));
     exec_with(environ, |e| real::execvpe()(file, argv, e))
 }
 
@@ -203,6 +213,7 @@ pub unsafe extern "C" fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
+    static_exec::warn_path(file, true, loads_us(envp));
     exec_with(envp, |e| real::execvpe()(file, argv, e))
 }
 
@@ -213,5 +224,6 @@ pub unsafe extern "C" fn fexecve(
     envp: *const *const c_char,
 ) -> c_int {
     hand_back();
+    static_exec::warn_fd(fd, loads_us(envp));
     exec_with(envp, |e| real::fexecve()(fd, argv, e))
 }
