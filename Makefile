@@ -104,8 +104,16 @@ install:
 		chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$(basename "$$u"); \
 	done
 
+# Directories install may have made that are not a prefix's standard ones
+# (bin, lib, include, share/man/man1 stay): each is removed by uninstall
+# if it is left empty, children before their parents.
+MADE_DIRS := $(libdir)/pkgconfig $(SYSTEMD_UNIT_DIR) $(dir $(SYSTEMD_UNIT_DIR:/=)) \
+	$(bashcompdir) $(dir $(bashcompdir)) $(zshcompdir) $(dir $(zshcompdir)) \
+	$(fishcompdir) $(dir $(fishcompdir))
+
 # Removes exactly what install writes (units by their names in the source
-# tree), then the directories that are tcps's own.
+# tree), then the directories that are tcps's own, then those of
+# MADE_DIRS that are left empty.
 uninstall:
 	rm -f $(DESTDIR)$(bindir)/tcps $(DESTDIR)$(libdir)/libtcps.so \
 		$(DESTDIR)$(pkglibdir)/libtcps_preload.so $(DESTDIR)$(includedir)/tcps.h \
@@ -115,6 +123,9 @@ uninstall:
 		$(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(notdir $(UNITS)))
 	rm -rf $(DESTDIR)$(docdir)
 	-rmdir $(DESTDIR)$(pkglibdir)
+	for d in $(MADE_DIRS); do \
+		if [ -d "$(DESTDIR)$$d" ]; then rmdir --ignore-fail-on-non-empty "$(DESTDIR)$$d"; fi; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -13,8 +13,7 @@
  * read(2), close(2) or poll(2)). An unknown descriptor gives EBADF.
  *
  * The library attaches to the TCP server on the first call, at the control
- * socket named by $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else
- * /run/tcps/tcps.sock. If no server answers, calls fail with ECONNREFUSED
+ * socket named by $TCPS_SOCKET, else /run/tcps/tcps.sock. If no server answers, calls fail with ECONNREFUSED
  * (or the errno of the refusal, e.g. EAGAIN when admission control refuses
  * the host); tcps_strerror_last() tells why in words.
  *

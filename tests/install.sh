@@ -6,7 +6,7 @@
 # the installed libtcps_preload.so and offload a Python program's sockets;
 # the man pages render; the bash completion sources and completes; the
 # systemd units pass `systemd-analyze verify`; `make uninstall` removes every
-# file; a DESTDIR install stages the same files under DESTDIR with
+# file and the empty directories it made; a DESTDIR install stages the same files under DESTDIR with
 # PREFIX's paths inside tcps.pc and the units.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -156,10 +156,18 @@ fi
 # --- uninstall removes every file ---
 for x in "${pids[@]}"; do kill "$x" 2>/dev/null || true; wait "$x" 2>/dev/null || true; done
 pids=()
+# Another package's file in a directory tcps shares: it and its directory stay.
+echo '#compdef other' >"$p/share/zsh/site-functions/_other"
 make --no-print-directory uninstall PREFIX="$p" >"$tmp/uninstall.log" 2>&1 ||
   { cat "$tmp/uninstall.log" >&2; fail "make uninstall"; }
 left=$(find "$p" -type f)
-[ -z "$left" ] || fail "make uninstall left: $left"
+[ "$left" = "$p/share/zsh/site-functions/_other" ] || fail "make uninstall left: $left"
+rm "$p/share/zsh/site-functions/_other"
+# ... and the directories install made, once empty (the prefix's standard
+# bin, lib, include and share/man/man1 stay).
+for d in lib/pkgconfig lib/systemd share/bash-completion share/fish lib/tcps share/doc/tcps; do
+  [ ! -e "$p/$d" ] || fail "make uninstall left the directory $d"
+done
 
 # --- DESTDIR: staged under DESTDIR, PREFIX's paths inside ---
 make --no-print-directory install PREFIX=/opt/tcps DESTDIR="$tmp/stage" >"$tmp/install2.log" 2>&1 ||

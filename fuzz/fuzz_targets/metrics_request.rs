@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tcps_server::metrics::{route, Route};
+use tcps_server::metrics::http::{route, Route};
 
 fuzz_target!(|data: &[u8]| {
     let r = route(data);

@@ -33,10 +33,19 @@ fn write_subcommand_pages(cmd: &Command, parent: &str, dir: &Path) -> io::Result
 fn write_page(cmd: &Command, name: &str, dir: &Path) -> io::Result<()> {
     // The title and NAME use the dashed name (`tcps-run`), which man(1)
     // looks up; the synopsis the words one types (`tcps run`).
+    // clap's `help` subcommand gets no page of its own (`shown`): hidden,
+    // so the page names no `tcps-help(1)` that does not exist.
     let page = cmd
         .clone()
         .name(name.to_string())
-        .bin_name(name.replace('-', " "));
+        .bin_name(name.replace('-', " "))
+        .mut_subcommands(|s| {
+            if s.get_name() == "help" {
+                s.hide(true)
+            } else {
+                s
+            }
+        });
     let mut out = Vec::new();
     clap_mangen::Man::new(page).render(&mut out)?;
     std::fs::write(dir.join(format!("{name}.1")), out)
@@ -75,4 +84,31 @@ fn without_hidden_subcommands(top: Command) -> Command {
         cmd = cmd.about(about.clone());
     }
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every page a page names under its subcommands exists: clap's `help`
+    /// subcommand was listed as `tcps-help(1)`, which has no page.
+    #[test]
+    fn pages_name_only_pages_that_exist() {
+        let dir = std::env::temp_dir().join(format!("tcps-man-{}", std::process::id()));
+        write_man_pages(crate::Cli::command(), &dir).unwrap();
+        let pages: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        for page in &pages {
+            let text = std::fs::read_to_string(dir.join(page)).unwrap();
+            for named in text.split_whitespace().filter(|w| w.ends_with("(1)")) {
+                let file = format!("{}.1", named.trim_end_matches("(1)").replace("\\-", "-"));
+                assert!(pages.contains(&file), "{page} names {named}: no {file}");
+            }
+        }
+        assert!(pages.contains(&"tcps-run.1".to_string()), "{pages:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -40,7 +40,7 @@ TCPS_FALLBACK=kernel|fail is the default for --fallback; TCPS_REATTACH=1 is --re
 thread spins for a completion). Invalid values are refused before the program runs."
 )]
 pub struct RunArgs {
-    /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket of the TCP server [default: $TCPS_SOCKET, else /run/tcps/tcps.sock, the same for every user and session]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// What to do when no TCP server answers or it refuses this program
@@ -142,6 +142,9 @@ fn library() -> Result<PathBuf, String> {
         })
 }
 
+/// The words an on/off setting takes (`tcps::Switch`).
+const SWITCH: &[&str] = &["0", "1", "on", "off", "yes", "no", "true", "false"];
+
 /// The environment variables the preload library and the host library
 /// read, and what each accepts: a wrong value is an error here, before the
 /// program runs, rather than silently ignored there.
@@ -154,11 +157,10 @@ const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
         ],
         "debug, info, warn or off",
     ),
-    (
-        "TCPS_REATTACH",
-        &["0", "1", "on", "off", "yes", "no", "true", "false"],
-        "1 (on) or 0 (off)",
-    ),
+    ("TCPS_REATTACH", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_BALANCE", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_ASYNC_SEND", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_HOST_DOORBELL", SWITCH, "1 (on) or 0 (off)"),
     ("TCPS_SPIN_US", &[], "a number of microseconds (e.g. 50)"),
     ("TCPS_SPINNERS", &[], "a number of threads (e.g. 1)"),
     ("TCPS_ASYNC_POOL_KIB", &[], "a number of KiB (e.g. 4096)"),
@@ -177,7 +179,7 @@ fn check_environment() -> Result<(), String> {
         let ok = if words.is_empty() {
             value.trim().parse::<u64>().is_ok()
         } else {
-            words.contains(&value.as_ref())
+            words.contains(&value.trim())
         };
         if !ok {
             return Err(format!("{name}={value:?} is not valid: expected {valid}"));
@@ -205,7 +207,7 @@ fn why_not_served(socket: &Path, e: &std::io::Error) -> String {
             "permission denied on the control socket {}: only root and members of the socket's \
              group may attach (start the server with --socket-group GROUP and add this user to \
              GROUP, or --socket-mode 666 for every user; or use another server with --socket PATH \
-             or XDG_RUNTIME_DIR)",
+             or TCPS_SOCKET)",
             socket.display()
         ),
         Some(libc::ECONNREFUSED | libc::ENOENT | libc::ENOTSOCK | libc::ENOTDIR) | None => {
@@ -242,37 +244,9 @@ fn find_program(program: &std::ffi::OsStr) -> Option<PathBuf> {
 /// for it, so LD_PRELOAD cannot intercept anything. None: not ELF (a
 /// script) or unreadable.
 fn is_statically_linked(path: &Path) -> Option<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    const PT_INTERP: u32 = 3;
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut h = [0u8; 64];
-    f.read_exact(&mut h).ok()?;
-    if &h[..4] != b"\x7fELF" || h[5] != 1 {
-        return None; // not ELF, or big-endian (not a target of tcps)
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]) as u64;
-    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4])) as u64;
-    let (phoff, phentsize, phnum) = match h[4] {
-        2 => (
-            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
-            u16_at(0x36),
-            u16_at(0x38),
-        ),
-        1 => (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c)),
-        _ => return None,
-    };
-    if phentsize < 4 {
-        return None;
-    }
-    for i in 0..phnum {
-        let mut p_type = [0u8; 4];
-        f.seek(SeekFrom::Start(phoff + i * phentsize)).ok()?;
-        f.read_exact(&mut p_type).ok()?;
-        if u32::from_le_bytes(p_type) == PT_INTERP {
-            return Some(false);
-        }
-    }
-    Some(true)
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).ok()?;
+    tcps::statically_linked_fd(f.as_raw_fd())
 }
 
 /// Attaches, retrying for up to `wait` while no server answers (it may be
@@ -425,7 +399,17 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let err = cmd.exec();
-    Err(format!("cannot run {:?}: {err}", args.command[0]).into())
+    eprintln!("tcps: cannot run {:?}: {err}", args.command[0]);
+    std::process::exit(exec_failure_status(&err))
+}
+
+/// The exit status of a program that could not be run, as sh(1) and env(1)
+/// give it: 127 when it is not found, 126 when it cannot be executed.
+fn exec_failure_status(err: &std::io::Error) -> i32 {
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => 127,
+        _ => 126,
+    }
 }
 
 #[cfg(test)]

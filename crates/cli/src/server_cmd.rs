@@ -53,7 +53,7 @@ queued sends do not finish within 2 s, or other state it cannot carry is present
 Logs: RUST_LOG=debug for every refused call and attach."
 )]
 pub struct ServerArgs {
-    /// Control socket hosts attach to [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket hosts attach to [default: $TCPS_SOCKET, else /run/tcps/tcps.sock, the same for every user and session]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// CPUs to run workers on, one pinned worker per CPU (e.g. `1` or `0,1` or `0-3`).
@@ -374,7 +374,45 @@ fn resolve_group(group: &str) -> Result<u32, String> {
 }
 
 /// The server's configuration from its options, every value checked.
+/// The options that shape every host's region, each checked under its own
+/// name and unit (the layout's own check speaks of its fields in bytes).
+fn check_geometry(args: &ServerArgs) -> Result<(), String> {
+    use tcps_proto::layout::*;
+    let max_arena_kib = MAX_ARENA_SIZE / 1024;
+    let bad = if !(1..=MAX_CHANNELS).contains(&args.channels) {
+        format!("--channels {}: expected 1 to {MAX_CHANNELS}", args.channels)
+    } else if args.arena_kib == 0
+        || !args.arena_kib.is_multiple_of(4)
+        || args.arena_kib > max_arena_kib
+    {
+        format!(
+            "--arena-kib {}: expected a multiple of 4 (whole 4 KiB pages) from 4 to {max_arena_kib}",
+            args.arena_kib
+        )
+    } else if args.send_queues > MAX_SEND_QUEUES {
+        format!(
+            "--send-queues {}: expected at most {MAX_SEND_QUEUES}",
+            args.send_queues
+        )
+    } else if !args.sq_entries.is_power_of_two() || !(2..=MAX_SQ_ENTRIES).contains(&args.sq_entries)
+    {
+        format!(
+            "--sq-entries {}: expected a power of two from 2 to {MAX_SQ_ENTRIES}",
+            args.sq_entries
+        )
+    } else if args.recv_rings > MAX_RECV_RINGS {
+        format!(
+            "--recv-rings {}: expected at most {MAX_RECV_RINGS}",
+            args.recv_rings
+        )
+    } else {
+        return Ok(());
+    };
+    Err(bad)
+}
+
 fn config(args: ServerArgs) -> Result<Config, String> {
+    check_geometry(&args)?;
     let mut cfg = Config::default();
     if let Some(p) = args.socket {
         cfg.socket_path = p;
@@ -439,9 +477,12 @@ fn config(args: ServerArgs) -> Result<Config, String> {
     cfg.layout.sq_entries = args.sq_entries;
     cfg.layout.recv_rings = args.recv_rings;
     cfg.layout.rq_bytes = args.eager_recv_size.next_power_of_two();
-    cfg.layout
-        .validate()
-        .map_err(|e| format!("bad channel geometry: {e}"))?;
+    cfg.layout.validate().map_err(|e| {
+        format!(
+            "--channels, --arena-kib, --send-queues, --sq-entries, --recv-rings and \
+             --eager-recv-size together make a region the server cannot map ({e})"
+        )
+    })?;
     cfg.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
         .ok()
         .filter(|m| *m <= 0o777)

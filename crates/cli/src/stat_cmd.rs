@@ -88,7 +88,7 @@ Exit status 1 when no server answers.";
 #[derive(Args, Debug)]
 #[command(after_help = AFTER_HELP)]
 pub struct StatArgs {
-    /// Control socket of the TCP server [default: $TCPS_SOCKET, else $XDG_RUNTIME_DIR/tcps.sock, else /run/tcps/tcps.sock]
+    /// Control socket of the TCP server [default: $TCPS_SOCKET, else /run/tcps/tcps.sock, the same for every user and session]
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Print the server's answer as JSON (pretty printed) instead of tables

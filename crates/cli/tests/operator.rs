@@ -331,6 +331,9 @@ fn run_rejects_invalid_environment_values() {
         ("TCPS_FALLBACK", "FAIL", "kernel or fail"),
         ("TCPS_LOG", "verbose", "debug, info, warn or off"),
         ("TCPS_SPIN_US", "abc", "microseconds"),
+        ("TCPS_BALANCE", "maybe", "1 (on) or 0 (off)"),
+        ("TCPS_ASYNC_SEND", "sometimes", "1 (on) or 0 (off)"),
+        ("TCPS_HOST_DOORBELL", "loud", "1 (on) or 0 (off)"),
         (
             "TCPS_PRELOAD_LIB",
             "/nonexistent/libtcps_preload.so",
@@ -564,8 +567,8 @@ fn run_says_the_server_refused() {
 }
 
 /// A socket path the server may not create names the path and suggests
-/// --socket or XDG_RUNTIME_DIR (as uid 65534, the default /run/tcps path;
-/// and a path under a regular file).
+/// --socket and, for a server of one's own, `$XDG_RUNTIME_DIR` (as uid
+/// 65534, the default /run/tcps path; and a path under a regular file).
 #[test]
 fn socket_path_errors_name_the_path_and_the_way_out() {
     let dir = TempDir::new("op-path");
@@ -863,6 +866,73 @@ fn run_warns_about_statically_linked_programs() {
     assert!(!text(&out.stderr).contains("statically linked"));
 }
 
+/// A statically linked program behind a shell wrapper (`sh -c`, a
+/// `start.sh`): the library in the shell says so at the exec, by path or
+/// found on PATH, instead of nothing. A dynamically linked one: no word.
+#[test]
+fn run_warns_about_static_programs_behind_a_wrapper() {
+    let srv = Server::start("epoll", &["--poll", "adaptive"]);
+    let lib = preload::preload_lib();
+    let socket = srv.socket.to_str().unwrap();
+    let env = [("TCPS_PRELOAD_LIB", lib.to_str().unwrap())];
+    for script in ["ldconfig --version", "true; exec ldconfig --version"] {
+        let out = tcps(&["run", "--socket", socket, "--", "sh", "-c", script], &env);
+        let err = text(&out.stderr);
+        assert!(
+            out.status.success()
+                && err.contains("exec: ")
+                && err.contains("ldconfig is statically linked"),
+            "sh -c {script:?}: exit {}\n{err}",
+            out.status
+        );
+    }
+    let out = tcps(
+        &[
+            "run",
+            "--socket",
+            socket,
+            "--",
+            "sh",
+            "-c",
+            "ls / >/dev/null",
+        ],
+        &env,
+    );
+    let err = text(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("statically linked"),
+        "{err}"
+    );
+}
+
+/// A program that cannot be run: `tcps run` exits as env(1) does, 127
+/// when it is not found, 126 when it is not executable (it exited 1).
+#[test]
+fn run_exit_status_when_the_program_cannot_run() {
+    let dir = TempDir::new("op-noexec");
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, b"#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = dir.path().join("no-server.sock");
+    for (prog, want) in [
+        (dir.path().join("nonexistent"), 127),
+        (plain.clone(), 126),
+        (dir.path().to_path_buf(), 126),
+    ] {
+        let prog = prog.to_str().unwrap();
+        let env_status = Command::new("env").arg(prog).status().unwrap().code();
+        let socket = missing.to_str().unwrap();
+        let out = tcps(&["run", "--socket", socket, "--wait", "0", "--", prog], &[]);
+        let err = text(&out.stderr);
+        assert_eq!(
+            (out.status.code(), env_status),
+            (Some(want), Some(want)),
+            "{prog}: tcps run and env\n{err}"
+        );
+        assert!(err.contains("cannot run") && err.contains(prog), "{err}");
+    }
+}
+
 // ---- 12. running as a systemd service ------------------------------------------
 
 /// Where `prog` is on PATH, if anywhere.
@@ -929,17 +999,16 @@ fn socket_activation_serves_the_passed_socket() {
     };
     let dir = TempDir::new("op-activate");
     let sock = dir.path().join("activated.sock");
-    let xdg = dir.path().join("xdg");
-    std::fs::create_dir(&xdg).unwrap();
+    // Where the server would make a socket of its own.
+    let own = dir.path().join("own.sock");
     let log = dir.path().join("server.log");
     let mut c = Command::new(activate);
     c.arg("--seqpacket")
         .arg("-l")
         .arg(&sock)
         .args([TCPS, "server", "--engine", "epoll"])
-        .env("XDG_RUNTIME_DIR", &xdg)
+        .env("TCPS_SOCKET", &own)
         .env("RUST_LOG", "info")
-        .env_remove("TCPS_SOCKET")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
@@ -968,10 +1037,7 @@ fn socket_activation_serves_the_passed_socket() {
         log_text()
     );
     assert!(log_text().contains("socket activation"), "{}", log_text());
-    assert!(
-        !xdg.join("tcps.sock").exists(),
-        "the server made a socket of its own"
-    );
+    assert!(!own.exists(), "the server made a socket of its own");
     assert!(sock.exists(), "the server removed systemd's socket file");
 }
 

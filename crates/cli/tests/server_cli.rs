@@ -68,8 +68,12 @@ fn bad_flags(engine: &str) {
         (&["--cpus", "0-x"], &["bad CPU list"]),
         (&["--poll", "nope"], &["nope", "busy", "adaptive", "block"]),
         (&["--engine", "nope"], &["nope", "uring", "epoll"]),
-        (&["--arena-kib", "3"], &["arena"]),
-        (&["--channels", "0"], &["channel"]),
+        (&["--arena-kib", "3"], &["--arena-kib 3", "multiple of 4"]),
+        (&["--arena-kib", "0"], &["--arena-kib 0"]),
+        (&["--channels", "0"], &["--channels 0"]),
+        (&["--sq-entries", "3"], &["--sq-entries 3", "power of two"]),
+        (&["--send-queues", "70000"], &["--send-queues 70000"]),
+        (&["--recv-rings", "2000000"], &["--recv-rings 2000000"]),
         (&["--socket-mode", "xyz"], &["socket-mode"]),
         (&["--max-hosts", "0"], &["max-hosts"]),
         (&["--spin-us=-5"], &["spin-us", "-5"]),
@@ -88,6 +92,19 @@ fn bad_flags(engine: &str) {
             assert!(
                 err.contains(w),
                 "tcps server {flags:?}: the error should mention {w:?}:\n{err}"
+            );
+        }
+        // Options by their names, not the fields they set.
+        for field in [
+            "arena_size",
+            "sq_entries",
+            "n_channels",
+            "send_queues",
+            "recv_rings",
+        ] {
+            assert!(
+                !err.contains(field),
+                "tcps server {flags:?} says {field}:\n{err}"
             );
         }
         assert!(!sock.exists(), "{flags:?} left a control socket behind");

@@ -30,7 +30,7 @@
 //! `tcps run`.
 
 use crate::log::debug;
-use crate::{errno, fdtable, handoff, real, state};
+use crate::{errno, fdtable, handoff, real, state, static_exec};
 use libc::{c_char, c_int};
 use std::ffi::{CStr, CString};
 
@@ -112,6 +112,17 @@ unsafe fn any_entry(envp: *const *const c_char, mut f: impl FnMut(&[u8]) -> bool
     false
 }
 
+/// Whether a program exec'd with `envp` loads this library (`LD_PRELOAD`
+/// names it). Allocates nothing.
+///
+/// SAFETY: as [`any_entry`].
+unsafe fn loads_us(envp: *const *const c_char) -> bool {
+    any_entry(envp, |e| {
+        e.strip_prefix(b"LD_PRELOAD=")
+            .is_some_and(|v| v.windows(LIBRARY.len()).any(|w| w == LIBRARY))
+    })
+}
+
 /// `envp` with the pinned settings it lacks, when it still loads this
 /// library; `None` to pass it unchanged (the common case, decided without
 /// allocating).
@@ -124,11 +135,7 @@ unsafe fn with_settings(envp: *const *const c_char) -> Option<Vec<CString>> {
             e.len() > k.len() && e.starts_with(k) && e[k.len()] == b'='
         })
     };
-    let preloads_us = any_entry(envp, |e| {
-        e.strip_prefix(b"LD_PRELOAD=")
-            .is_some_and(|v| v.windows(LIBRARY.len()).any(|w| w == LIBRARY))
-    });
-    if !preloads_us || pinned.iter().all(|(k, _)| has(k.as_encoded_bytes())) {
+    if !loads_us(envp) || pinned.iter().all(|(k, _)| has(k.as_encoded_bytes())) {
         return None;
     }
     let mut all = Vec::new();
@@ -170,6 +177,7 @@ pub unsafe extern "C" fn execve(
     if !before_exec() {
         return -1;
     }
+    static_exec::warn_path(path, false, loads_us(envp));
     exec_with(envp, |e| real::execve()(path, argv, e))
 }
 
@@ -179,6 +187,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
         return -1;
     }
     // SAFETY: `environ` is libc's current environment array.
+    static_exec::warn_path(path, false, loads_us(environ));
     exec_with(environ, |e| real::execve()(path, argv, e))
 }
 
@@ -188,6 +197,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
         return -1;
     }
     // SAFETY: as in `execv`.
+    static_exec::warn_path(file, true, loads_us(environ));
     exec_with(environ, |e| real::execvpe()(file, argv, e))
 }
 
@@ -200,6 +210,7 @@ pub unsafe extern "C" fn execvpe(
     if !before_exec() {
         return -1;
     }
+    static_exec::warn_path(file, true, loads_us(envp));
     exec_with(envp, |e| real::execvpe()(file, argv, e))
 }
 
@@ -212,5 +223,6 @@ pub unsafe extern "C" fn fexecve(
     if !before_exec() {
         return -1;
     }
+    static_exec::warn_fd(fd, loads_us(envp));
     exec_with(envp, |e| real::fexecve()(fd, argv, e))
 }

@@ -60,6 +60,7 @@ mod signals;
 mod sock;
 mod spawn;
 mod state;
+mod static_exec;
 
 /// Runs when the library is loaded, before the program's `main`: pins every
 /// `TCPS_*` setting (`tcps::pin_settings`) before the program can replace

@@ -45,6 +45,12 @@ pub fn level() -> u8 {
     l
 }
 
+/// The level if the settings were read already (reading them allocates,
+/// which a vfork child must not).
+pub fn level_if_read() -> Option<u8> {
+    Some(LEVEL.load(Ordering::Relaxed)).filter(|&l| l != 255)
+}
+
 pub fn emit(line: &str) {
     let msg = format!("tcps[{}]: {line}\n", std::process::id());
     // SAFETY: writes a local buffer to fd 2 with the real write(2).

@@ -354,13 +354,17 @@ impl StatQuery {
     }
 }
 
-/// Where a server listens and a host looks when no path is given:
-/// `$XDG_RUNTIME_DIR/tcps.sock`, else `/run/tcps/tcps.sock`.
+/// Where a server listens and a host looks when no path is given: one
+/// system-wide path, whoever asks. Not under `$XDG_RUNTIME_DIR`, which each
+/// login session (root's too) sets to its own mode-0700 directory: a server
+/// started from a login shell would hide there from everyone else, and each
+/// user's programs would look in their own. A per-user server says
+/// `--socket` (and its programs `TCPS_SOCKET`).
+pub const DEFAULT_SOCKET_PATH: &str = "/run/tcps/tcps.sock";
+
+/// [`DEFAULT_SOCKET_PATH`] as a path.
 pub fn default_socket_path() -> std::path::PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => std::path::Path::new(&dir).join("tcps.sock"),
-        _ => std::path::PathBuf::from("/run/tcps/tcps.sock"),
-    }
+    std::path::PathBuf::from(DEFAULT_SOCKET_PATH)
 }
 
 /// The environment variable a host library reads for the control socket path.

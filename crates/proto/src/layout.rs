@@ -53,6 +53,14 @@ pub const DEFAULT_RECV_RINGS: u32 = 1024;
 /// Default bytes per receive ring: the thesis' `EAGER_RECV_SIZE` (32 KiB).
 pub const DEFAULT_RQ_BYTES: u32 = 32 * 1024;
 
+/// Largest values [`Layout::validate`] takes (the options that set them
+/// are checked against the same numbers).
+pub const MAX_CHANNELS: u32 = 4096;
+pub const MAX_ARENA_SIZE: u32 = 64 << 20;
+pub const MAX_SEND_QUEUES: u32 = 65536;
+pub const MAX_SQ_ENTRIES: u32 = 4096;
+pub const MAX_RECV_RINGS: u32 = 1 << 20;
+
 /// The first page of the region. Fields a host may write are atomics; the
 /// geometry is written once by the server before the region is handed out.
 #[repr(C, align(64))]
@@ -194,7 +202,7 @@ impl Layout {
 
     /// Checks that the geometry is sane and small enough to map.
     pub fn validate(&self) -> Result<(), LayoutError> {
-        if self.n_channels == 0 || self.n_channels > 4096 {
+        if self.n_channels == 0 || self.n_channels > MAX_CHANNELS {
             return Err(LayoutError("n_channels must be 1..=4096"));
         }
         if !self.ring_entries.is_power_of_two() || !(2..=65536).contains(&self.ring_entries) {
@@ -207,16 +215,16 @@ impl Layout {
                 "arena_size must be a non-zero multiple of 4096",
             ));
         }
-        if self.arena_size > 64 << 20 {
+        if self.arena_size > MAX_ARENA_SIZE {
             return Err(LayoutError("arena_size must be at most 64 MiB"));
         }
-        if self.send_queues > 65536 {
+        if self.send_queues > MAX_SEND_QUEUES {
             return Err(LayoutError("send_queues must be at most 65536"));
         }
-        if !self.sq_entries.is_power_of_two() || !(2..=4096).contains(&self.sq_entries) {
+        if !self.sq_entries.is_power_of_two() || !(2..=MAX_SQ_ENTRIES).contains(&self.sq_entries) {
             return Err(LayoutError("sq_entries must be a power of two in 2..=4096"));
         }
-        if self.recv_rings > 1 << 20 {
+        if self.recv_rings > MAX_RECV_RINGS {
             return Err(LayoutError("recv_rings must be at most 1048576"));
         }
         if !self.rq_bytes.is_power_of_two() || !(4096..=16 << 20).contains(&self.rq_bytes) {

@@ -302,7 +302,7 @@ fn listeners(cfg: &Config, inherited: Option<&upgrade::record::Record>) -> io::R
     let metrics = |fd: Option<i32>| -> io::Result<Option<std::net::TcpListener>> {
         match fd {
             Some(fd) => Ok(Some(std::net::TcpListener::from(upgrade::record::own(fd)?))),
-            None => cfg.metrics_listen.map(metrics::listen).transpose(),
+            None => cfg.metrics_listen.map(metrics::http::listen).transpose(),
         }
     };
     if let Some(r) = inherited {
@@ -387,7 +387,7 @@ pub fn start_with(cfg: Config, inherited: Option<upgrade::record::Record>) -> io
                 .name("tcps-metrics".into())
                 .spawn(move || {
                     let _keep = keep;
-                    metrics::serve(l, sfd, s2, per_host)
+                    metrics::http::serve(l, sfd, s2, per_host)
                 })?,
         );
     }

@@ -3,10 +3,10 @@
 //! served over HTTP at `GET /metrics` for scrapers.
 //!
 //! The text is rendered from the same report a `StatQuery` gets (seen as
-//! the server's own user: every host), so the two never disagree. One
-//! thread serves one connection at a time — a scrape is small and rare —
-//! reads only the stats board, never a `Host`, and gives a client at most
-//! [`CLIENT_BUDGET`], so nothing it does can delay a worker or an attach.
+//! the server's own user: every host), so the two never disagree. The HTTP
+//! side ([`http`]) serves every connection at once, each with a deadline,
+//! and reads only the stats board, so no client can delay a worker, an
+//! attach or another scraper.
 //!
 //! Metric names: `tcps_*` are server totals (hosts that detached included);
 //! `tcps_host_*` the same per attached host, labelled `host`, `pid`, `uid`.
@@ -18,21 +18,10 @@
 //! the operator asks for them (`--metrics-per-host`); by default the text
 //! has the server totals alone.
 
-use crate::shared::Shared;
-use crate::sys::{self, ListenerWake};
+pub mod http;
+
 use serde_json::Value;
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tracing::{debug, info};
-
-/// Longest time one client may take to send its request and read the reply.
-const CLIENT_BUDGET: Duration = Duration::from_secs(1);
-/// Longest request accepted (request line and headers).
-const MAX_REQUEST: usize = 8192;
 
 /// Counters of a host (`counters` in the report), with their help texts.
 /// `calls` (by op) is rendered separately.
@@ -137,137 +126,6 @@ const DEPTHS: &[(&str, &str)] = &[
         "Bytes of hosts' registered memory mapped by the server.",
     ),
 ];
-
-/// Binds the metrics listener (before the server reports itself started,
-/// so a bad address fails `tcps server` at once).
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
-    let l = TcpListener::bind(addr)
-        .map_err(|e| io::Error::new(e.kind(), format!("--metrics-listen {addr}: {e}")))?;
-    l.set_nonblocking(true)?;
-    info!(addr = %l.local_addr()?, "metrics listening (GET /metrics)");
-    Ok(l)
-}
-
-/// Serves scrapes until the shutdown eventfd becomes readable (checked at
-/// least once a second).
-pub fn serve(l: TcpListener, shutdown_fd: RawFd, shared: Arc<Shared>, per_host: bool) {
-    loop {
-        match sys::wait_listener(l.as_raw_fd(), shutdown_fd, 1000) {
-            ListenerWake::Shutdown => return,
-            ListenerWake::Nothing => continue,
-            ListenerWake::Readable => {}
-        }
-        match l.accept() {
-            Ok((c, peer)) => {
-                if let Err(e) = answer(c, &shared, per_host) {
-                    debug!(%peer, error = %e, "metrics: scrape not answered");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                debug!(error = %e, "metrics: accept failed");
-                std::thread::sleep(Duration::from_millis(10)); // EMFILE and friends
-            }
-        }
-    }
-}
-
-/// Reads one request from `c` and answers it.
-fn answer(mut c: TcpStream, shared: &Shared, per_host: bool) -> io::Result<()> {
-    let start = Instant::now();
-    c.set_nonblocking(false)?;
-    c.set_write_timeout(Some(CLIENT_BUDGET))?;
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    // The end of the headers (a bare LF ending is accepted too).
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && !req.windows(2).any(|w| w == b"\n\n") {
-        let left = CLIENT_BUDGET.saturating_sub(start.elapsed());
-        if left.is_zero() || req.len() > MAX_REQUEST {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "request too slow or too long",
-            ));
-        }
-        c.set_read_timeout(Some(left))?;
-        let n = c.read(&mut buf)?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no request"));
-        }
-        req.extend_from_slice(&buf[..n]);
-    }
-    let route = route(&req);
-    let (status, ctype, body) = match route {
-        Route::Metrics { .. } => {
-            // SAFETY: geteuid cannot fail.
-            let uid = unsafe { libc::geteuid() };
-            (
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                render(&shared.stat_report(uid), per_host),
-            )
-        }
-        Route::NotFound { .. } => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "tcps server: the metrics are at /metrics\n".to_string(),
-        ),
-        Route::BadMethod => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "tcps server: only GET /metrics\n".to_string(),
-        ),
-    };
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if !route.head() {
-        out.push_str(&body);
-    }
-    c.write_all(out.as_bytes())
-}
-
-/// What a scraper's request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// `GET /metrics` (`head`: HEAD, headers only); a query string is ignored.
-    Metrics { head: bool },
-    /// GET or HEAD of another path.
-    NotFound { head: bool },
-    /// Any other method, or no request line.
-    BadMethod,
-}
-
-impl Route {
-    fn head(self) -> bool {
-        matches!(
-            self,
-            Route::Metrics { head: true } | Route::NotFound { head: true }
-        )
-    }
-}
-
-/// Parses the request line of `req` (any bytes: the scraper is untrusted).
-pub fn route(req: &[u8]) -> Route {
-    let line = req
-        .split(|&b| b == b'\r' || b == b'\n')
-        .next()
-        .unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let head = match method {
-        "GET" => false,
-        "HEAD" => true,
-        _ => return Route::BadMethod,
-    };
-    if path == "/metrics" {
-        Route::Metrics { head }
-    } else {
-        Route::NotFound { head }
-    }
-}
 
 /// One metric family: its HELP and TYPE lines, then its samples.
 fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
@@ -599,6 +457,8 @@ pub fn render(r: &Value, per_host: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::Shared;
+    use std::time::Instant;
 
     /// A remote host's link: totals always, per link only with per_host.
     #[test]

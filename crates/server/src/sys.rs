@@ -333,36 +333,6 @@ pub fn arrival_ns(fd: RawFd) -> Option<u64> {
     None
 }
 
-/// What a thread serving a listening socket woke up for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ListenerWake {
-    /// The server's shutdown eventfd is readable: stop.
-    Shutdown,
-    /// The listener has a connection to accept.
-    Readable,
-    /// Neither (the timeout, a signal).
-    Nothing,
-}
-
-/// Waits at most `timeout_ms` until `listener` or `shutdown` is readable
-/// (the loop of the control and the metrics threads).
-pub fn wait_listener(listener: RawFd, shutdown: RawFd, timeout_ms: i32) -> ListenerWake {
-    let mut pfds = [listener, shutdown].map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // SAFETY: pfds is a valid, writable array of 2.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), 2, timeout_ms) };
-    if pfds[1].revents != 0 {
-        ListenerWake::Shutdown
-    } else if n > 0 && pfds[0].revents != 0 {
-        ListenerWake::Readable
-    } else {
-        ListenerWake::Nothing
-    }
-}
-
 pub fn eventfd() -> SysResult<OwnedFd> {
     // SAFETY: plain syscall.
     check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) }).map(own)

@@ -7,6 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use tracing::warn;
 
 fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; zero is a valid value.
@@ -70,7 +71,49 @@ pub fn listen(path: &Path, mode: u32, group: Option<u32>) -> io::Result<OwnedFd>
             return Err(about_path(path, "cannot create the control socket", e));
         }
     }
+    if let Some(why) = kept_out(path, mode, group) {
+        warn!("{why}");
+    }
     Ok(fd)
+}
+
+/// Whom the socket's mode and group admit but a directory on its path keeps
+/// out (no search permission for them), in a sentence; None if nobody. So
+/// `--socket-group` or `--socket-mode 666` on a socket inside a 0700
+/// directory (a login session's `$XDG_RUNTIME_DIR`) does not silently mean
+/// nothing. Mode bits only: an ACL may still let them in, so a warning,
+/// not a refusal.
+fn kept_out(path: &Path, mode: u32, group: Option<u32>) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    // Whom to check: everyone (None), else the socket's group.
+    let (who, gid) = if mode & 0o002 != 0 {
+        (
+            format!("--socket-mode {mode:o} lets every user attach"),
+            None,
+        )
+    } else {
+        let gid = group.filter(|_| mode & 0o020 != 0)?;
+        (format!("--socket-group lets group {gid} attach"), Some(gid))
+    };
+    let may_enter = |d: &std::fs::Metadata| {
+        d.mode() & 0o001 != 0 || gid.is_some_and(|g| d.gid() == g && d.mode() & 0o010 != 0)
+    };
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::canonicalize(parent.unwrap_or(Path::new("."))).ok()?;
+    let (blocking, meta) = dir.ancestors().find_map(|d| {
+        let meta = std::fs::metadata(d).ok()?;
+        (!may_enter(&meta)).then(|| (d.to_path_buf(), meta))
+    })?;
+    Some(format!(
+        "{who}, but the directory {} (mode {:o}, owner uid {}, group {}) keeps them from \
+         reaching {}: they get EACCES. Put the socket where they may enter (the default \
+         /run/tcps/tcps.sock is such a place) or open that directory to them",
+        blocking.display(),
+        meta.mode() & 0o7777,
+        meta.uid(),
+        meta.gid(),
+        path.display()
+    ))
 }
 
 /// The control socket systemd passed (socket activation: `LISTEN_PID` is
@@ -270,7 +313,8 @@ fn about_path(path: &Path, what: &str, e: io::Error) -> io::Error {
         Some(
             libc::EACCES | libc::EPERM | libc::EROFS | libc::EISDIR | libc::ENOTDIR | libc::EEXIST,
         ) => {
-            "; choose a path you may write with --socket PATH (or set XDG_RUNTIME_DIR or TCPS_SOCKET)"
+            "; choose a path you may write with --socket PATH or TCPS_SOCKET (a server of your \
+             own: --socket $XDG_RUNTIME_DIR/tcps.sock)"
         }
         _ => "",
     };
