@@ -16,8 +16,10 @@
 #
 # Environment: SUITES_DIR (the archives; default ../shared/suites beside the
 # repository, else ../../shared/suites for a worktree), SUITES_ONLY=nginx|redis (one suite), SUITES_NGINX / SUITES_REDIS
-# (space-separated files or units instead of the tier's list), SUITES_KEEP=1
-# (keep the temporary directory and say where).
+# (space-separated files or units instead of the tier's list),
+# SUITES_FILE_TIMEOUT / SUITES_UNIT_TIMEOUT (seconds one nginx-tests file or
+# redis unit may take; 60/150 in the CI tier, 180/300 with --full),
+# SUITES_KEEP=1 (keep the temporary directory and say where).
 #
 # A test that fails under tcps is run again on kernel sockets before it counts
 # as a regression: it counts only if it passed on the kernel both times
@@ -29,7 +31,7 @@ full=${SUITES_FULL:-0}
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "suites.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +62,10 @@ tar -xzf "$redis_tar" -C "$tmp/redis-kernel"
 tar -xzf "$redis_tar" -C "$tmp/redis-tcps"
 
 sock=$tmp/tcps.sock
-RUST_LOG=info "$tcps" server --socket "$sock" 2>"$tmp/server.log" &
+# --balance off: every connection stays offloaded (with balancing on, the
+# server may hand a share of them to the program as kernel sockets, and a test
+# on such a connection would not test tcps).
+RUST_LOG=info "$tcps" server --socket "$sock" --balance off 2>"$tmp/server.log" &
 server_pid=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
 [ -S "$sock" ] || fail "tcps server did not start: $(tail -3 "$tmp/server.log")"

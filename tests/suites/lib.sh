@@ -60,20 +60,25 @@ cleanup() {
 }
 
 # offloaded NAME STATS EXE: the preload's exit records of the program EXE
-# (TCPS_PRELOAD_STATS) must show sockets served by the TCP server.
+# (TCPS_PRELOAD_STATS) must show sockets and connections served by the TCP
+# server. A record names the executable the link resolves to (Debian's
+# redis-server is a link to redis-check-rdb), by path or by name.
 offloaded() {
-  local name=$1 stats=$2 exe=$3 sums
+  local name=$1 stats=$2 exe sums
+  exe=$(readlink -f "$3")
   [ -s "$stats" ] || { echo "$name: no exit records of the preload in $stats" >&2; return 1; }
-  sums=$(grep -F "exe=$exe" "$stats" | awk '{
+  sums=$(grep -E " exe=($exe|${exe##*/}) " "$stats" | awk '{
       for (i = 1; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] }
       n++ } END { printf "processes=%d offloaded=%d accepted=%d kernel_tcp=%d direct=%d sendfile_bytes=%d",
       n, s["offloaded"], s["accepted"], s["kernel_tcp"], s["direct"], s["sendfile_bytes"] }')
   say "$name through tcps, the preload's exit records: $sums"
-  local off acc
-  off=$(sed -n 's/.* offloaded=\([0-9]*\).*/\1/p' <<<"$sums")
-  acc=$(sed -n 's/.* accepted=\([0-9]*\).*/\1/p' <<<"$sums")
-  [ "$off" -gt 0 ] && [ "$acc" -gt 0 ] ||
+  field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$sums"; }
+  [ "$(field offloaded)" -gt 0 ] && [ "$(field accepted)" -gt 0 ] ||
     { echo "$name: no offloaded sockets or connections in the exit records" >&2; return 1; }
+  # --fallback fail and --balance off: no TCP socket on the kernel, no
+  # connection handed over as a kernel socket.
+  [ "$(field kernel_tcp)" -eq 0 ] && [ "$(field direct)" -eq 0 ] ||
+    { echo "$name: TCP sockets on the kernel or handed over directly: $sums" >&2; return 1; }
 }
 
 # list FILE: the names of a selection file (comments and blank lines out).

@@ -3,12 +3,15 @@
 # prove_side SIDE NGINX FILE...: one prove -j2 run; each file's TAP is kept in
 # $tmp/tap/SIDE/<file>.tap (tests/suites/tap-save).
 prove_side() {
-  local side=$1 nginx=$2 t0=$(date +%s) pid
+  # A file's own limit: the longest file of the CI tier takes about 10 s on
+  # the kernel, the longest of all about 30 s.
+  local side=$1 nginx=$2 t0=$(date +%s) pid file_timeout=60
+  [ "$full" = 1 ] && file_timeout=180
   shift 2
   mkdir -p "$tmp/tap/$side"
   (
     cd "$tmp/nginx-tests"
-    SUITES_TAP_DIR=$tmp/tap/$side SUITES_FILE_TIMEOUT=${SUITES_FILE_TIMEOUT:-180} TMPDIR=$tmp/t \
+    SUITES_TAP_DIR=$tmp/tap/$side SUITES_FILE_TIMEOUT=${SUITES_FILE_TIMEOUT:-$file_timeout} TMPDIR=$tmp/t \
       TEST_NGINX_BINARY=$nginx TEST_NGINX_MODULES=/usr/lib/nginx/modules \
       TEST_NGINX_GLOBALS="user root;" \
       exec prove -j2 --timer --exec "$root/tests/suites/tap-save" "$@"
