@@ -31,7 +31,7 @@ full=${SUITES_FULL:-0}
 for arg in "$@"; do
   case "$arg" in
     --full) full=1 ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "suites.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
   esac
 done
