@@ -436,19 +436,23 @@ impl Client {
         self.take_async_error(s)?;
         if !self.sendq_failed(s) && self.eager_shutdown_unanswered(s, how) {
             let reply = false;
-            return self.conn.post(Call::Shutdown {
+            self.conn.post(Call::Shutdown {
                 sock: s,
                 how,
                 reply,
-            });
+            })?;
+        } else {
+            let reply = true;
+            self.simple_call(Call::Shutdown {
+                sock: s,
+                how,
+                reply,
+            })?;
         }
-        let reply = true;
-        self.simple_call(Call::Shutdown {
-            sock: s,
-            how,
-            reply,
-        })
-        .map(drop)
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.sendq_write_shut(s);
+        }
+        Ok(())
     }
 
     /// close(2). Asynchronous sends still in flight are not lost: the

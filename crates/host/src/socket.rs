@@ -109,6 +109,9 @@ pub(crate) struct SendSide {
     /// The server refused to bind the socket's queue (`AsyncBind` failed
     /// with EBUSY or EINVAL): its asynchronous sends run synchronously.
     pub no_queue: bool,
+    /// Shut down for writing (`shutdown`): sends run synchronously, and
+    /// the kernel refuses them at the call (EPIPE) as it would.
+    pub write_shut: bool,
     /// errno of a failed send, once seen in the queue; `reported` once a
     /// later call returned it.
     pub error: i32,

@@ -413,6 +413,9 @@ pub fn start_with(cfg: Config, inherited: Option<upgrade::record::Record>) -> io
     })
 }
 
+/// How long the start waits for a worker thread to run.
+const WORKER_START: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The workers' threads (each given its share of the hosts an upgrade
 /// `carried`), their handles for the control thread, and their doorbells.
 type Workers = (
@@ -435,6 +438,8 @@ fn spawn_workers(
     let mut threads = Vec::new();
     let mut handles = Vec::new();
     let mut doorbells = Vec::new();
+    // Each worker says when it runs with every descriptor it keeps open.
+    let (running, started) = std::sync::mpsc::channel::<()>();
     for (index, carried) in per_worker.into_iter().enumerate() {
         let doorbell = Arc::new(sys::eventfd().map_err(io::Error::from_raw_os_error)?);
         let inbox = Arc::new(worker::Inbox::default());
@@ -452,11 +457,22 @@ fn spawn_workers(
             shutdown.as_raw_fd(),
         )?;
         w.restore(carried)?;
+        let running = running.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("tcps-worker-{index}"))
-                .spawn(move || w.run())?,
+                .spawn(move || w.run(running))?,
         );
+    }
+    // The "listening" line follows: from then on an idle server's
+    // descriptors are the same set (the fault matrix counts them). (A
+    // worker that died before it ran drops its sender: no wait for it.)
+    drop(running);
+    for _ in 0..threads.len() {
+        if started.recv_timeout(WORKER_START).is_err() {
+            tracing::warn!("a worker did not start within {WORKER_START:?}");
+            break;
+        }
     }
     Ok((threads, handles, doorbells))
 }

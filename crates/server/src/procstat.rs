@@ -6,7 +6,6 @@
 //! listing a directory allocates per entry.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 /// How often the thread list is read again.
@@ -81,11 +80,19 @@ pub fn schedstat_delay(text: &str) -> Option<u64> {
 /// and lseek, two system calls more per file; /proc files have none).
 pub fn read_into(path: &str, buf: &mut String) -> Option<()> {
     buf.clear();
-    let mut f = std::fs::File::open(path).ok()?;
+    read_at_start(&std::fs::File::open(path).ok()?, buf)
+}
+
+/// The text of the open /proc file `f`, read again from its start, into
+/// `buf` (cleared first; its room kept). A /proc file makes its text anew
+/// for a read at offset 0.
+pub fn read_at_start(f: &std::fs::File, buf: &mut String) -> Option<()> {
+    use std::os::unix::fs::FileExt;
+    buf.clear();
     let mut chunk = [0u8; 512];
     let mut bytes = std::mem::take(buf).into_bytes();
     let ok = loop {
-        match f.read(&mut chunk) {
+        match f.read_at(&mut chunk, bytes.len() as u64) {
             Ok(0) => break true,
             Ok(n) => bytes.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

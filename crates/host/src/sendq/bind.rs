@@ -15,15 +15,15 @@ use super::shared::Orphan;
 impl Client {
     /// The socket's send side, locked; binds its send queue (`queue == s`)
     /// on first use (one round trip). A socket that cannot have one (an id
-    /// beyond the region's queues, or the server refused) has `queue ==
-    /// None`.
+    /// beyond the region's queues, or the server refused), or may not now
+    /// (not connected, or shut down for writing), has `queue == None`.
     pub(super) fn send_side<'a>(
         &'a self,
         s: u32,
         sock: &'a Socket,
     ) -> io::Result<SpinGuard<'a, SendSide>> {
         let mut g = sock.send.lock();
-        if g.queue.is_some() || g.no_queue {
+        if g.queue.is_some() || g.no_queue || g.write_shut {
             return Ok(g);
         }
         let Some(sq) = self.conn.region_send_queue(s) else {
@@ -46,6 +46,9 @@ impl Client {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EINVAL)) => {
                 g.no_queue = true;
             }
+            // Not connected (yet): this send runs synchronously and gets
+            // the kernel's answer; a later one asks again.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
             Err(e) => return Err(e),
         }
         Ok(g)
@@ -99,6 +102,15 @@ impl Client {
             self.forget_done(&mut o.pending, done.wrapping_add(1 << 30));
             false
         });
+    }
+
+    /// The socket was shut down for writing: its later sends run
+    /// synchronously, so the kernel refuses them at the call (a queued
+    /// send would return at once and fail later).
+    pub(crate) fn sendq_write_shut(&self, s: u32) {
+        if let Ok(sock) = self.conn.socks.get_or_insert(s) {
+            sock.send.lock().write_shut = true;
+        }
     }
 
     /// The socket is being closed: its queue (with sends in flight) goes to

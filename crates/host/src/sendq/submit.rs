@@ -70,7 +70,13 @@ impl Client {
         let mut sent = 0;
         for piece in buf.chunks(MAX_PIECE) {
             match self.submit(s, Source::Copy(piece), flags) {
-                Ok(_) => sent += piece.len(),
+                Ok((_, n)) => {
+                    sent += n;
+                    // A synchronous send took less: the rest is not sent.
+                    if n < piece.len() {
+                        break;
+                    }
+                }
                 Err(e) if sent == 0 => return Err(e),
                 Err(_) => break,
             }
@@ -90,6 +96,7 @@ impl Client {
         mem: u32,
     ) -> io::Result<IoHandle> {
         self.submit(s, Source::Registered { mem, ptr, len }, flags)
+            .map(|(io, _)| io)
     }
 
     /// Queues `len` bytes at `offset` of file `file` (handed over with
@@ -118,11 +125,13 @@ impl Client {
             off: offset,
             len,
         };
-        self.submit(s, src, flags)
+        self.submit(s, src, flags).map(|(io, _)| io)
     }
 
-    /// One descriptor (see the module docs for the steps).
-    fn submit(&self, s: u32, src: Source<'_>, flags: i32) -> io::Result<IoHandle> {
+    /// One descriptor (see the module docs for the steps), and the bytes
+    /// taken: all of them, unless the send ran synchronously and the
+    /// kernel took less.
+    fn submit(&self, s: u32, src: Source<'_>, flags: i32) -> io::Result<(IoHandle, usize)> {
         let conn = &self.conn;
         conn.check_open(libc::EPIPE)?;
         if flags & !ASYNC_FLAGS != 0 {
@@ -135,7 +144,7 @@ impl Client {
         };
         let len32 = u32::try_from(len).map_err(|_| errno(libc::EINVAL))?;
         if len == 0 {
-            return Ok(IoHandle::DONE);
+            return Ok((IoHandle::DONE, 0));
         }
         // Check the registration before anything else: unregistered memory
         // is EINVAL, whatever the socket's state.
@@ -149,7 +158,7 @@ impl Client {
         let g = self.send_side(s, sock)?;
         // (A host on another node too: its helper ships the staged bytes
         // before the descriptor, `crate::remote::pump`.)
-        let Some(q) = g.queue else {
+        let Some(q) = g.queue.filter(|_| !g.write_shut) else {
             drop(g);
             return self.fallback(s, &src, len, flags);
         };
@@ -177,7 +186,7 @@ impl Client {
             }
             (None, Source::Registered { .. }) => return Err(errno(libc::EINVAL)),
         };
-        self.publish(&sub, g, placed, len32, flags)
+        self.publish(&sub, g, placed, len32, flags).map(|io| (io, len))
     }
 
     /// Waits for a credit (a free descriptor): refreshes `done`, then sleeps
@@ -306,16 +315,22 @@ impl Client {
         Ok(io)
     }
 
-    /// No send queue: the send runs synchronously.
-    fn fallback(&self, s: u32, src: &Source<'_>, len: usize, flags: i32) -> io::Result<IoHandle> {
+    /// No send queue: the send runs synchronously (and may take less).
+    fn fallback(
+        &self,
+        s: u32,
+        src: &Source<'_>,
+        len: usize,
+        flags: i32,
+    ) -> io::Result<(IoHandle, usize)> {
         let fallbacks = &self.conn.sendq.counters.fallbacks;
         fallbacks.fetch_add(1, Ordering::Relaxed);
         let flags = flags & !libc::MSG_NOSIGNAL;
         match *src {
-            Source::Copy(b) => self.send(s, b, flags).map(|_| IoHandle::DONE),
+            Source::Copy(b) => self.send(s, b, flags).map(|n| (IoHandle::DONE, n)),
             Source::Registered { mem, ptr, .. } => self
                 .send_registered(s, ptr, len, flags, mem)
-                .map(|_| IoHandle::DONE),
+                .map(|n| (IoHandle::DONE, n)),
             // A synchronous sendfile may send less: the caller decides.
             Source::File { .. } => Err(errno(libc::EOPNOTSUPP)),
         }

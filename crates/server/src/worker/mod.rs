@@ -123,12 +123,17 @@ impl Worker {
         })
     }
 
-    pub fn run(mut self) {
+    /// The worker loop, on its own thread; `running` is told once the
+    /// thread holds every descriptor it keeps.
+    pub fn run(mut self, running: std::sync::mpsc::Sender<()>) {
         if let Some(&cpu) = self.cfg.cpus.get(self.index) {
             if let Err(e) = sys::pin_to_cpu(cpu) {
                 warn!(cpu, errno = e, "could not pin worker");
             }
         }
+        self.meter.open();
+        let _ = running.send(());
+        drop(running);
         info!(
             worker = self.index,
             engine = self.engine.name(),

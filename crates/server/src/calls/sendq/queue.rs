@@ -7,7 +7,7 @@ use crate::calls::common::Res;
 use crate::host::{Host, Job, Parked, QueueState};
 use crate::registry::Registry;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tcps_proto::msg::{Call, MemRange};
@@ -37,6 +37,9 @@ pub(crate) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
     if sock.queue.is_some() || host.queues[queue as usize].owner.is_some() {
         return Err(libc::EBUSY);
     }
+    if !may_send(sock.fd.as_raw_fd()) {
+        return Err(libc::ENOTCONN);
+    }
     if host.remote {
         // Over a fabric `head` is the host pump's to ship, and it ships a
         // new binding's from 0 (`host::remote::pump`): an old binding's
@@ -64,6 +67,32 @@ pub(crate) fn bind(host: &mut Host, sid: u32, queue: u32, start: u32, now: Insta
     make_hot(host, queue, now);
     // aux: O_NONBLOCK, which decides EAGAIN on the host's side of the queue.
     Ok((0, nonblocking))
+}
+
+/// Whether the kernel socket `fd` takes a send now: connected (or closed
+/// by the peer) and not shut down for writing. Only such a socket may
+/// queue sends: a queued send returns at once, so on any other (never
+/// connected, listening, connecting, shut down, reset) it would take bytes
+/// the kernel refuses at the call (EPIPE, EAGAIN). The host then sends
+/// synchronously and gets the kernel's answer, and binds again later
+/// (a connect in progress completes).
+fn may_send(fd: RawFd) -> bool {
+    // SAFETY: a zeroed tcp_info is valid; the kernel writes at most `len`
+    // bytes into it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt on the server's own fd into `info` of `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // TCP_ESTABLISHED and TCP_CLOSE_WAIT (include/net/tcp_states.h).
+    r == 0 && len >= 1 && matches!(info.tcpi_state, 1 | 8)
 }
 
 pub(crate) fn make_hot(host: &mut Host, q: u32, now: Instant) {
