@@ -22,7 +22,11 @@ while [ $# -gt 0 ]; do
 done
 
 cargo build --release
-cargo test --release -p tcps-cli --test integrity --no-run
+# The test binary is run directly (not through cargo, which would hold the
+# build directory's lock for the whole soak).
+bin=$(cargo test --release -p tcps-cli --test integrity --no-run 2>&1 |
+    sed -n 's/.*Executable tests\/integrity.rs (\(.*\))/\1/p' | tail -1)
+[ -x "$bin" ] || { echo "soak.sh: no integrity test binary" >&2; exit 1; }
 mkdir -p target/soak
 end=$(( $(date +%s) + minutes * 60 ))
 round=0 failed=0 stalls=0 diffs=0
@@ -30,7 +34,7 @@ start=$(date +%s)
 while [ "$(date +%s)" -lt "$end" ]; do
     round=$((round + 1))
     log=target/soak/round-$round.log
-    if TCPS_INTEGRITY_SOAK=1 cargo test --release -p tcps-cli --test integrity -- --nocapture > "$log" 2>&1; then
+    if TCPS_INTEGRITY_SOAK=1 "$bin" --nocapture > "$log" 2>&1; then
         status=ok
     else
         status=FAILED
