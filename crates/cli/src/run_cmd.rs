@@ -60,6 +60,13 @@ pub struct RunArgs {
     /// connections (sets TCPS_REATTACH=1)
     #[arg(long)]
     pub reattach: bool,
+    /// When the TCP server dies, exit (status 75, EX_TEMPFAIL) instead of
+    /// running on without it, so that a supervisor (systemd's
+    /// Restart=on-failure) restarts the program; without --reattach the
+    /// program's listeners stop listening either way, so clients are
+    /// refused rather than left waiting (sets TCPS_EXIT_ON_SERVER_DEATH=1)
+    #[arg(long, conflicts_with = "reattach")]
+    pub exit_on_server_death: bool,
     /// Attach to a TCP server on another node over UCX, at its
     /// `--fabric-listen ADDR:PORT` (sets TCPS_REMOTE; needs --fabric-auth).
     /// Several servers, comma-separated (`A:P,B:P`): listeners are opened on
@@ -158,6 +165,7 @@ const CHECKED_ENV: &[(&str, &[&str], &str)] = &[
         "debug, info, warn or off",
     ),
     ("TCPS_REATTACH", SWITCH, "1 (on) or 0 (off)"),
+    ("TCPS_EXIT_ON_SERVER_DEATH", SWITCH, "1 (on) or 0 (off)"),
     ("TCPS_BALANCE", SWITCH, "1 (on) or 0 (off)"),
     ("TCPS_ASYNC_SEND", SWITCH, "1 (on) or 0 (off)"),
     ("TCPS_HOST_DOORBELL", SWITCH, "1 (on) or 0 (off)"),
@@ -355,6 +363,9 @@ pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
             .is_ok_and(|v| matches!(v.as_str(), "1" | "on" | "yes" | "true"));
     if reattach {
         cmd.env("TCPS_REATTACH", "1");
+    }
+    if args.exit_on_server_death {
+        cmd.env("TCPS_EXIT_ON_SERVER_DEATH", "1");
     }
     // The program keeps this pid (exec): the library knows it is the one
     // `tcps run` started and writes its summary line even without sockets.

@@ -89,7 +89,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// nginx (master + 2 workers) with keep-alive connections open: after the
-/// kill its workers log a few lines, not thousands, and use (almost) no CPU.
+/// kill its workers log a few lines, not thousands, use (almost) no CPU,
+/// and new clients are refused (the listener stopped listening).
 #[test]
 fn nginx_stays_quiet_after_the_death() {
     need("nginx");
@@ -139,6 +140,9 @@ fn nginx_stays_quiet_after_the_death() {
         }
         assert!(ended, "a connection of the dead server stays open");
     }
+    // Its listener stopped listening: a new client is refused at once,
+    // as by a dead backend, not queued for nobody.
+    assert_refused(port, "nginx");
     stop(&mut nginx.0, libc::SIGQUIT);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
@@ -157,4 +161,63 @@ fn nginx_stays_quiet_after_the_death() {
         ticks * 1000 / hz,
         read(&log)
     );
+}
+
+/// A connection to 127.0.0.1:`port` is refused within 2 s of the death (the
+/// program notices it within its wait's 100 ms check).
+fn assert_refused(port: u16, what: &str) {
+    let t = std::time::Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
+            r => assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "{what}: a new client was not refused after the server's death: {r:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// redis under `tcps run`: after the server's death a new client is refused
+/// (the listener stopped listening, it did not hang); with
+/// `--exit-on-server-death` redis exits with status 75 for its supervisor.
+#[test]
+fn redis_refuses_or_exits_after_the_death() {
+    need("redis-server");
+    for exit in [false, true] {
+        let mut srv = Server::start("uring", &[]);
+        let dir = TempDir::new("server-death-redis");
+        let port = free_port();
+        let p = port.to_string();
+        let stats = dir.path().join("redis.stats");
+        let log = dir.path().join("redis.log");
+        let argv = ["redis-server", "--port", &p, "--bind", "127.0.0.1", "--save", ""];
+        let mut cmd = command(Net::Tcps, &srv, &stats, &log, &argv);
+        if exit {
+            cmd.env("TCPS_EXIT_ON_SERVER_DEATH", "1");
+        }
+        let mut child = cmd.spawn().expect("spawn redis");
+        wait_port(port, &mut child, "redis", &log);
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"PING\r\n").unwrap();
+        let mut b = [0u8; 7];
+        c.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"+PONG\r\n");
+        srv.kill9();
+        if exit {
+            let st = common::wait_timeout(&mut child, Duration::from_secs(5));
+            assert_eq!(
+                st.and_then(|s| s.code()),
+                Some(75),
+                "redis did not exit with 75 after the death:\n{}",
+                read(&log)
+            );
+        } else {
+            assert_refused(port, "redis");
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

@@ -100,6 +100,42 @@ impl Client {
         }
     }
 
+    /// After the server died: every listening socket of which this process
+    /// holds its own descriptor stops listening (shutdown(2) of a listener
+    /// drops its queue and unlistens it), so that the kernel refuses new
+    /// connections instead of queueing them for nobody: load balancers and
+    /// health checks then see a dead backend, not a hung one. The
+    /// descriptors stay open (the program still holds its placeholders).
+    /// Returns how many stopped listening.
+    pub fn stop_listening(&self) -> usize {
+        let mut n = 0;
+        self.conn.socks.for_each(|_, sock| {
+            let Some(fd) = sock.kfd() else {
+                return;
+            };
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into an int of its size, shutdown(2), both
+            // raw system calls on a descriptor this process owns.
+            let listening = unsafe {
+                libc::syscall(
+                    libc::SYS_getsockopt,
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ACCEPTCONN,
+                    &mut v as *mut libc::c_int,
+                    &mut len as *mut libc::socklen_t,
+                ) == 0
+                    && v != 0
+            };
+            // SAFETY: as above.
+            if listening && unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_RDWR) } == 0 {
+                n += 1;
+            }
+        });
+        n
+    }
+
     /// This process's descriptor of socket `s`; for a socket it has none of
     /// (a connection the server accepted) a duplicate of the server's
     /// (`ControlMsg::SocketDup`), kept from then on.

@@ -42,13 +42,35 @@ pub fn gone(c: &Client) -> bool {
     if state::is_group() && state::in_group(e) {
         crate::group::member_gone(e);
     } else if e == state::epoch() && ANNOUNCED.swap(e, Ordering::Relaxed) != e {
-        log::emit(if state::reattach_enabled() {
-            "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback until a server is back (--reattach)"
+        if state::reattach_enabled() {
+            log::emit("the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback until a server is back (--reattach)");
         } else {
-            "the tcps server is gone: offloaded sockets report a reset once; new sockets follow --fallback"
-        });
+            // Nobody will accept on the listeners again: the kernel must
+            // refuse new connections (with --reattach a new server takes
+            // the listeners over, queue and all).
+            let n = c.stop_listening();
+            log::emit(&format!(
+                "the tcps server is gone: offloaded sockets report a reset once, {n} listener(s) stopped listening (new connections are refused); new sockets follow --fallback"
+            ));
+            exit_if_asked();
+        }
     }
     true
+}
+
+/// `TCPS_EXIT_ON_SERVER_DEATH=1` (`tcps run --exit-on-server-death`): the
+/// program exits with status 75 (EX_TEMPFAIL) when its server is gone, so
+/// that its supervisor restarts it (with a server that came back).
+fn exit_if_asked() {
+    let on = tcps::setting_str("TCPS_EXIT_ON_SERVER_DEATH")
+        .and_then(Result::ok)
+        .is_some_and(|v| matches!(v.trim(), "1" | "on" | "yes" | "true"));
+    if on {
+        log::emit("exiting with status 75 (TCPS_EXIT_ON_SERVER_DEATH=1)");
+        // SAFETY: _exit ends the process at once, as a fatal error does;
+        // nothing of the program runs after it.
+        unsafe { libc::_exit(75) };
+    }
 }
 
 /// Asks the server whether it is still there (a system call), then as
