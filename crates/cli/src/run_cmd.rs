@@ -247,14 +247,42 @@ fn find_program(program: &std::ffi::OsStr) -> Option<PathBuf> {
         .find(|c| c.is_file())
 }
 
-/// Whether `path` is an ELF executable without a program interpreter
-/// (statically linked, static-pie included): the dynamic loader never runs
-/// for it, so LD_PRELOAD cannot intercept anything. None: not ELF (a
-/// script) or unreadable.
-fn is_statically_linked(path: &Path) -> Option<bool> {
+/// Why the preload library could not see the sockets of the program at
+/// `path`, if it could not: an ELF executable without a program
+/// interpreter (statically linked, static-pie included: the dynamic loader
+/// never runs, so LD_PRELOAD reaches nothing), or a Go program (its
+/// runtime makes socket system calls itself, never through libc, even when
+/// it is dynamically linked and the library is loaded).
+fn bypass_reason(path: &Path) -> Option<&'static str> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).ok()?;
-    tcps::statically_linked_fd(f.as_raw_fd())
+    if tcps::statically_linked_fd(f.as_raw_fd()) == Some(true) {
+        return Some("is statically linked: the preload library is never loaded into it");
+    }
+    if tcps::go_program_fd(f.as_raw_fd()) {
+        return Some(
+            "is a Go program: Go's runtime makes its socket system calls directly, not through \
+             libc, so the preload library never sees them",
+        );
+    }
+    None
+}
+
+/// A program whose sockets would stay on the kernel's without a word:
+/// with `--fallback fail` it is refused, else warned about once.
+fn check_bypass(args: &RunArgs, fallback: Fallback) -> Result<(), String> {
+    let Some(reason) = find_program(&args.command[0]).as_deref().and_then(bypass_reason) else {
+        return Ok(());
+    };
+    let name = &args.command[0];
+    if let Fallback::Fail = fallback {
+        return Err(format!(
+            "{name:?} {reason}; its sockets would run on the kernel's, which --fallback fail refuses \
+             (docs/PRELOAD.md, \"Runtimes\")"
+        ));
+    }
+    eprintln!("tcps run: warning: {name:?} {reason}: its sockets stay on the kernel's (not offloaded)");
+    Ok(())
 }
 
 /// Attaches, retrying for up to `wait` while no server answers (it may be
@@ -333,14 +361,7 @@ fn preload(cmd: &mut std::process::Command, fallback: Fallback) -> Result<(), St
 pub fn run(args: RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     check_environment()?;
     let fallback = fallback(&args);
-    let program = find_program(&args.command[0]);
-    if program.as_deref().and_then(is_statically_linked) == Some(true) {
-        eprintln!(
-            "tcps run: warning: {:?} is statically linked: tcps cannot intercept its sockets \
-             (they stay on the kernel's)",
-            args.command[0]
-        );
-    }
+    check_bypass(&args, fallback)?;
     let socket = args.socket.clone().unwrap_or_else(tcps::default_path);
     let mut cmd = std::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);

@@ -52,6 +52,73 @@ pub fn statically_linked_fd(fd: RawFd) -> Option<bool> {
     Some(true)
 }
 
+const PT_NOTE: u32 = 4;
+
+/// The ELF class, program header offset, entry size and count of the file
+/// open at `fd` (little-endian only); None if not such an ELF file.
+fn program_headers(fd: RawFd) -> Option<(u8, u64, u64, u64)> {
+    let mut h = [0u8; 64];
+    if !pread_exact(fd, &mut h, 0) || &h[..4] != b"\x7fELF" || h[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| u64::from(u16::from_le_bytes([h[o], h[o + 1]]));
+    let u32_at = |o: usize| u64::from(u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]));
+    match h[4] {
+        2 => Some((2, u64::from_le_bytes(h[0x20..0x28].try_into().ok()?), u16_at(0x36), u16_at(0x38))),
+        1 => Some((1, u32_at(0x1c), u16_at(0x2a), u16_at(0x2c))),
+        _ => None,
+    }
+}
+
+/// Whether the file open at `fd` is a program built by Go's toolchain: it
+/// carries a `Go` note (the build id, `.note.go.buildid`). Go's runtime
+/// makes its socket system calls itself, never through libc, so the
+/// preload library, loaded or not, never sees them.
+pub fn go_program_fd(fd: RawFd) -> bool {
+    let Some((class, phoff, phentsize, phnum)) = program_headers(fd) else {
+        return false;
+    };
+    // p_offset and p_filesz of a program header of this class.
+    let (off_at, size_at, width) = if class == 2 { (8, 32, 8) } else { (4, 16, 4) };
+    for i in 0..phnum.min(64) {
+        let at = phoff + i * phentsize;
+        let mut ph = [0u8; 56];
+        if phentsize < 40 || !pread_exact(fd, &mut ph[..phentsize.min(56) as usize], at) {
+            return false;
+        }
+        if u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) != PT_NOTE {
+            continue;
+        }
+        let word = |o: usize| -> u64 {
+            let mut b = [0u8; 8];
+            b[..width].copy_from_slice(&ph[o..o + width]);
+            u64::from_le_bytes(b)
+        };
+        if note_named_go(fd, word(off_at), word(size_at).min(4096)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether the notes at `off` (`len` bytes) include one named "Go".
+fn note_named_go(fd: RawFd, mut off: u64, len: u64) -> bool {
+    let end = off + len;
+    while off + 12 <= end {
+        let mut n = [0u8; 16];
+        if !pread_exact(fd, &mut n, off) {
+            return false;
+        }
+        let namesz = u64::from(u32::from_le_bytes([n[0], n[1], n[2], n[3]]));
+        let descsz = u64::from(u32::from_le_bytes([n[4], n[5], n[6], n[7]]));
+        if (namesz == 3 || namesz == 4) && &n[12..15] == b"Go\0" {
+            return true;
+        }
+        off += 12 + namesz.div_ceil(4) * 4 + descsz.div_ceil(4) * 4;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ pub use attach::{
 pub use channel::HostStats;
 pub use client::{Client, PollFd};
 pub use direct::Accepted;
-pub use elf::statically_linked_fd;
+pub use elf::{go_program_fd, statically_linked_fd};
 pub use events::{ConnEvent, EventQueue, EV_ACCEPT, EV_ALL, EV_CLOSED, EV_DATA, EV_ERROR, EV_ROOM};
 pub use ring_wait::{sleep_on_many, sleep_on_rings_many, EdgeWatch};
 pub use sendq::{IoHandle, SendBacklog};

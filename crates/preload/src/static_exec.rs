@@ -1,6 +1,7 @@
 //! exec of a statically linked program: this library cannot follow it (no
 //! dynamic loader runs, so `LD_PRELOAD` means nothing to it) and its
-//! sockets stay the kernel's. `tcps run` says so for the program it starts;
+//! sockets stay the kernel's; nor a Go program's (its runtime makes its
+//! socket system calls itself). `tcps run` says so for the program it starts;
 //! this says it when a program it runs execs one (a shell wrapper,
 //! `sh -c ./server`), which would otherwise lose tcps without a word.
 //!
@@ -38,7 +39,9 @@ pub unsafe fn warn_path(path: *const c_char, search: bool, loads_us: bool) {
         return;
     };
     if tcps::statically_linked_fd(fd) == Some(true) {
-        say(found);
+        say(found, STATIC);
+    } else if tcps::go_program_fd(fd) {
+        say(found, GO);
     }
     // SAFETY: our own descriptor, opened above.
     libc::syscall(libc::SYS_close, fd);
@@ -46,8 +49,12 @@ pub unsafe fn warn_path(path: *const c_char, search: bool, loads_us: bool) {
 
 /// As [`warn_path`] for `fexecve(fd, …)`.
 pub fn warn_fd(fd: c_int, loads_us: bool) {
-    if loads_us && level() >= log::WARN && tcps::statically_linked_fd(fd) == Some(true) {
-        say(b"the program (fexecve)");
+    if loads_us && level() >= log::WARN {
+        if tcps::statically_linked_fd(fd) == Some(true) {
+            say(b"the program (fexecve)", STATIC);
+        } else if tcps::go_program_fd(fd) {
+            say(b"the program (fexecve)", GO);
+        }
     }
 }
 
@@ -110,7 +117,12 @@ fn open(path: &[u8], buf: &mut [u8; PATH_MAX]) -> Option<RawFd> {
 }
 
 /// Writes the warning to stderr from pieces (no formatting buffer).
-fn say(what: &[u8]) {
+/// Why a program's sockets stay the kernel's.
+const STATIC: &[u8] = b" is statically linked: tcps cannot follow it, its sockets stay on the kernel's\n";
+const GO: &[u8] =
+    b" is a Go program: its runtime makes socket system calls itself, not through libc; its sockets stay on the kernel's\n";
+
+fn say(what: &[u8], why: &[u8]) {
     let mut pid = [0u8; 10];
     // SAFETY: getpid cannot fail.
     let mut n = unsafe { libc::getpid() }.unsigned_abs();
@@ -128,7 +140,7 @@ fn say(what: &[u8]) {
         &pid[at..],
         b"]: exec: ",
         what,
-        b" is statically linked: tcps cannot follow it, its sockets stay on the kernel's\n",
+        why,
     ];
     let iov = parts.map(|p| libc::iovec {
         iov_base: p.as_ptr() as *mut libc::c_void,
