@@ -181,6 +181,17 @@ unsafe fn recv_iovecs<'a>(iov: *const iovec, n: usize, too_many: i32) -> Result<
     }
 }
 
+/// The iovec array of a vectored send, checked as the kernel does (as
+/// [`recv_iovecs`]), and an entry with a NULL base and a length EFAULT (the
+/// kernel's copy faults; reading it here would crash the program).
+unsafe fn send_iovecs<'a>(iov: *const iovec, n: usize, too_many: i32) -> Result<&'a [iovec], i32> {
+    let v = recv_iovecs(iov, n, too_many)?;
+    if v.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
+        return Err(libc::EFAULT);
+    }
+    Ok(v)
+}
+
 unsafe fn send_vec(c: &tcps::Client, fd: c_int, id: u32, iov: &[iovec], flags: c_int) -> ssize_t {
     if iov.len() == 1 {
         return send_id(c, fd, id, bytes(iov[0].iov_base, iov[0].iov_len), flags);
@@ -294,7 +305,15 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    on_socket!(fd, |c, id| send_vec(c, fd, id, iovecs(iov, n), 0), else real::writev()(fd, iov, n))
+    on_socket!(fd, |c, id| {
+        let Ok(n) = usize::try_from(n) else {
+            return fail(libc::EINVAL);
+        };
+        match send_iovecs(iov, n, libc::EINVAL) {
+            Ok(v) => send_vec(c, fd, id, v, 0),
+            Err(e) => fail(e),
+        }
+    }, else real::writev()(fd, iov, n))
 }
 
 #[no_mangle]
@@ -333,6 +352,9 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             crate::log::debug!("sendmsg(fd {fd}) with ancillary data: EOPNOTSUPP");
             return fail(libc::EOPNOTSUPP);
         }
-        send_vec(c, fd, id, iovecs(m.msg_iov, m.msg_iovlen as c_int), flags)
+        match send_iovecs(m.msg_iov, m.msg_iovlen, libc::EMSGSIZE) {
+            Ok(v) => send_vec(c, fd, id, v, flags),
+            Err(e) => fail(e),
+        }
     }, else real::sendmsg()(fd, msg, flags))
 }
