@@ -60,19 +60,24 @@ pub fn dispatch(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, req: Request) {
         // also from the rest of the worker's batch for this host.
         return;
     }
-    let call = match Call::decode(&req, host.layout.arena_size) {
-        Ok(c) => c,
+    // Decoded once; an unknown op or a malformed request is answered
+    // EINVAL (never left without an answer: the host would wait for it).
+    let decoded = match Op::from_u16(req.op) {
+        Some(op) => Call::decode(&req, host.layout.arena_size).map(|c| (op, c)),
+        None => Err(tcps_proto::msg::Invalid::UnknownOp(req.op)),
+    };
+    let (op, call) = match decoded {
+        Ok(d) => d,
         Err(why) => {
             host.stats.invalid += 1;
-            debug!(host = host.id, ch, ?why, "invalid request");
+            debug!(host = host.id, ch, ?why, op = req.op, "invalid request");
             let op = Op::from_u16(req.op).unwrap_or(Op::Nop);
             return complete(host, ch, req.user_data, op, Err(libc::EINVAL));
         }
     };
-    let Some(op) = Op::from_u16(req.op) else {
-        return;
-    };
-    host.stats.calls[op as usize % 32] += 1;
+    if let Some(n) = host.stats.calls.get_mut(op as usize) {
+        *n += 1;
+    }
     // A write-side call lands after the asynchronous sends the host
     // published before it: take them first.
     if let Call::Send { sock, .. }
