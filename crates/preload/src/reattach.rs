@@ -85,6 +85,9 @@ pub fn try_now() -> bool {
     match attach::attach_again() {
         Ok(c) => adopt(c),
         Err(e) => {
+            if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
+                refused_warning(&e);
+            }
             debug!("reattach: no TCP server yet ({e})");
             if !matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) {
                 // A server answered and refused (full, permissions): ask
@@ -95,6 +98,23 @@ pub fn try_now() -> bool {
             false
         }
     }
+}
+
+/// Once per process: the server that is back refuses this process's user
+/// (a program that dropped privileges after it attached, as nginx's
+/// workers do: they inherited their parent's attachment, and must attach
+/// on their own now).
+fn refused_warning(e: &std::io::Error) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        // SAFETY: geteuid cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        warning!(
+            "reattach: the TCP server that is back refuses this process (uid {uid}): {e}; \
+             a program that runs as another user than it started as (nginx's workers) \
+             needs the socket open to that user: tcps server --socket-group GROUP (or --socket-mode 666)"
+        );
+    });
 }
 
 /// Installs `c` as the new attachment and takes the dead one's listeners
