@@ -268,13 +268,23 @@ pub(crate) fn parse_wrk(out: &str) -> Result<WrkResult, Error> {
 /// configuration's path. `tcps demo` and `tcps bench web` run nginx with it,
 /// through `tcps run` and on kernel sockets alike.
 pub(crate) fn write_nginx_conf(dir: &Path, listen: &str, root: &Path) -> Result<PathBuf, Error> {
+    write_nginx_conf_workers(dir, listen, root, 1)
+}
+
+/// [`write_nginx_conf`] with `workers` worker processes.
+pub(crate) fn write_nginx_conf_workers(
+    dir: &Path,
+    listen: &str,
+    root: &Path,
+    workers: usize,
+) -> Result<PathBuf, Error> {
     fs::create_dir_all(dir.join("tmp"))?;
     let d = dir.display();
     let conf = dir.join("nginx.conf");
     fs::write(
         &conf,
         format!(
-            "worker_processes 1;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
+            "worker_processes {workers};\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
              error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\n\
              http {{\n access_log off;\n sendfile on;\n tcp_nodelay on;\n keepalive_requests 100000;\n\
              client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n\

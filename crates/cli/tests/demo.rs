@@ -18,7 +18,7 @@ fn demo_serves_through_tcps_and_the_kernel() {
         .unwrap()
         .port();
     let out = Command::new(TCPS)
-        .args(["demo", "--duration", "1", "--connections", "8", "--port"])
+        .args(["demo", "--duration", "1", "--connections", "8", "--rounds", "2", "--port"])
         .arg(port.to_string())
         .output()
         .expect("run tcps demo");
@@ -72,4 +72,13 @@ fn demo_serves_through_tcps_and_the_kernel() {
             "no {program} ratio line:\n{text}"
         );
     }
+    // Medians of the rounds, like for like: nginx on kernel sockets with
+    // one worker per core, and the one-line verdict.
+    assert!(text.contains("medians of 2 rounds"), "no medians:\n{text}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(
+        text.contains(&format!("starting nginx ({cores} workers)")),
+        "nginx on kernel sockets did not get one worker per core:\n{text}"
+    );
+    assert!(text.contains("In one line, on this machine:"), "no verdict:\n{text}");
 }

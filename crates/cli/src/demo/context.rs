@@ -39,6 +39,10 @@ pub struct DemoArgs {
     /// Leave out the nginx rows (they need nginx: apt-get install nginx-light)
     #[arg(long)]
     pub no_nginx: bool,
+    /// Rounds: each runs every variant once, tcps and kernel alternating
+    /// which goes first; the table shows medians and their spread
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
 }
 
 /// One variant's results.

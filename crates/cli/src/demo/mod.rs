@@ -11,17 +11,21 @@
 //!    web server and of the TCP server (/proc/<pid>/stat utime+stime,
 //!    before and after);
 //! 4. the same two on kernel sockets (no TCP server involved);
-//! 5. a table: requests/s, p50, p99, CPU µs per request on each side, and
-//!    the tcps / kernel ratios of each program.
+//! 5. steps 3 and 4 again for `--rounds` rounds (3), alternating which
+//!    side goes first, nginx on kernel sockets with one worker per core
+//!    (each side in its best configuration on the same cores);
+//! 6. a table of medians with their spread, the tcps / kernel ratios of
+//!    each program, and one line saying what tcps gives and costs here.
 //!
 //! Every child is held by a guard that stops it on every path out.
 
 mod context;
 mod programs;
 mod site;
+mod table;
 
 pub use context::DemoArgs;
-use context::{Ctx, Error, Row};
+use context::{Ctx, Error};
 
 use crate::harness::{
     check_interrupted, find_webserver, install_signal_handlers, wait_for, which, Proc, TempDir,
@@ -33,64 +37,6 @@ use std::fs;
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn fmt_latency(us: f64) -> String {
-    if us >= 1e6 {
-        format!("{:.2} s", us / 1e6)
-    } else if us >= 1e3 {
-        format!("{:.2} ms", us / 1e3)
-    } else {
-        format!("{us:.0} µs")
-    }
-}
-
-fn print_table(rows: &[Row]) {
-    println!();
-    println!(
-        "{:<13} {:>12} {:>10} {:>10} {:>18} {:>24}",
-        "variant", "requests/s", "p50", "p99", "host CPU µs/req", "TCP server CPU µs/req"
-    );
-    for r in rows {
-        let server = r
-            .server_cpu_us
-            .map(|v| format!("{v:.1}"))
-            .unwrap_or_else(|| "-".to_string());
-        println!(
-            "{:<13} {:>12.0} {:>10} {:>10} {:>18.1} {:>24}",
-            r.variant,
-            r.wrk.rps,
-            fmt_latency(r.wrk.p50_us),
-            fmt_latency(r.wrk.p99_us),
-            r.host_cpu_us,
-            server
-        );
-    }
-    let get = |v: &str| rows.iter().find(|r| r.variant == v);
-    println!();
-    for program in ["web", "nginx"] {
-        let (Some(t), Some(k)) = (
-            get(&format!("{program}/tcps")),
-            get(&format!("{program}/kernel")),
-        ) else {
-            continue;
-        };
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-        let total = |r: &Row| r.host_cpu_us + r.server_cpu_us.unwrap_or(0.0);
-        println!(
-            "{program}: tcps / kernel requests/s {:.2}, p50 {:.2}, host CPU per request {:.2}, \
-             total CPU per request {:.2}",
-            ratio(t.wrk.rps, k.wrk.rps),
-            ratio(t.wrk.p50_us, k.wrk.p50_us),
-            ratio(t.host_cpu_us, k.host_cpu_us),
-            ratio(total(t), total(k)),
-        );
-    }
-    println!(
-        "(host CPU = the web server's processes, user+system; with kernel sockets it includes \
-         the kernel's TCP/IP work done in its system calls. TCP server CPU = the `tcps server` \
-         process; total = both. wrk runs on the same machine.)"
-    );
-}
 
 pub fn run(args: DemoArgs) -> Result<(), Error> {
     install_signal_handlers();
@@ -168,16 +114,25 @@ pub fn run(args: DemoArgs) -> Result<(), Error> {
     })?;
 
     let wanted = |v: &programs::Variant| v.program == Program::WebServer || nginx.is_some();
+    let chosen: Vec<programs::Variant> = VARIANTS.iter().copied().filter(|v| wanted(v)).collect();
     let mut rows = Vec::new();
-    for v in VARIANTS.iter().filter(|v| v.tcps && wanted(v)) {
-        rows.push(run_variant(&ctx, *v, Some(&mut server))?);
-        check_interrupted()?;
+    for round in 0..args.rounds {
+        eprintln!("round {} of {}…", round + 1, args.rounds);
+        // Alternating which side goes first: a drift of the machine (the
+        // cores' latency flips for minutes at a time) favours neither.
+        let order: Vec<programs::Variant> = if round % 2 == 0 {
+            chosen.clone()
+        } else {
+            chosen.iter().rev().copied().collect()
+        };
+        for v in order {
+            let srv = if v.tcps { Some(&mut server) } else { None };
+            rows.push(run_variant(&ctx, v, srv)?);
+            check_interrupted()?;
+        }
     }
     server.stop(Duration::from_secs(3));
-    for v in VARIANTS.iter().filter(|v| !v.tcps && wanted(v)) {
-        rows.push(run_variant(&ctx, *v, None)?);
-        check_interrupted()?;
-    }
-    print_table(&rows);
+    let names: Vec<&'static str> = chosen.iter().map(|v| v.name).collect();
+    table::print(&rows, &names, args.rounds, programs::cores());
     Ok(())
 }

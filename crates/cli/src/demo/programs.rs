@@ -115,13 +115,19 @@ fn webserver_command(ctx: &Ctx, v: Variant) -> Result<Command, Error> {
     Ok(cmd)
 }
 
-/// nginx (one worker, sendfile on), unmodified: under `tcps run` or plain.
+/// nginx (sendfile on), unmodified: under `tcps run` (one worker) or plain
+/// (one worker per core).
 fn nginx_command(ctx: &Ctx, v: Variant) -> Result<Command, Error> {
     let nginx = ctx
         .nginx
         .ok_or("nginx is not installed (apt-get install nginx-light)")?;
     let dir = ctx.tmp.join(v.name.replace('/', "-"));
-    let conf = harness::write_nginx_conf(&dir, &format!("127.0.0.1:{}", ctx.args.port), ctx.tmp)?;
+    // Each side in its best configuration on the same cores: on kernel
+    // sockets one worker per core (nginx's own advice); through tcps one
+    // worker, the TCP server taking the other core's network work.
+    let workers = if v.tcps { 1 } else { cores() };
+    let listen = format!("127.0.0.1:{}", ctx.args.port);
+    let conf = harness::write_nginx_conf_workers(&dir, &listen, ctx.tmp, workers)?;
     let mut cmd;
     if v.tcps {
         cmd = Command::new(ctx.exe);
@@ -136,10 +142,15 @@ fn nginx_command(ctx: &Ctx, v: Variant) -> Result<Command, Error> {
         );
     } else {
         cmd = Command::new(nginx);
-        eprintln!("starting nginx on port {}…", ctx.args.port);
+        eprintln!("starting nginx ({workers} workers) on port {}…", ctx.args.port);
     }
     cmd.arg("-c").arg(conf);
     Ok(cmd)
+}
+
+/// The cores this process may run on.
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Runs wrk against the index for `--duration` seconds and waits for it;
