@@ -227,6 +227,17 @@ fn forced_share_through_the_accept_call_keeps_bytes_in_order() {
     assert!(num(c, "accepts_on_demand") >= 4, "{host}");
     let (sum, _) = run_echo(&srv, &dir, "call-nb", 8, &["--nonblocking"], &[]);
     assert!((4..=5).contains(&sum.direct), "{sum:?}");
+    // The program's exit says how many went direct: a run under `tcps run`
+    // never turns into a kernel run without a word.
+    let log = read(&dir.path().join("call-nb.log"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("handed over as kernel sockets by balancing"))
+        .unwrap_or_else(|| panic!("no exit line on direct connections:\n{log}"));
+    assert!(
+        line.contains(&format!("{} were offloaded and {} handed over", sum.accepted, sum.direct)),
+        "{line}"
+    );
 }
 
 /// `TCPS_BALANCE` 0 on the listener, or `TCPS_BALANCE=off` for the

@@ -128,6 +128,20 @@ pub fn stats_file() -> Option<&'static std::ffi::OsStr> {
 pub fn write_exit_summary() {
     let line = summary();
     info!("exit: {line}");
+    // Balancing may have handed connections over as kernel sockets: a run
+    // under `tcps run` must not turn into a kernel run without a word.
+    let (offloaded, direct) = (
+        COUNTERS.accepted.load(Ordering::Relaxed),
+        COUNTERS.direct.load(Ordering::Relaxed),
+    );
+    if direct > 0 {
+        warning!(
+            "exit: of {} connections accepted, {offloaded} were offloaded and {direct} handed over \
+             as kernel sockets by balancing (the TCP server was busier than this program; \
+             TCPS_BALANCE=0 keeps every connection offloaded)",
+            offloaded + direct
+        );
+    }
     if let Some(path) = stats_file() {
         use std::io::Write;
         let exe = std::env::current_exe()
