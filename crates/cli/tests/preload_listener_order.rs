@@ -32,7 +32,8 @@ const PROG: &str = concat!(
 fn answer(s: &mut TcpStream) -> String {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the worker's answer");
+    s.read_to_string(&mut out)
+        .expect("read the worker's answer");
     out
 }
 
@@ -45,11 +46,21 @@ fn run(srv: &Server, dir: &TempDir, net: Net, tag: &str) -> (String, String) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
     let log = dir.path().join(format!("{tag}.log"));
     let stats = dir.path().join(format!("{tag}.stats"));
-    let mut child = command(net, srv, &stats, &log, &["python3", PROG, fifo.to_str().unwrap()])
-        .spawn()
-        .expect("spawn the worker");
+    let mut child = command(
+        net,
+        srv,
+        &stats,
+        &log,
+        &["python3", PROG, fifo.to_str().unwrap()],
+    )
+    .spawn()
+    .expect("spawn the worker");
     let ports = wait_line(&log, "ports ");
-    let p: Vec<u16> = ports.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    let p: Vec<u16> = ports
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap())
+        .collect();
     let conn = |port: u16| TcpStream::connect(("127.0.0.1", port)).expect("connect");
     assert_eq!(answer(&mut conn(p[0])), "1", "{tag}: the first connection");
     // Both established (the kernel queued them) before the worker looks.
