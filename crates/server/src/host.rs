@@ -344,6 +344,11 @@ pub struct Sock {
     /// Numbers the engine's operations on this socket (`Token::Sent`,
     /// `Token::Received`).
     pub op_seq: u8,
+    /// When a poll first found it readable with no arrival time of its own
+    /// to rank by (a listener without an accept ring: its connections wait
+    /// in the kernel's queue, which keeps no times); cleared when a poll
+    /// finds it not readable (`calls::poll`).
+    pub ready_since: Option<crate::arrival::Arrival>,
 }
 
 impl Sock {
@@ -373,6 +378,7 @@ impl Sock {
             send_op: None,
             recv_op: None,
             op_seq: 0,
+            ready_since: None,
         }
     }
 

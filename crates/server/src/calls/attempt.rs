@@ -306,6 +306,12 @@ fn try_accept(
         }
         match sys::accept(fd) {
             Ok((nfd, peer)) => {
+                // What is left in the queue is ranked from the next poll
+                // that finds it (`poll::stamp_untimed`), as the kernel
+                // puts a level-triggered entry it reported at the back.
+                if let Some(l) = host.socket_mut(sid) {
+                    l.ready_since = None;
+                }
                 let nfd = match hand_over_direct(cx, host, sid, p, addr, nfd, &peer) {
                     Ok(done) => return done,
                     Err(nfd) => nfd,

@@ -16,6 +16,7 @@ use super::common::{
     announce_parked, arena_bytes, complete, rearm, write_arena, Ctx, Res, TimerKey,
 };
 use super::eager::recv;
+use super::eager::ring::Eager;
 use crate::arrival::Arrival;
 use crate::host::{Host, ParkedPoll};
 use crate::sys;
@@ -49,7 +50,7 @@ pub(crate) fn read_entries(host: &Host, ch: u32, r: ArenaRange) -> Vec<PollEntry
 /// Polls the sockets of a poll set once; writes revents back to the arena.
 /// Returns how many entries are ready.
 pub(crate) fn evaluate_poll(
-    host: &Host,
+    host: &mut Host,
     ch: u32,
     r: ArenaRange,
 ) -> Result<(usize, Vec<PollEntry>), i32> {
@@ -87,6 +88,7 @@ pub(crate) fn evaluate_poll(
             e.revents |= recv::poll_revents(host, e.sock, e.events);
         }
     }
+    stamp_untimed(host, &entries);
     let ready = entries.iter().filter(|e| e.revents != 0).count();
     let ranks = arrival_ranks(host, &entries, ready);
     let mut out = Vec::with_capacity(entries.len() * 8);
@@ -101,19 +103,42 @@ pub(crate) fn evaluate_poll(
     Ok((ready, entries))
 }
 
+/// Numbers the first look that finds a socket readable when it keeps no
+/// arrival time of its own (a listener without an accept ring: a forked
+/// worker's inherited listener before its first accept), so it is ranked
+/// after what the server saw arrive before it. Unranked, it came first,
+/// and an nginx worker accepted a later connection on such a listener
+/// before an earlier one queued in another listener's accept ring.
+fn stamp_untimed(host: &mut Host, entries: &[PollEntry]) {
+    for e in entries.iter().filter(|e| e.events & IN != 0) {
+        let counter = &mut host.arrivals;
+        let Some(s) = host.sockets.get_mut(e.sock as usize).filter(|s| !s.closing) else {
+            continue;
+        };
+        if !matches!(s.eager, Eager::None) || e.revents & IN == 0 {
+            s.ready_since = None;
+        } else if s.ready_since.is_none() {
+            s.ready_since = Some(Arrival::next(counter));
+        }
+    }
+}
+
+/// Readiness that an arrival makes.
+const IN: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLHUP;
+
 /// The order in which the ready entries became readable, as ranks (0:
 /// first; written in the `events` slot of each ready entry so the host
 /// reports readiness in arrival order, `docs/PROTOCOL.md` §10). Sockets
 /// that read ahead: when their ring or buffer became non-empty, numbered
 /// in the order the server observed it; others: the kernel's receive
-/// timestamp of their first unread byte. Entries ready only for writing
-/// (or with nothing to time) come first, in their order.
+/// timestamp of their first unread byte, else when a poll first found
+/// them readable (`stamp_untimed`). Entries ready only for writing (or
+/// with nothing to time) come first, in their order.
 fn arrival_ranks(host: &Host, entries: &[PollEntry], ready: usize) -> Vec<i16> {
     let mut ranks = vec![0i16; entries.len()];
     if ready < 2 {
         return ranks;
     }
-    const IN: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLHUP;
     let keys: Vec<Option<Arrival>> = entries
         .iter()
         .map(|e| {
@@ -124,7 +149,9 @@ fn arrival_ranks(host: &Host, entries: &[PollEntry], ready: usize) -> Vec<i16> {
                 return Some(a);
             }
             let s = host.socket(e.sock)?;
-            sys::arrival_ns(s.fd.as_raw_fd()).map(|ns| Arrival { seq: 0, ns })
+            sys::arrival_ns(s.fd.as_raw_fd())
+                .map(|ns| Arrival { seq: 0, ns })
+                .or(s.ready_since)
         })
         .collect();
     // Numbers when every timed entry reads ahead (exact, one counter),
