@@ -28,7 +28,7 @@ mod poll;
 pub(crate) mod sendq;
 
 pub use blocking::on_socket_ready;
-pub(crate) use close::{close_all, take_for_export};
+pub(crate) use close::{close_all, close_for_exit, take_for_export};
 pub use common::{complete, wake_owed, Ctx, Res, TimerKey, Timers};
 pub use eager::sweep::on_received;
 pub use sendq::poll_queues;
