@@ -26,16 +26,18 @@ use std::time::{Duration, Instant};
 const CONNS: usize = 8;
 
 /// Bytes per connection, the SO_SNDBUF the program sets (0: none) and the
-/// size of its `sendall` pieces.
-type Case = (usize, usize, usize);
+/// size of its pieces, and whether its sockets are non-blocking (1).
+type Case = (usize, usize, usize, usize);
 
-/// argv: port, size, conns, sndbuf (0: the kernel's). Connection i sends
-/// its index (one byte), then SIZE bytes of pattern i, from its own
-/// thread, closes, and the program exits as soon as every thread has
-/// closed.
+/// argv: port, size, conns, sndbuf (0: the kernel's), piece, nonblocking.
+/// Connection i sends its index (one byte), then SIZE bytes of pattern i
+/// (non-blocking: `send` until EAGAIN, then `select` for room), from its
+/// own thread, closes right after the last (maybe short) write, and the
+/// program exits as soon as every thread has closed.
 const SENDER: &str = r#"
 import socket, sys, threading
-port, size, conns, sndbuf, piece = (int(a) for a in sys.argv[1:6])
+import select
+port, size, conns, sndbuf, piece, nb = (int(a) for a in sys.argv[1:7])
 def data(i):
     return bytes((i * 31 + k * 7) & 0xff for k in range(251)) * (size // 251) + b"x" * (size % 251)
 socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
@@ -45,8 +47,15 @@ for s in socks:
 def send(i, s):
     d = data(i)
     s.sendall(i.to_bytes(1, "big"))
-    for off in range(0, size, piece):
-        s.sendall(d[off:off + piece])
+    s.setblocking(not nb)
+    off = 0
+    while off < size:
+        if not nb:
+            s.sendall(d[off:off + piece]); off += piece; continue
+        try:
+            off += s.send(d[off:off + piece])
+        except BlockingIOError:
+            select.select([], [s], [], 30)
     s.close()
 ts = [threading.Thread(target=send, args=(i, s)) for i, s in enumerate(socks)]
 for t in ts: t.start()
@@ -61,7 +70,12 @@ fn pattern(i: usize, size: usize) -> Vec<u8> {
 }
 
 /// The sender on kernel sockets (`srv` None) or under `tcps run`.
-fn sender(srv: Option<&Server>, port: usize, (size, sndbuf, piece): Case, log: &std::path::Path) -> Child {
+fn sender(
+    srv: Option<&Server>,
+    port: usize,
+    (size, sndbuf, piece, nb): Case,
+    log: &std::path::Path,
+) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let mut c = match srv {
         None => Command::new("python3"),
@@ -74,7 +88,7 @@ fn sender(srv: Option<&Server>, port: usize, (size, sndbuf, piece): Case, log: &
         }
     };
     c.args(["-c", SENDER])
-        .args([port, size, CONNS, sndbuf, piece].map(|v| v.to_string()))
+        .args([port, size, CONNS, sndbuf, piece, nb].map(|v| v.to_string()))
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out);
@@ -97,7 +111,9 @@ fn run(srv: Option<&Server>, case: Case, dir: &TempDir) -> Vec<String> {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     common::set_rcvbuf(&l, 16 << 10);
     let port = l.local_addr().unwrap().port() as usize;
-    let log = dir.path().join(format!("sender-{case:?}-{}.log", srv.is_some()));
+    let log = dir
+        .path()
+        .join(format!("sender-{case:?}-{}.log", srv.is_some()));
     let mut child = sender(srv, port, case, &log);
     let conns: Vec<_> = (0..CONNS).map(|_| l.accept().unwrap().0).collect();
     // The sink starts late: once the sender exited (its sends queued, its
@@ -133,11 +149,15 @@ fn close_flushes(engine: &str) {
     // Small pieces into a small SO_SNDBUF around one pool chunk (32 KiB);
     // 4 MiB + 1 in 1 MiB pieces with the kernel's SO_SNDBUF and a fixed
     // 1.5 MiB one (the queue then holds more than the kernel buffers).
-    let cases: [Case; 4] = [
-        ((32 << 10) - 1, 8 << 10, 4 << 10),
-        ((32 << 10) + 1, 8 << 10, 4 << 10),
-        ((4 << 20) + 1, 0, 1 << 20),
-        ((4 << 20) + 1, 3 << 19, 1 << 20),
+    // Non-blocking: the last write may be short (what the queue took),
+    // and the close follows it at once.
+    let cases: [Case; 6] = [
+        ((32 << 10) - 1, 8 << 10, 4 << 10, 0),
+        ((32 << 10) + 1, 8 << 10, 4 << 10, 0),
+        ((4 << 20) + 1, 0, 1 << 20, 0),
+        ((4 << 20) + 1, 3 << 19, 1 << 20, 0),
+        ((4 << 20) + 1, 3 << 19, 1 << 20, 1),
+        ((32 << 10) + 1, 8 << 10, 5 << 10, 1),
     ];
     for case @ (size, ..) in cases {
         let want: Vec<String> = (0..CONNS)
@@ -147,7 +167,12 @@ fn close_flushes(engine: &str) {
         let kernel = run(None, case, &dir);
         assert_eq!(kernel, want, "on kernel sockets, {case:?}");
         let tcps = run(Some(&srv), case, &dir);
-        assert_eq!(tcps, kernel, "{engine}: {case:?} (size, SO_SNDBUF, piece), took {:?}", t.elapsed());
+        assert_eq!(
+            tcps,
+            kernel,
+            "{engine}: {case:?} (size, SO_SNDBUF, piece, non-blocking), took {:?}",
+            t.elapsed()
+        );
     }
 }
 

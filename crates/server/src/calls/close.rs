@@ -111,27 +111,6 @@ pub(crate) fn take_for_export(cx: &mut Ctx<'_>, host: &mut Host, sock: u32) -> O
     Some(s.fd)
 }
 
-/// A host hung up (its process exited or closed its channel): every
-/// socket closes as close(2) at exit would. What it published on a send
-/// queue is taken first, and queued sends still go out before the FIN
-/// (`close_socket`); the sockets holding them close when their last job
-/// finished. Returns whether some still do (the host must stay mapped).
-pub fn close_for_exit(cx: &mut Ctx<'_>, host: &mut Host) -> bool {
-    for k in host.sockets.keys() {
-        let sock = k as u32;
-        let Some(s) = host.socket(sock) else {
-            continue; // closing already
-        };
-        if s.queue.is_some() {
-            super::sendq::ingest(cx, host, sock);
-        }
-        if let Err(e) = close_socket(cx, host, sock) {
-            debug!(host = host.id, sock, errno = e, "close at exit failed");
-        }
-    }
-    host.sockets.len() > 0
-}
-
 /// Closes every socket of a host that is going away. Parked calls are not
 /// answered: the host is dead or being cut off.
 pub fn close_all(engine: &mut dyn Engine, shared: &crate::shared::Shared, host: &mut Host) {

@@ -44,10 +44,9 @@ impl Worker {
             return false;
         };
         let Some(until) = host.draining_until else {
-            let draining = super::guarded(host, "close at exit", |h| {
-                calls::close_for_exit(&mut cx, h)
-            })
-            .unwrap_or(false);
+            let draining =
+                super::guarded(host, "close at exit", |h| calls::close_for_exit(&mut cx, h))
+                    .unwrap_or(false);
             if draining {
                 host.draining_until = Some(now + DRAIN_LIMIT);
                 debug!(
