@@ -219,9 +219,10 @@ fn close_while_in_flight(engine: &str) {
 }
 
 /// A host killed while its sends are in flight (a reader that does not
-/// read): the server cancels them, frees the host and closes its socket
-/// (the reader gets the end of the stream, far short of what was queued),
-/// and serves others.
+/// read): as a kernel socket at exit, its queued sends may still go out,
+/// but only for a bounded time (10 s, `worker/reap.rs`): then the server
+/// cancels them, frees the host and closes its socket (the reader gets the
+/// end of the stream, far short of what was queued), and serves others.
 fn host_killed_with_sends_in_flight(engine: &str) {
     let mut srv = start_server(engine);
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -249,7 +250,7 @@ fn host_killed_with_sends_in_flight(engine: &str) {
             .is_some_and(|a| a.iter().all(|h| h["pid"].as_u64() != Some(u64::from(pid))))
     };
     while !gone(&srv.stat_json()) {
-        assert!(t.elapsed() < Duration::from_secs(10), "host never detached");
+        assert!(t.elapsed() < Duration::from_secs(20), "host never detached");
         std::thread::sleep(Duration::from_millis(20));
     }
     let (got, _, _) = hash_to_eof(k, 1 << 20, Duration::ZERO);

@@ -93,6 +93,10 @@ pub struct Host {
     pub stats: HostStats,
     /// Set when the host broke the protocol or hung up; the worker detaches it.
     pub doomed: Option<String>,
+    /// A host that hung up with asynchronous sends still queued: its
+    /// sockets are closing, and it stays (region mapped, sockets driven)
+    /// until their last job finished or this time passed (`worker::reap`).
+    pub draining_until: Option<std::time::Instant>,
     /// Guarded calls that found O_NONBLOCK cleared on a description the
     /// host shares (`Host::interrupted`); too many detach the host.
     pub blocking_strikes: u32,
@@ -201,6 +205,7 @@ impl Host {
             next_gen: 0,
             stats: HostStats::default(),
             doomed: None,
+            draining_until: None,
             blocking_strikes: 0,
             registry: Registry::default(),
             files: Default::default(),

@@ -283,3 +283,24 @@ fn execute(cx: &mut Ctx<'_>, host: &mut Host, ch: u32, call: Call) -> Res {
 pub fn sweep(cx: &mut Ctx<'_>, host: &mut Host, now: Instant) -> usize {
     sendq::sweep(cx, host, now) + eager::sweep::sweep(cx, host) + blocking::rearm_deferred(cx, host)
 }
+
+/// A host hung up (its process exited or closed its channel): every
+/// socket closes as close(2) at exit would. What it published on a send
+/// queue is taken first, and queued sends still go out before the FIN
+/// (`close_socket`); the sockets holding them close when their last job
+/// finished. Returns whether some still do (the host must stay mapped).
+pub fn close_for_exit(cx: &mut Ctx<'_>, host: &mut Host) -> bool {
+    for k in host.sockets.keys() {
+        let sock = k as u32;
+        let Some(s) = host.socket(sock) else {
+            continue; // closing already
+        };
+        if s.queue.is_some() {
+            sendq::ingest(cx, host, sock);
+        }
+        if let Err(e) = close::close_socket(cx, host, sock) {
+            debug!(host = host.id, sock, errno = e, "close at exit failed");
+        }
+    }
+    host.sockets.len() > 0
+}

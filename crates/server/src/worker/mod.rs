@@ -13,6 +13,7 @@
 mod messages;
 mod panics;
 mod pause;
+mod reap;
 mod scan;
 
 use crate::calls::{self, Ctx, Timers};
@@ -177,7 +178,7 @@ impl Worker {
             self.wake_hosts();
             // Sockets re-armed in this pass are watched from now on.
             self.engine.flush();
-            self.reap_doomed();
+            self.reap_doomed(false);
             self.stats_dirty |= work > 0;
             self.meter.pass(now, work > 0);
             if now >= self.next_publish {
@@ -514,7 +515,7 @@ impl Worker {
                 if host.doomed.is_none() {
                     host.doomed = Some(why);
                 }
-                self.reap_doomed();
+                self.reap_doomed(false);
             }
         }
     }
@@ -579,36 +580,6 @@ impl Worker {
             }
         }
         fired
-    }
-
-    /// Detaches hosts that hung up or broke the protocol: closes their sockets.
-    fn reap_doomed(&mut self) {
-        if !self.hosts.iter().any(|(_, h)| h.doomed.is_some()) {
-            return;
-        }
-        for hkey in self.hosts.keys() {
-            let Some(why) = self.hosts.get(hkey).and_then(|h| h.doomed.clone()) else {
-                continue;
-            };
-            let Some(mut host) = self.hosts.remove(hkey) else {
-                continue;
-            };
-            self.awake.removed(hkey);
-            let sockets = host.sockets.len();
-            calls::close_all(self.engine.as_mut(), &self.shared, &mut host);
-            // Its sleepers' wakes are made while its region is mapped.
-            self.submit_wakes();
-            self.engine.flush();
-            self.engine.forget(host.control.as_raw_fd(), 0);
-            self.engine.forget(host.doorbell.as_raw_fd(), 0);
-            self.shared.stats.detach(&host);
-            self.shared.host_gone(host.uid);
-            if why == "detached" {
-                info!(host = host.id, pid = host.pid, sockets, registrations = host.registry.count(), stats = %host.stats, "host detached; its sockets are closed");
-            } else {
-                warn!(host = host.id, pid = host.pid, sockets, reason = %why, "host cut off for a protocol violation");
-            }
-        }
     }
 
     /// Sleeps until a host rings, an engine event, or the next timer.

@@ -33,8 +33,10 @@ impl Worker {
         }
         self.wake_hosts();
         self.engine.flush();
-        // Hosts that left or broke the protocol meanwhile are not carried.
-        self.reap_doomed();
+        // Hosts that left or broke the protocol meanwhile are not carried
+        // (nor those whose sends still drain: `drain_writers` gave them
+        // their time).
+        self.reap_doomed(true);
         let report = drained.and_then(|()| {
             let hosts: Result<Vec<HostRecord>, String> =
                 self.hosts.iter().map(|(_, h)| quiesce::record(h)).collect();
