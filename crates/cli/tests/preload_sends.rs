@@ -254,6 +254,8 @@ for i in range(int(sys.argv[1])):
     c, _ = l.accept()
     c.sendall(bytes([i % 251]) * 8192)
     c.close()
+# Stay attached (the test reads this host's counters) until told to go.
+l.accept()
 "#;
 
 /// Connections a listener accepted start with the SO_SNDBUF its first one
@@ -289,6 +291,10 @@ fn accepted_connections_share_their_listeners_sndbuf() {
     }
     let h = counters_once_sent(&srv, child.id(), u64::from(n) * 8192)
         .unwrap_or_else(|| panic!("host not in tcps stat\n{}", read(&log)));
+    // The program waits for one more connection before it exits, so that
+    // its counters were still there to read (they went with it before: a
+    // race the test lost under load).
+    drop(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
     assert!(wait_timeout(&mut child, Duration::from_secs(20)).is_some());
     let reads = h["calls"]["GetSockOpt"].as_u64().unwrap_or(u64::MAX);
     assert!(
