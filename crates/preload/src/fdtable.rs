@@ -276,16 +276,23 @@ pub fn keep_error(c: &tcps::Client, id: u32, err: i32) {
     st.broken.store(1, Ordering::Relaxed);
 }
 
-/// Takes `id`'s pending socket error, if any (a call reports it once).
+/// Takes `id`'s pending socket error, if any (a call reports it once):
+/// one kept here, or the one that ended its receive ring and no call
+/// reported yet (the server read it ahead, taking it from its socket).
 pub fn take_error(c: &tcps::Client, id: u32) -> Option<i32> {
+    take_kept_error(c, id).or_else(|| c.take_ring_error(id))
+}
+
+/// Takes the error kept here for `id` (not the ring's: a receive returns
+/// the bytes before a ring's error first, as the kernel's does).
+pub fn take_kept_error(c: &tcps::Client, id: u32) -> Option<i32> {
     let st = id_state(c, id);
-    if st.pending_err.load(Ordering::Relaxed) == 0 {
-        return None;
+    if st.pending_err.load(Ordering::Relaxed) != 0 {
+        if let e @ 1.. = st.pending_err.swap(0, Ordering::Relaxed) {
+            return Some(e as i32);
+        }
     }
-    match st.pending_err.swap(0, Ordering::Relaxed) {
-        0 => None,
-        e => Some(e as i32),
-    }
+    None
 }
 
 /// Whether `id` has a pending socket error (POLLERR).

@@ -35,7 +35,7 @@ pub unsafe fn recv_id(
     }
     // (Not for a dead socket: its id may be a new attachment's now.)
     fdtable::note_read(c, id);
-    if let Some(e) = fdtable::take_error(c, id) {
+    if let Some(e) = fdtable::take_kept_error(c, id) {
         return fail(e);
     }
     let r = restarting(c, id, libc::SO_RCVTIMEO, || {

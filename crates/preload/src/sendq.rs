@@ -300,9 +300,13 @@ pub fn poll_ranked(
 ) -> io::Result<usize> {
     let r = poll_ranked_here(c, fds, ranks, timeout);
     for f in fds.iter_mut() {
-        // An error kept here for the program (`IdState::pending_err`).
+        // An error kept here for the program (`IdState::pending_err`); one
+        // that ended the receive ring and a call already reported is
+        // cleared, as the kernel's is.
         if fdtable::has_error(c, f.sock) {
             f.revents |= libc::POLLERR;
+        } else if f.revents & libc::POLLERR != 0 && c.ring_error_reported(f.sock) {
+            f.revents &= !libc::POLLERR;
         }
         // A broken connection the program was told of: its next send must
         // fail at the call as the kernel's does (`IdState::broken`).

@@ -72,7 +72,13 @@ class Peer:
 
 
 class Slot:
+    made = 0
+
     def __init__(self, sock, state):
+        # A number of its own: id() of a closed slot's object comes back
+        # for a new one, and the two runs would diverge on it.
+        Slot.made += 1
+        self.uid = Slot.made
         self.sock = sock
         self.fd = sock.fileno()
         self.state = state
@@ -200,7 +206,7 @@ class Model:
 
     def op_close(self, s):
         # Connections still queued on a closed listener are reset.
-        self.pending.pop(id(s), None)
+        self.pending.pop(s.uid, None)
         self.slots.remove(s)
         s.sock.close()
         return "ok"
@@ -238,7 +244,7 @@ class Model:
         return r
 
     def op_peer_connect(self, s):
-        self.pending.setdefault(id(s), []).append(int(self.peer.ask("connect", s.sock.getsockname()[1])))
+        self.pending.setdefault(s.uid, []).append(int(self.peer.ask("connect", s.sock.getsockname()[1])))
         return "ok"
 
     def op_accept(self, s):
@@ -248,17 +254,17 @@ class Model:
             return err_name(e.errno)
         c.setblocking(False)
         n = self.add(c, "accepted")
-        waiting = self.pending.get(id(s), [])
+        waiting = self.pending.get(s.uid, [])
         n.peer = waiting.pop(0) if waiting else None
         return "s%d" % self.slots.index(n)
 
     def op_send(self, s):
         n = self.rng.choice([1, 100, 5000])
-        k = self.sent.get(id(s), 0)
+        k = self.sent.get(s.uid, 0)
         data = bytes((i * 13) % 256 for i in range(k, k + n))
         r = self.call(lambda: s.sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL))
         if r.isdigit():
-            self.sent[id(s)] = k + int(r)
+            self.sent[s.uid] = k + int(r)
         return r
 
     def recv_with(self, s, flags):
@@ -268,7 +274,7 @@ class Model:
         except OSError as e:
             return err_name(e.errno)
         if not flags & socket.MSG_PEEK:
-            self.unread[id(s)] = max(0, self.unread.get(id(s), 0) - len(b))
+            self.unread[s.uid] = max(0, self.unread.get(s.uid, 0) - len(b))
         return "%d %s" % (len(b), hashlib.sha256(b).hexdigest()[:12])
 
     def op_recv(self, s):
@@ -286,6 +292,9 @@ class Model:
         # not the kernel's): only the outcome is printed, and the peer then
         # drains the stream (its bytes are not compared either).
         chunk = b"f" * 65536
+        # Marked whatever the outcome (which may differ: asynchronous
+        # sends), so that both runs drain the stream from now on.
+        self.filled.add(s.uid)
         for _ in range(4096):
             try:
                 s.sock.send(chunk, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
@@ -295,7 +304,6 @@ class Model:
                 return err_name(e.errno)
         else:
             return "never full"
-        self.filled.add(id(s))
         if s.peer is not None:
             self.peer.ask("drain", s.peer)
         return "full, drained"
@@ -305,13 +313,13 @@ class Model:
         # read-ahead ring (32 KiB), whose full state is a separate matter
         # (the differential test's rules on a full ring).
         n = self.rng.choice([1, 1000, 8000])
-        if self.unread.get(id(s), 0) + n > UNREAD_MAX:
+        if self.unread.get(s.uid, 0) + n > UNREAD_MAX:
             return "skipped"
-        self.unread[id(s)] = self.unread.get(id(s), 0) + n
+        self.unread[s.uid] = self.unread.get(s.uid, 0) + n
         return self.peer.ask("send", s.peer, n)
 
     def op_peer_read(self, s):
-        if id(s) in self.filled:
+        if s.uid in self.filled:
             return self.peer.ask("drain", s.peer)
         return self.peer.ask("read", s.peer, self.rng.choice([1, 100, 6000]))
 

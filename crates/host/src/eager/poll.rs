@@ -20,8 +20,7 @@ fn ring_revents(
     mode: Mode,
     events: i16,
     (avail, lowat): (u32, u32),
-    end: u32,
-    end_reported: bool,
+    (end, end_reported, write_shut): (u32, bool, bool),
 ) -> i16 {
     match mode {
         Mode::Bytes => {
@@ -30,6 +29,11 @@ fn ring_revents(
                 r |= events & READABLE;
             }
             match end {
+                // The end of the stream with this side shut down for
+                // writing too: both ways shut, a hang-up (tcp_poll).
+                END_EOF if write_shut => {
+                    r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLHUP
+                }
                 END_EOF => r |= events & (READABLE | libc::POLLRDHUP),
                 // An error end is a connection the kernel closed (an RST, a
                 // timeout): shut down both ways, so poll reports hang-up
@@ -68,7 +72,11 @@ impl Client {
         let Some(sock) = self.conn.socks.get(f.sock) else {
             return Look::Server;
         };
+        // (The send side's lock is taken and let go before the receive
+        // side's: never both at once.)
+        let write_shut = sock.send.lock().write_shut;
         let mut g = sock.recv.lock();
+        let write_shut = write_shut || g.write_shut;
         let ring = match (g.mode, self.conn.recv_ring(f.sock)) {
             (Mode::Bytes | Mode::Accept, Some(ring)) => ring,
             _ => return Look::Server,
@@ -93,9 +101,47 @@ impl Client {
             (g.rcvlowat as u32).min(ring.size())
         };
         Look::Ring(
-            ring_revents(g.mode, f.events, (avail, lowat), end, g.end_reported),
+            ring_revents(g.mode, f.events, (avail, lowat), (end, g.end_reported, write_shut)),
             since,
         )
+    }
+
+    /// Takes the error that ended socket `s`'s receive ring (an RST's
+    /// ECONNRESET the server read ahead), if no call reported it yet: what
+    /// the kernel's `sock_error` hands SO_ERROR or a send (and clears),
+    /// even while bytes before it are unread. None: no such error.
+    pub fn take_ring_error(&self, s: u32) -> Option<i32> {
+        // One load on the common path (a send): the lock only for an end.
+        let ring = self.conn.recv_ring(s)?;
+        if ring.end() != END_ERROR {
+            return None;
+        }
+        let sock = self.conn.socks.get(s)?;
+        let mut g = sock.recv.lock();
+        if g.mode != Mode::Bytes || g.end_reported {
+            return None;
+        }
+        g.end_reported = true;
+        let e = ring.end_errno();
+        Some(if e > 0 { e } else { libc::EIO })
+    }
+
+    /// Whether socket `s`'s receive ring ended with an error that a call
+    /// already reported: the kernel's error is cleared then, and POLLERR
+    /// (which the server, which read it ahead, would still answer) is gone.
+    pub fn ring_error_reported(&self, s: u32) -> bool {
+        let Some(ring) = self.conn.recv_ring(s) else {
+            return false;
+        };
+        ring.end() == END_ERROR
+            && self
+                .conn
+                .socks
+                .get(s)
+                .is_some_and(|sock| {
+                    let g = sock.recv.lock();
+                    g.mode == Mode::Bytes && g.end_reported
+                })
     }
 
     /// poll(2) answered from the rings, with no request, when every entry
@@ -184,25 +230,27 @@ mod tests {
     #[test]
     fn poll_revents_from_a_ring() {
         let (i, rd) = (libc::POLLIN, libc::POLLRDHUP);
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_NONE, false), 0);
-        assert_eq!(ring_revents(Mode::Bytes, i, (5, 1), END_NONE, false), i);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_NONE, false, false)), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (5, 1), (END_NONE, false, false)), i);
         // SO_RCVLOWAT 10: readable only from 10 bytes on.
-        assert_eq!(ring_revents(Mode::Bytes, i, (5, 10), END_NONE, false), 0);
-        assert_eq!(ring_revents(Mode::Bytes, i, (10, 10), END_NONE, false), i);
+        assert_eq!(ring_revents(Mode::Bytes, i, (5, 10), (END_NONE, false, false)), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (10, 10), (END_NONE, false, false)), i);
         assert_eq!(
-            ring_revents(Mode::Bytes, i | rd, (0, 1), END_EOF, false),
+            ring_revents(Mode::Bytes, i | rd, (0, 1), (END_EOF, false, false)),
             i | rd
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_EOF, false), i);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, false)), i);
+        // Shut down for writing here too: a hang-up.
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, true)), i | libc::POLLHUP);
         // An error end (an RST): hang-up both ways, the error until taken.
         let hup = libc::POLLHUP;
         assert_eq!(
-            ring_revents(Mode::Bytes, i | rd, (0, 1), END_ERROR, false),
+            ring_revents(Mode::Bytes, i | rd, (0, 1), (END_ERROR, false, false)),
             i | rd | libc::POLLERR | hup
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), END_ERROR, true), i | hup);
-        assert_eq!(ring_revents(Mode::Accept, i, (63, 1), END_NONE, false), 0);
-        assert_eq!(ring_revents(Mode::Accept, i, (64, 1), END_NONE, false), i);
-        assert_eq!(ring_revents(Mode::Plain, i, (64, 1), END_NONE, false), 0);
+        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_ERROR, true, false)), i | hup);
+        assert_eq!(ring_revents(Mode::Accept, i, (63, 1), (END_NONE, false, false)), 0);
+        assert_eq!(ring_revents(Mode::Accept, i, (64, 1), (END_NONE, false, false)), i);
+        assert_eq!(ring_revents(Mode::Plain, i, (64, 1), (END_NONE, false, false)), 0);
     }
 }
