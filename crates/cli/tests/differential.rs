@@ -250,7 +250,6 @@ fn compare(seed: u64, engine: &str, kernel: &str, tcps: &str) {
 
 /// Every seed, the even ones through the io_uring engine and the odd ones
 /// through epoll.
-///
 #[test]
 fn socket_calls_match_the_kernel() {
     need("python3");
