@@ -333,7 +333,17 @@ fn posting_into_a_full_request_ring_parks_and_every_post_arrives() {
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(2));
+    // The posters start once the fake is inside a slow call (it logs a
+    // request when it takes it): a fixed pause lost that race on a loaded
+    // machine, the fake then drained every close at once, and no post
+    // waited.
+    let shutdowns = || {
+        fake.requests()
+            .iter()
+            .filter(|&&(op, _)| op == Op::Shutdown as u16)
+            .count()
+    };
+    wait_until(|| shutdowns() > 0);
     let posters: Vec<_> = socks
         .chunks(CONNS / 8)
         .map(|chunk| {

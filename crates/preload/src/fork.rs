@@ -6,7 +6,7 @@
 //!
 //! 1. the parent asks the server for a snapshot of its sockets
 //!    (`ControlMsg::Fork` with a random nonce on its control socket; the
-//!    server dup()s each one, see `crates/server/src/inherit.rs`);
+//!    server dup()s each one, see `crates/server/src/inherit/`);
 //! 2. the child forgets the parent's attachment (closing its copy of the
 //!    parent's control socket, so the server still sees the parent hang up
 //!    when it exits) and keeps the nonce;
