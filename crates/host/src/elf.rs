@@ -22,21 +22,7 @@ fn pread_exact(fd: RawFd, buf: &mut [u8], off: u64) -> bool {
 /// interpreter (statically linked, static-pie included). None: not ELF (a
 /// script, say), big-endian, or unreadable.
 pub fn statically_linked_fd(fd: RawFd) -> Option<bool> {
-    let mut h = [0u8; 64];
-    if !pread_exact(fd, &mut h, 0) || &h[..4] != b"\x7fELF" || h[5] != 1 {
-        return None;
-    }
-    let u16_at = |o: usize| u64::from(u16::from_le_bytes([h[o], h[o + 1]]));
-    let u32_at = |o: usize| u64::from(u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]));
-    let (phoff, phentsize, phnum) = match h[4] {
-        2 => (
-            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
-            u16_at(0x36),
-            u16_at(0x38),
-        ),
-        1 => (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c)),
-        _ => return None,
-    };
+    let (_, phoff, phentsize, phnum) = program_headers(fd)?;
     if phentsize < 4 {
         return None;
     }
@@ -64,7 +50,12 @@ fn program_headers(fd: RawFd) -> Option<(u8, u64, u64, u64)> {
     let u16_at = |o: usize| u64::from(u16::from_le_bytes([h[o], h[o + 1]]));
     let u32_at = |o: usize| u64::from(u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]));
     match h[4] {
-        2 => Some((2, u64::from_le_bytes(h[0x20..0x28].try_into().ok()?), u16_at(0x36), u16_at(0x38))),
+        2 => Some((
+            2,
+            u64::from_le_bytes(h[0x20..0x28].try_into().ok()?),
+            u16_at(0x36),
+            u16_at(0x38),
+        )),
         1 => Some((1, u32_at(0x1c), u16_at(0x2a), u16_at(0x2c))),
         _ => None,
     }
