@@ -271,7 +271,10 @@ fn bypass_reason(path: &Path) -> Option<&'static str> {
 /// A program whose sockets would stay on the kernel's without a word:
 /// with `--fallback fail` it is refused, else warned about once.
 fn check_bypass(args: &RunArgs, fallback: Fallback) -> Result<(), String> {
-    let Some(reason) = find_program(&args.command[0]).as_deref().and_then(bypass_reason) else {
+    let Some(reason) = find_program(&args.command[0])
+        .as_deref()
+        .and_then(bypass_reason)
+    else {
         return Ok(());
     };
     let name = &args.command[0];
@@ -281,7 +284,9 @@ fn check_bypass(args: &RunArgs, fallback: Fallback) -> Result<(), String> {
              (docs/PRELOAD.md, \"Runtimes\")"
         ));
     }
-    eprintln!("tcps run: warning: {name:?} {reason}: its sockets stay on the kernel's (not offloaded)");
+    eprintln!(
+        "tcps run: warning: {name:?} {reason}: its sockets stay on the kernel's (not offloaded)"
+    );
     Ok(())
 }
 

@@ -235,7 +235,10 @@ fn forced_share_through_the_accept_call_keeps_bytes_in_order() {
         .find(|l| l.contains("handed over as kernel sockets by balancing"))
         .unwrap_or_else(|| panic!("no exit line on direct connections:\n{log}"));
     assert!(
-        line.contains(&format!("{} were offloaded and {} handed over", sum.accepted, sum.direct)),
+        line.contains(&format!(
+            "{} were offloaded and {} handed over",
+            sum.accepted, sum.direct
+        )),
         "{line}"
     );
 }

@@ -18,7 +18,16 @@ fn demo_serves_through_tcps_and_the_kernel() {
         .unwrap()
         .port();
     let out = Command::new(TCPS)
-        .args(["demo", "--duration", "1", "--connections", "8", "--rounds", "2", "--port"])
+        .args([
+            "demo",
+            "--duration",
+            "1",
+            "--connections",
+            "8",
+            "--rounds",
+            "2",
+            "--port",
+        ])
         .arg(port.to_string())
         .output()
         .expect("run tcps demo");
@@ -80,5 +89,8 @@ fn demo_serves_through_tcps_and_the_kernel() {
         text.contains(&format!("starting nginx ({cores} workers)")),
         "nginx on kernel sockets did not get one worker per core:\n{text}"
     );
-    assert!(text.contains("In one line, on this machine:"), "no verdict:\n{text}");
+    assert!(
+        text.contains("In one line, on this machine:"),
+        "no verdict:\n{text}"
+    );
 }

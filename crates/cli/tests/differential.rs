@@ -98,7 +98,10 @@ fn start_peer(dir: &TempDir, tag: &str) -> (Child, std::path::PathBuf) {
     let child = c.spawn().expect("spawn the peer");
     let t = Instant::now();
     while !path.exists() {
-        assert!(t.elapsed() < Duration::from_secs(10), "the peer did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the peer did not start"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     (child, path)
@@ -106,7 +109,13 @@ fn start_peer(dir: &TempDir, tag: &str) -> (Child, std::path::PathBuf) {
 
 /// Runs the model for `seed` on `net` (through `srv`), with the kernel's
 /// trace to settle on; returns its trace.
-fn trace(net: Net, srv: &Server, dir: &TempDir, seed: u64, kernel: Option<&std::path::Path>) -> String {
+fn trace(
+    net: Net,
+    srv: &Server,
+    dir: &TempDir,
+    seed: u64,
+    kernel: Option<&std::path::Path>,
+) -> String {
     let tag = format!("{seed}-{net:?}");
     let (mut peer, path) = start_peer(dir, &tag);
     let out = dir.path().join(format!("{tag}.trace"));
@@ -125,7 +134,11 @@ fn trace(net: Net, srv: &Server, dir: &TempDir, seed: u64, kernel: Option<&std::
     let ok = preload::run_to_end(cmd, &log, Duration::from_secs(300));
     let _ = peer.kill();
     let _ = peer.wait();
-    assert!(ok, "seed {seed} on {net:?}: the model failed:\n{}", read(&log));
+    assert!(
+        ok,
+        "seed {seed} on {net:?}: the model failed:\n{}",
+        read(&log)
+    );
     read(&out)
 }
 
@@ -158,13 +171,20 @@ fn same_observation(k: &str, t: &str, before: &str) -> bool {
         return false;
     }
     ks.iter().zip(&ts).enumerate().all(|(j, (kf, tf))| {
-        let inq = |f: &[(String, String)]| f.iter().find(|(k, _)| k == "inq").and_then(|(_, v)| v.parse::<u64>().ok());
+        let inq = |f: &[(String, String)]| {
+            f.iter()
+                .find(|(k, _)| k == "inq")
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        };
         // Its read side had ended at the step before (the same socket
         // there): its ring has ended and announces nothing more.
         let hung = bs.get(j).is_some_and(|b| {
-            let field = |f: &[(String, String)], name: &str| f.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+            let field = |f: &[(String, String)], name: &str| {
+                f.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            };
             field(b, "slot") == field(kf, "slot")
-                && field(b, "poll").is_some_and(|p| p.split('|').any(|x| x == "HUP" || x == "RDHUP"))
+                && field(b, "poll")
+                    .is_some_and(|p| p.split('|').any(|x| x == "HUP" || x == "RDHUP"))
         });
         let ring_full = matches!((inq(kf), inq(tf)), (Some(k), Some(t)) if t < k) || hung;
         kf.len() == tf.len()
@@ -176,14 +196,21 @@ fn same_observation(k: &str, t: &str, before: &str) -> bool {
 
 /// One field's allowed difference: an extra edge-triggered report, and ERR
 /// missing from a reset connection's events.
-fn allowed(field: &str, kernel: &str, tcps: &str, sock: &[(String, String)], ring_full: bool) -> bool {
+fn allowed(
+    field: &str,
+    kernel: &str,
+    tcps: &str,
+    sock: &[(String, String)],
+    ring_full: bool,
+) -> bool {
     if field == "et" && kernel == "-" {
         return true;
     }
     // An edge reported with fewer end bits: the error and hang-ups it
     // lacks are IN to a program, whose read then returns them.
     if field == "et" && tcps != "-" {
-        let (k, t): (Vec<&str>, Vec<&str>) = (kernel.split('|').collect(), tcps.split('|').collect());
+        let (k, t): (Vec<&str>, Vec<&str>) =
+            (kernel.split('|').collect(), tcps.split('|').collect());
         let ends = ["ERR", "HUP", "RDHUP"];
         if t.iter().all(|b| k.contains(b))
             && k.iter().all(|b| t.contains(b) || ends.contains(b))
@@ -196,13 +223,19 @@ fn allowed(field: &str, kernel: &str, tcps: &str, sock: &[(String, String)], rin
         let (k, t) = (kernel.parse::<u64>(), tcps.parse::<u64>());
         return matches!((k, t), (Ok(k), Ok(t)) if k.min(RECV_MAX) <= t && t <= k);
     }
-    let connected = sock.iter().any(|(k, v)| k == "slot" && v.ends_with("[connected]"));
+    let connected = sock
+        .iter()
+        .any(|(k, v)| k == "slot" && v.ends_with("[connected]"));
     if field == "et" && tcps == "-" && (connected || ring_full) {
         return true;
     }
     let strip = |v: &str, bit: &str| {
         let kept: Vec<&str> = v.split('|').filter(|b| *b != bit).collect();
-        if kept.is_empty() { "-".to_string() } else { kept.join("|") }
+        if kept.is_empty() {
+            "-".to_string()
+        } else {
+            kept.join("|")
+        }
     };
     if ring_full && field != "inq" {
         let end_less = strip(&strip(kernel, "RDHUP"), "HUP");
@@ -210,7 +243,9 @@ fn allowed(field: &str, kernel: &str, tcps: &str, sock: &[(String, String)], rin
             return true;
         }
     }
-    let reset = sock.iter().any(|(k, v)| k == "poll" && v.contains("HUP") && v.contains("ERR"));
+    let reset = sock
+        .iter()
+        .any(|(k, v)| k == "poll" && v.contains("HUP") && v.contains("ERR"));
     let without_err = kernel.replace("|ERR", "").replace("ERR|", "");
     reset && tcps == without_err
 }
@@ -223,12 +258,18 @@ fn async_fill(k: &str, t: &str) -> bool {
     let (Some((kop, kr)), Some((top, tr))) = (k.split_once(" -> "), t.split_once(" -> ")) else {
         return false;
     };
-    kop == top && kop.contains(": fill ") && matches!(kr, "EPIPE" | "ECONNRESET") && tr == "full, drained"
+    kop == top
+        && kop.contains(": fill ")
+        && matches!(kr, "EPIPE" | "ECONNRESET")
+        && tr == "full, drained"
 }
 
 fn compare(seed: u64, engine: &str, kernel: &str, tcps: &str) {
     let (kl, tl): (Vec<&str>, Vec<&str>) = (kernel.lines().collect(), tcps.lines().collect());
-    assert!(kl.len() >= 2 * steps(), "seed {seed}: the kernel trace is short:\n{kernel}");
+    assert!(
+        kl.len() >= 2 * steps(),
+        "seed {seed}: the kernel trace is short:\n{kernel}"
+    );
     for (i, (k, t)) in kl.iter().zip(&tl).enumerate() {
         let before = if i >= 2 { kl[i - 2] } else { "" };
         let same = if k.contains(" | ") {
@@ -245,7 +286,11 @@ fn compare(seed: u64, engine: &str, kernel: &str, tcps: &str) {
             );
         }
     }
-    assert_eq!(kl.len(), tl.len(), "seed {seed}: traces of different length");
+    assert_eq!(
+        kl.len(),
+        tl.len(),
+        "seed {seed}: traces of different length"
+    );
 }
 
 /// Every seed, the even ones through the io_uring engine and the odd ones
@@ -262,6 +307,10 @@ fn socket_calls_match_the_kernel() {
         std::fs::write(&kpath, &kernel).expect("write the kernel trace");
         let tcps = trace(Net::Tcps, srv, &dir, seed, Some(&kpath));
         compare(seed, &srv.engine, &kernel, &tcps);
-        eprintln!("seed {seed} ({}): {} steps as on the kernel", srv.engine, steps());
+        eprintln!(
+            "seed {seed} ({}): {} steps as on the kernel",
+            srv.engine,
+            steps()
+        );
     }
 }

@@ -50,7 +50,12 @@ impl Looker {
         // our buffer of its length.
         let n = unsafe {
             libc::lseek(fd, 0, libc::SEEK_SET);
-            libc::syscall(libc::SYS_getdents64, fd, self.buf.as_mut_ptr(), self.buf.len())
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd,
+                self.buf.as_mut_ptr(),
+                self.buf.len(),
+            )
         };
         assert!(n > 0, "getdents64 of the server's descriptors: {n}");
         self.buf[..n as usize].to_vec()

@@ -49,7 +49,14 @@ fn http_matrix(name: &str, shape: Shape, argv: impl Fn(&std::path::Path) -> Vec<
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let expected = http_expected(&files, shape);
     let kernel_srv = CONFIGS[0].server();
-    let mut k = start(Net::Kernel, &kernel_srv, CONFIGS[0], &dir, &format!("{name}-kernel"), &args);
+    let mut k = start(
+        Net::Kernel,
+        &kernel_srv,
+        CONFIGS[0],
+        &dir,
+        &format!("{name}-kernel"),
+        &args,
+    );
     let on_kernel = http_cases(k.port, &files, shape, &format!("{name} on kernel sockets"));
     stop(&mut k.child.0, libc::SIGTERM);
     assert_same(&on_kernel, &expected, &format!("{name} on kernel sockets"));
@@ -131,9 +138,18 @@ fn python_http_server() {
     };
     http_matrix("python-http", shape, |d| {
         let www = d.join("www").display().to_string();
-        ["python3", "-m", "http.server", "--bind", "127.0.0.1", "--directory", &www, "{port}"]
-            .map(String::from)
-            .to_vec()
+        [
+            "python3",
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            &www,
+            "{port}",
+        ]
+        .map(String::from)
+        .to_vec()
     });
 }
 

@@ -40,7 +40,9 @@ struct Outcome {
 
 /// 48 KiB of the programs' pattern.
 fn payload() -> Vec<u8> {
-    (0..48 * 1024usize).map(|i| (i * 7 + i / 251) as u8).collect()
+    (0..48 * 1024usize)
+        .map(|i| (i * 7 + i / 251) as u8)
+        .collect()
 }
 
 fn digest(bytes: &[u8]) -> String {
@@ -55,7 +57,11 @@ fn build(dir: &Path) -> PathBuf {
         .arg(C_SRC)
         .output()
         .expect("cc");
-    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 
@@ -65,13 +71,17 @@ fn build(dir: &Path) -> PathBuf {
 fn run(net: Net, srv: &Server, dir: &Path, tag: &str, argv: &[&str]) -> Outcome {
     let tag = format!("{tag}-{net:?}");
     let got = dir.join(format!("{tag}.got"));
-    let (out, err) = (dir.join(format!("{tag}.out")), dir.join(format!("{tag}.err")));
+    let (out, err) = (
+        dir.join(format!("{tag}.out")),
+        dir.join(format!("{tag}.err")),
+    );
     let stats = dir.join(format!("{tag}.stats"));
     let mut c = match net {
         Net::Kernel => Command::new(argv[0]),
         Net::Tcps => {
             let mut c = Command::new(TCPS);
-            c.args(["run", "--fallback", "fail", "--socket"]).arg(&srv.socket);
+            c.args(["run", "--fallback", "fail", "--socket"])
+                .arg(&srv.socket);
             c.arg("--").arg(argv[0]);
             c
         }
@@ -95,7 +105,8 @@ fn run(net: Net, srv: &Server, dir: &Path, tag: &str, argv: &[&str]) -> Outcome 
     if net == Net::Tcps {
         let s = summaries(&stats);
         assert!(
-            s.iter().any(|s| s.offloaded >= 3 && s.kernel_tcp == 0 && s.direct == 0),
+            s.iter()
+                .any(|s| s.offloaded >= 3 && s.kernel_tcp == 0 && s.direct == 0),
             "{tag}: not offloaded: {s:?}; stderr:\n{}",
             read(&err)
         );
@@ -234,7 +245,10 @@ fn c_clone_vm_child_leaves_the_parent_alone() {
     assert_eq!(kernel.received, digest(&payload()), "on kernel sockets");
     assert_eq!(kernel.stdout, "parent stdout line\ncat: exit 0\n");
     let tcps = run(Net::Tcps, &srv, dir.path(), "clone", &argv);
-    assert_eq!(tcps.stdout, "parent stdout line\nhand-off refused: Device or resource busy, status 127\n");
+    assert_eq!(
+        tcps.stdout,
+        "parent stdout line\nhand-off refused: Device or resource busy, status 127\n"
+    );
     assert_eq!(tcps.received, digest(b""), "through tcps: nothing sent");
     let said: Vec<&str> = tcps.stderr.lines().collect();
     assert!(
@@ -252,8 +266,17 @@ fn execl_family_argument_lists_as_libc() {
     let dir = TempDir::new("exec-args");
     let exe = dir.path().join("execl_args");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/execl_args.c");
-    let out = Command::new("cc").args(["-O1", "-o"]).arg(&exe).arg(src).output().expect("cc");
-    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for mode in ["l", "lp", "le", "l0"] {
         let outputs: Vec<String> = [false, true]
             .iter()
@@ -269,6 +292,9 @@ fn execl_family_argument_lists_as_libc() {
             })
             .collect();
         assert!(!outputs[0].is_empty() || mode == "l0", "{mode}: no output");
-        assert_eq!(outputs[1], outputs[0], "{mode}: with the library (right: without)");
+        assert_eq!(
+            outputs[1], outputs[0],
+            "{mode}: with the library (right: without)"
+        );
     }
 }

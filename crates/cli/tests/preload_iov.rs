@@ -22,10 +22,21 @@ fn bad_iovecs_fail_as_on_the_kernel() {
     for net in [Net::Kernel, Net::Tcps] {
         let log = dir.path().join(format!("{net:?}.out"));
         let stats = dir.path().join(format!("{net:?}.stats"));
-        let ok = run_to_end(command(net, &srv, &stats, &log, &["python3", SCRIPT]), &log, Duration::from_secs(30));
+        let ok = run_to_end(
+            command(net, &srv, &stats, &log, &["python3", SCRIPT]),
+            &log,
+            Duration::from_secs(30),
+        );
         assert!(ok, "{net:?}: the script failed:\n{}", read(&log));
         outs.push(read(&log));
     }
-    assert!(outs[0].contains("EFAULT") && outs[0].contains("EMSGSIZE"), "kernel run: {}", outs[0]);
-    assert_eq!(outs[0], outs[1], "errnos differ (left: kernel, right: tcps)");
+    assert!(
+        outs[0].contains("EFAULT") && outs[0].contains("EMSGSIZE"),
+        "kernel run: {}",
+        outs[0]
+    );
+    assert_eq!(
+        outs[0], outs[1],
+        "errnos differ (left: kernel, right: tcps)"
+    );
 }

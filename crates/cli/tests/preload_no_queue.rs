@@ -101,7 +101,11 @@ fn no_bytes_lost(engine: &str) {
         let _ = child.kill();
         panic!("the sender did not finish:\n{}", read(&log))
     });
-    assert!(st.success() && read(&log).ends_with("done\n"), "{st:?}\n{}", read(&log));
+    assert!(
+        st.success() && read(&log).ends_with("done\n"),
+        "{st:?}\n{}",
+        read(&log)
+    );
     let sums = summaries(&stats);
     assert!(
         sums.len() == 1 && sums[0].offloaded >= CONNS as u64 && sums[0].kernel_tcp == 0,

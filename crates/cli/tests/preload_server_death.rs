@@ -168,7 +168,8 @@ fn nginx_stays_quiet_after_the_death() {
 fn assert_refused(port: u16, what: &str) {
     let t = std::time::Instant::now();
     loop {
-        match TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)) {
+        match TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+        {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
             r => assert!(
                 t.elapsed() < Duration::from_secs(2),
@@ -192,7 +193,15 @@ fn redis_refuses_or_exits_after_the_death() {
         let p = port.to_string();
         let stats = dir.path().join("redis.stats");
         let log = dir.path().join("redis.log");
-        let argv = ["redis-server", "--port", &p, "--bind", "127.0.0.1", "--save", ""];
+        let argv = [
+            "redis-server",
+            "--port",
+            &p,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ];
         let mut cmd = command(Net::Tcps, &srv, &stats, &log, &argv);
         if exit {
             cmd.env("TCPS_EXIT_ON_SERVER_DEATH", "1");

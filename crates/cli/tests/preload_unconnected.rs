@@ -74,7 +74,10 @@ fn run(srv: &Server, dir: &TempDir, net: Net, port: u16) -> (String, Vec<Summary
         panic!("{tag} did not finish:\n{}", read(&log))
     });
     let text = read(&log);
-    assert!(st.success() && text.ends_with("done\n"), "{tag}: {st:?}\n{text}");
+    assert!(
+        st.success() && text.ends_with("done\n"),
+        "{tag}: {st:?}\n{text}"
+    );
     (text, summaries(&stats))
 }
 

@@ -526,11 +526,20 @@ fn starts_before_the_server() {
 fn a_child_that_dropped_privileges_says_why_it_cannot_reattach() {
     let mut srv = Server::start("uring", &[]);
     let dir = TempDir::new("reattach-setuid");
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let log = dir.path().join("probe.out");
     let stats = dir.path().join("probe.stats");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/preload/reattach_setuid.py");
-    let mut probe = run(true, &srv, &stats, &log, &["python3", script]).spawn().unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/preload/reattach_setuid.py"
+    );
+    let mut probe = run(true, &srv, &stats, &log, &["python3", script])
+        .spawn()
+        .unwrap();
     wait_line(&log, "child waiting");
     srv.kill9();
     let _srv2 = restart("uring", &srv.socket, &[]);
@@ -545,6 +554,10 @@ fn a_child_that_dropped_privileges_says_why_it_cannot_reattach() {
     }
     let out = read(&log);
     assert!(out.contains("--socket-group"), "no fix named: {out}");
-    assert_eq!(out.matches("refuses this process").count(), 1, "said more than once: {out}");
+    assert_eq!(
+        out.matches("refuses this process").count(),
+        1,
+        "said more than once: {out}"
+    );
     stop(&mut probe, libc::SIGTERM);
 }

@@ -42,7 +42,13 @@ fn static_program(dir: &Path) -> PathBuf {
     let c = dir.join("st.c");
     std::fs::write(&c, "int main(void) { return 0; }\n").unwrap();
     let out = dir.join("st");
-    let st = Command::new("gcc").arg("-static").arg("-o").arg(&out).arg(&c).status().expect("gcc");
+    let st = Command::new("gcc")
+        .arg("-static")
+        .arg("-o")
+        .arg(&out)
+        .arg(&c)
+        .status()
+        .expect("gcc");
     assert!(st.success(), "gcc -static failed");
     out
 }
@@ -55,7 +61,10 @@ fn tcps_run(socket: &Path, fallback: &str, argv: &[&str]) -> (Option<i32>, Strin
         .args(argv)
         .output()
         .expect("tcps run");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -70,14 +79,38 @@ fn go_and_static_programs_are_refused_or_named() {
         // Refused before it runs (the Go server would listen on port 1).
         let (code, err) = tcps_run(sock, "fail", &[p, "1"]);
         assert_ne!(code, Some(0), "{p} ran under --fallback fail: {err}");
-        assert!(err.contains(why) && err.contains("--fallback fail"), "unclear refusal: {err}");
+        assert!(
+            err.contains(why) && err.contains("--fallback fail"),
+            "unclear refusal: {err}"
+        );
         // Warned about, and run.
         let (_, err) = tcps_run(sock, "kernel", &[st.to_str().unwrap()]);
-        assert!(err.contains("is statically linked") && err.contains("not offloaded"), "no warning: {err}");
+        assert!(
+            err.contains("is statically linked") && err.contains("not offloaded"),
+            "no warning: {err}"
+        );
     }
     // Behind a shell wrapper: the preload names it at the exec.
-    let (_, err) = tcps_run(sock, "kernel", &["sh", "-c", &format!("{} ; exit 0", st.display())]);
-    assert!(err.contains("exec:") && err.contains("is statically linked"), "no warning at the exec: {err}");
-    let (_, err) = tcps_run(sock, "kernel", &["sh", "-c", &format!("timeout 0.5 {} 0; exit 0", go.display())]);
-    assert!(err.contains("exec:") && err.contains("is a Go program"), "no warning at the exec: {err}");
+    let (_, err) = tcps_run(
+        sock,
+        "kernel",
+        &["sh", "-c", &format!("{} ; exit 0", st.display())],
+    );
+    assert!(
+        err.contains("exec:") && err.contains("is statically linked"),
+        "no warning at the exec: {err}"
+    );
+    let (_, err) = tcps_run(
+        sock,
+        "kernel",
+        &[
+            "sh",
+            "-c",
+            &format!("timeout 0.5 {} 0; exit 0", go.display()),
+        ],
+    );
+    assert!(
+        err.contains("exec:") && err.contains("is a Go program"),
+        "no warning at the exec: {err}"
+    );
 }

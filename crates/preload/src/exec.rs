@@ -64,7 +64,10 @@ unsafe fn shared_child_check() -> Result<(), i32> {
     const MSG: &[u8] = b"tcps: exec refused (EBUSY) in a child that shares its parent's memory (clone(CLONE_VM), or vfork(2) as a raw system call): it holds an offloaded socket, which only a forked child can hand to another program\n";
     let (me, parent) = (libc::syscall(libc::SYS_getpid), i64::from(state::own_pid()));
     // Descriptors up to the limit (at most 2^16 looked at: a rare path).
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
         limit.rlim_cur.clamp(1024, 1 << 16) as i32
     } else {

@@ -190,10 +190,17 @@ fn peek_count(c: &tcps::Client, id: u32) -> std::io::Result<usize> {
     }];
     c.poll(&mut p, 0)?;
     let mut buf = vec![0u8; 256 * 1024];
-    let r = c.recv(id, &mut buf, libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT);
+    let r = c.recv(
+        id,
+        &mut buf,
+        libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+    );
     match r {
         // The peek consumed the error at the server: it stays pending here.
-        Err(e) if p[0].revents & libc::POLLERR != 0 && !matches!(errno_of(&e), libc::EAGAIN | libc::ENOTCONN) => {
+        Err(e)
+            if p[0].revents & libc::POLLERR != 0
+                && !matches!(errno_of(&e), libc::EAGAIN | libc::ENOTCONN) =>
+        {
             crate::fdtable::keep_error(c, id, errno_of(&e));
             Ok(0)
         }

@@ -161,7 +161,14 @@ fn count(epoch: u32, id: u32) {
     }
     if epoch >= owner && st.refs.fetch_add(1, Ordering::AcqRel) == 0 {
         // A new socket under a reused id: its SO_SNDBUF is read anew.
-        for v in [&st.sndbuf, &st.child_sndbuf, &st.parent, &st.siblings, &st.broken, &st.pending_err] {
+        for v in [
+            &st.sndbuf,
+            &st.child_sndbuf,
+            &st.parent,
+            &st.siblings,
+            &st.broken,
+            &st.pending_err,
+        ] {
             v.store(0, Ordering::Relaxed);
         }
     }

@@ -41,7 +41,10 @@ fn nonce() -> Option<u32> {
             return Some(u32::from_ne_bytes(b));
         }
         if n < 0 && errno::last_errno() != libc::EINTR {
-            warning!("fork: no random nonce (getrandom: errno {})", errno::last_errno());
+            warning!(
+                "fork: no random nonce (getrandom: errno {})",
+                errno::last_errno()
+            );
             return None;
         }
     }

@@ -84,7 +84,9 @@ static REFUSED: Mutex<Vec<(u32, u32, i32)>> = Mutex::new(Vec::new());
 
 fn refused(epoch: u32, id: u32) -> Option<i32> {
     let r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
-    r.iter().find(|&&(e, i, _)| (e, i) == (epoch, id)).map(|&(_, _, errno)| errno)
+    r.iter()
+        .find(|&&(e, i, _)| (e, i) == (epoch, id))
+        .map(|&(_, _, errno)| errno)
 }
 
 /// Socket `id` of `epoch` is closed: its id may name another one next.

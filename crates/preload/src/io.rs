@@ -54,7 +54,10 @@ pub unsafe fn recv_id(
         Ok(n) => n as ssize_t,
         Err(e) => {
             let errno = errno_of(&e);
-            if matches!(errno, libc::ECONNRESET | libc::EPIPE | libc::ETIMEDOUT | libc::EHOSTUNREACH) {
+            if matches!(
+                errno,
+                libc::ECONNRESET | libc::EPIPE | libc::ETIMEDOUT | libc::EHOSTUNREACH
+            ) {
                 fdtable::note_broken(c, id);
             }
             fail(crate::gone::seen_by_call(c, id, errno))

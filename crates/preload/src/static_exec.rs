@@ -118,7 +118,8 @@ fn open(path: &[u8], buf: &mut [u8; PATH_MAX]) -> Option<RawFd> {
 
 /// Writes the warning to stderr from pieces (no formatting buffer).
 /// Why a program's sockets stay the kernel's.
-const STATIC: &[u8] = b" is statically linked: tcps cannot follow it, its sockets stay on the kernel's\n";
+const STATIC: &[u8] =
+    b" is statically linked: tcps cannot follow it, its sockets stay on the kernel's\n";
 const GO: &[u8] =
     b" is a Go program: its runtime makes socket system calls itself, not through libc; its sockets stay on the kernel's\n";
 
@@ -135,13 +136,7 @@ fn say(what: &[u8], why: &[u8]) {
             break;
         }
     }
-    let parts: [&[u8]; 5] = [
-        b"tcps[",
-        &pid[at..],
-        b"]: exec: ",
-        what,
-        why,
-    ];
+    let parts: [&[u8]; 5] = [b"tcps[", &pid[at..], b"]: exec: ", what, why];
     let iov = parts.map(|p| libc::iovec {
         iov_base: p.as_ptr() as *mut libc::c_void,
         iov_len: p.len(),

@@ -142,7 +142,10 @@ fn nginx_command(ctx: &Ctx, v: Variant) -> Result<Command, Error> {
         );
     } else {
         cmd = Command::new(nginx);
-        eprintln!("starting nginx ({workers} workers) on port {}…", ctx.args.port);
+        eprintln!(
+            "starting nginx ({workers} workers) on port {}…",
+            ctx.args.port
+        );
     }
     cmd.arg("-c").arg(conf);
     Ok(cmd)

@@ -72,7 +72,12 @@ fn fmt_latency(us: f64) -> String {
 pub(super) fn print(rows: &[Row], variants: &[&'static str], rounds: u32, cores: usize) {
     let sums: Vec<Summary> = variants
         .iter()
-        .map(|&v| summarize(v, &rows.iter().filter(|r| r.variant == v).collect::<Vec<_>>()))
+        .map(|&v| {
+            summarize(
+                v,
+                &rows.iter().filter(|r| r.variant == v).collect::<Vec<_>>(),
+            )
+        })
         .collect();
     println!();
     println!("medians of {rounds} rounds (the range of the rounds in brackets), {cores} cores:");
@@ -81,7 +86,9 @@ pub(super) fn print(rows: &[Row], variants: &[&'static str], rounds: u32, cores:
         "variant", "requests/s", "p50", "p99", "app CPU µs/req", "TCP server CPU µs/req"
     );
     for s in &sums {
-        let server = s.server.map_or("-".to_string(), |v| format!("{:.1}", v.median));
+        let server = s
+            .server
+            .map_or("-".to_string(), |v| format!("{:.1}", v.median));
         println!(
             "{:<14} {:>24} {:>10} {:>10} {:>16.1} {:>22}",
             s.variant,
@@ -97,7 +104,10 @@ pub(super) fn print(rows: &[Row], variants: &[&'static str], rounds: u32, cores:
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
     let mut verdict = Vec::new();
     for (program, label) in [("web", "the example web server"), ("nginx", "nginx")] {
-        let (Some(t), Some(k)) = (get(&format!("{program}/tcps")), get(&format!("{program}/kernel"))) else {
+        let (Some(t), Some(k)) = (
+            get(&format!("{program}/tcps")),
+            get(&format!("{program}/kernel")),
+        ) else {
             continue;
         };
         let (rps, app, total) = (

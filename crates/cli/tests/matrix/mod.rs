@@ -32,7 +32,12 @@ pub const CONFIGS: [Config; 6] = [
     cfg("epoll", "on", "pull", true),
 ];
 
-const fn cfg(engine: &'static str, balance: &'static str, eager_recv: &'static str, async_send: bool) -> Config {
+const fn cfg(
+    engine: &'static str,
+    balance: &'static str,
+    eager_recv: &'static str,
+    async_send: bool,
+) -> Config {
     Config {
         engine,
         balance,
@@ -106,7 +111,12 @@ pub struct Shape {
 /// file to a slow reader with a small window, pipelined requests, a
 /// request after a half-close, a download reset in the middle and one
 /// fetched after it, and many connections at once.
-pub fn http_cases(port: u16, files: &[(String, Got)], shape: Shape, tag: &str) -> Vec<(String, Got)> {
+pub fn http_cases(
+    port: u16,
+    files: &[(String, Got)],
+    shape: Shape,
+    tag: &str,
+) -> Vec<(String, Got)> {
     let keep_alive = shape.keep_alive;
     let mut out = Vec::new();
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
@@ -190,7 +200,10 @@ fn many_http(port: u16, shape: Shape, tag: &str) -> Got {
 
 /// One answer standing for a list of them (their lengths and hashes).
 fn summary(all: &[Got]) -> Got {
-    let text: String = all.iter().map(|g| format!("{} {} {}\n", g.status, g.len, g.sha)).collect();
+    let text: String = all
+        .iter()
+        .map(|g| format!("{} {} {}\n", g.status, g.len, g.sha))
+        .collect();
     Got::of(all.len() as u32, text.as_bytes())
 }
 
@@ -240,7 +253,13 @@ pub fn echo_cases(port: u16, tag: &str) -> Vec<(String, Got, Got)> {
     for (len, segments, pause) in shapes {
         let data = rng.bytes(len);
         let what = format!("echo {len} B in {segments} segment(s) {pause} ms apart");
-        let got = echo(port, &data, segments, Duration::from_millis(pause), &format!("{tag} {what}"));
+        let got = echo(
+            port,
+            &data,
+            segments,
+            Duration::from_millis(pause),
+            &format!("{tag} {what}"),
+        );
         out.push((what, got, Got::of(0, &data)));
     }
     let data = rng.bytes(64 << 10);
@@ -251,7 +270,10 @@ pub fn echo_cases(port: u16, tag: &str) -> Vec<(String, Got, Got)> {
             std::thread::spawn(move || echo(port, &d, 2, Duration::from_millis(20), &what))
         })
         .collect();
-    let all: Vec<Got> = threads.into_iter().map(|t| t.join().expect("an echo client")).collect();
+    let all: Vec<Got> = threads
+        .into_iter()
+        .map(|t| t.join().expect("an echo client"))
+        .collect();
     let sent = vec![Got::of(0, &data); many() / 2];
     out.push(("many echoes".into(), summary(&all), summary(&sent)));
     out
@@ -266,10 +288,20 @@ pub struct Program {
 
 /// Starts `argv` (`{port}` replaced by a free port) on `net` (for tcps:
 /// through `srv`, with asynchronous sends as `cfg` says).
-pub fn start(net: Net, srv: &Server, cfg: Config, dir: &TempDir, tag: &str, argv: &[&str]) -> Program {
+pub fn start(
+    net: Net,
+    srv: &Server,
+    cfg: Config,
+    dir: &TempDir,
+    tag: &str,
+    argv: &[&str],
+) -> Program {
     let port = free_port();
     let p = port.to_string();
-    let argv: Vec<&str> = argv.iter().map(|&a| if a == "{port}" { &p[..] } else { a }).collect();
+    let argv: Vec<&str> = argv
+        .iter()
+        .map(|&a| if a == "{port}" { &p[..] } else { a })
+        .collect();
     let stats = dir.path().join(format!("{tag}.stats"));
     let log = dir.path().join(format!("{tag}.log"));
     let mut cmd = command(net, srv, &stats, &log, &argv);
@@ -286,10 +318,19 @@ pub fn assert_offloaded(srv: &Server, cfg: Config, tag: &str) {
     loop {
         let v = srv.stat_json();
         let hosts = v["hosts"].as_array().cloned().unwrap_or_default();
-        let sum = |k: &str| -> u64 { hosts.iter().map(|h| h["counters"][k].as_u64().unwrap_or(0)).sum() };
+        let sum = |k: &str| -> u64 {
+            hosts
+                .iter()
+                .map(|h| h["counters"][k].as_u64().unwrap_or(0))
+                .sum()
+        };
         let offloaded = sum("accepts_eager") + sum("accepts_on_demand");
         let direct = sum("accepts_direct");
-        let ok = if cfg.balance == "off" { offloaded > 0 && direct == 0 } else { offloaded + direct > 0 };
+        let ok = if cfg.balance == "off" {
+            offloaded > 0 && direct == 0
+        } else {
+            offloaded + direct > 0
+        };
         if ok {
             return;
         }

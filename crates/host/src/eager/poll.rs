@@ -31,9 +31,7 @@ fn ring_revents(
             match end {
                 // The end of the stream with this side shut down for
                 // writing too: both ways shut, a hang-up (tcp_poll).
-                END_EOF if write_shut => {
-                    r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLHUP
-                }
+                END_EOF if write_shut => r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLHUP,
                 END_EOF => r |= events & (READABLE | libc::POLLRDHUP),
                 // An error end is a connection the kernel closed (an RST, a
                 // timeout): shut down both ways, so poll reports hang-up
@@ -42,7 +40,9 @@ fn ring_revents(
                 END_ERROR if end_reported => {
                     r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLHUP
                 }
-                END_ERROR => r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLERR | libc::POLLHUP,
+                END_ERROR => {
+                    r |= events & (READABLE | libc::POLLRDHUP) | libc::POLLERR | libc::POLLHUP
+                }
                 _ => {}
             }
             r
@@ -101,7 +101,12 @@ impl Client {
             (g.rcvlowat as u32).min(ring.size())
         };
         Look::Ring(
-            ring_revents(g.mode, f.events, (avail, lowat), (end, g.end_reported, write_shut)),
+            ring_revents(
+                g.mode,
+                f.events,
+                (avail, lowat),
+                (end, g.end_reported, write_shut),
+            ),
             since,
         )
     }
@@ -134,14 +139,10 @@ impl Client {
             return false;
         };
         ring.end() == END_ERROR
-            && self
-                .conn
-                .socks
-                .get(s)
-                .is_some_and(|sock| {
-                    let g = sock.recv.lock();
-                    g.mode == Mode::Bytes && g.end_reported
-                })
+            && self.conn.socks.get(s).is_some_and(|sock| {
+                let g = sock.recv.lock();
+                g.mode == Mode::Bytes && g.end_reported
+            })
     }
 
     /// poll(2) answered from the rings, with no request, when every entry
@@ -230,27 +231,57 @@ mod tests {
     #[test]
     fn poll_revents_from_a_ring() {
         let (i, rd) = (libc::POLLIN, libc::POLLRDHUP);
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_NONE, false, false)), 0);
-        assert_eq!(ring_revents(Mode::Bytes, i, (5, 1), (END_NONE, false, false)), i);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (0, 1), (END_NONE, false, false)),
+            0
+        );
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (5, 1), (END_NONE, false, false)),
+            i
+        );
         // SO_RCVLOWAT 10: readable only from 10 bytes on.
-        assert_eq!(ring_revents(Mode::Bytes, i, (5, 10), (END_NONE, false, false)), 0);
-        assert_eq!(ring_revents(Mode::Bytes, i, (10, 10), (END_NONE, false, false)), i);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (5, 10), (END_NONE, false, false)),
+            0
+        );
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (10, 10), (END_NONE, false, false)),
+            i
+        );
         assert_eq!(
             ring_revents(Mode::Bytes, i | rd, (0, 1), (END_EOF, false, false)),
             i | rd
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, false)), i);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, false)),
+            i
+        );
         // Shut down for writing here too: a hang-up.
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, true)), i | libc::POLLHUP);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (0, 1), (END_EOF, false, true)),
+            i | libc::POLLHUP
+        );
         // An error end (an RST): hang-up both ways, the error until taken.
         let hup = libc::POLLHUP;
         assert_eq!(
             ring_revents(Mode::Bytes, i | rd, (0, 1), (END_ERROR, false, false)),
             i | rd | libc::POLLERR | hup
         );
-        assert_eq!(ring_revents(Mode::Bytes, i, (0, 1), (END_ERROR, true, false)), i | hup);
-        assert_eq!(ring_revents(Mode::Accept, i, (63, 1), (END_NONE, false, false)), 0);
-        assert_eq!(ring_revents(Mode::Accept, i, (64, 1), (END_NONE, false, false)), i);
-        assert_eq!(ring_revents(Mode::Plain, i, (64, 1), (END_NONE, false, false)), 0);
+        assert_eq!(
+            ring_revents(Mode::Bytes, i, (0, 1), (END_ERROR, true, false)),
+            i | hup
+        );
+        assert_eq!(
+            ring_revents(Mode::Accept, i, (63, 1), (END_NONE, false, false)),
+            0
+        );
+        assert_eq!(
+            ring_revents(Mode::Accept, i, (64, 1), (END_NONE, false, false)),
+            i
+        );
+        assert_eq!(
+            ring_revents(Mode::Plain, i, (64, 1), (END_NONE, false, false)),
+            0
+        );
     }
 }

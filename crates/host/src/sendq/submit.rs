@@ -186,7 +186,8 @@ impl Client {
             }
             (None, Source::Registered { .. }) => return Err(errno(libc::EINVAL)),
         };
-        self.publish(&sub, g, placed, len32, flags).map(|io| (io, len))
+        self.publish(&sub, g, placed, len32, flags)
+            .map(|io| (io, len))
     }
 
     /// Waits for a credit (a free descriptor): refreshes `done`, then sleeps
